@@ -1,0 +1,5 @@
+import sys
+
+from kimictl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per command; each exposes `app: typer.Typer`. Thin: parse, call runtime/, render."""

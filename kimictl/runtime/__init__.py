@@ -1,0 +1,1 @@
+"""The domain of kimictl, importable without Typer or Textual (see DESIGN.md, Layering)."""
