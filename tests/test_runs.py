@@ -1,0 +1,152 @@
+"""Run records: atomic writes, liveness from real processes, target resolution, A/B pairs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kimictl.runtime import runs
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.runs import RunRecord, RunState
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KIMICTL_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def sleeper():
+    """A real process in its own process group, like a launched vLLM."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    yield proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _record(name: str, pid: int, *, role=None, ab_group=None, state=RunState.READY, port=8000):
+    run_id = runs.new_run_id(name)
+    return RunRecord(
+        id=run_id,
+        name=name,
+        role=role,
+        ab_group=ab_group,
+        url=f"http://127.0.0.1:{port}",
+        model="tiny",
+        profile=name,
+        pids=[pid],
+        pgid=pid,
+        port=port,
+        host="127.0.0.1",
+        log_path=str(runs.run_dir_for(run_id) / "vllm.log"),
+        run_dir=str(runs.run_dir_for(run_id)),
+        argv_redacted=["vllm", "serve", "x"],
+        started_at=time.time(),
+        gpus=0,
+        state=state,
+        start_ticks=runs.process_start_ticks(pid),
+    )
+
+
+def test_record_round_trips_through_disk(sleeper):
+    record = _record("cpu-demo", sleeper.pid)
+    path = runs.write_record(record)
+    assert json.loads(path.read_text())["state"] == "ready"
+    assert runs.get_run(record.id) == record
+    # no temp files left beside the record
+    assert sorted(p.name for p in path.parent.iterdir()) == ["run.json"]
+
+
+def test_ids_are_unique_and_path_safe():
+    ids = {runs.new_run_id("My Profile/../x") for _ in range(50)}
+    assert len(ids) == 50
+    assert all("/" not in i and " " not in i and i.startswith("my-profile-x-") for i in ids)
+
+
+def test_dead_ready_run_is_reported_failed(sleeper):
+    record = _record("cpu-demo", sleeper.pid)
+    runs.write_record(record)
+    os.killpg(sleeper.pid, signal.SIGKILL)
+    sleeper.wait()
+    assert runs.list_runs() == []  # finished runs are hidden by default
+    (seen,) = runs.list_runs(include_finished=True)
+    assert seen.state is RunState.FAILED
+    assert "engine died after ready" in (seen.reason or "")
+    with pytest.raises(InputError, match="has no live endpoint"):
+        runs.resolve_target(record.id)
+
+
+def test_recycled_pid_is_not_taken_for_the_server(sleeper):
+    record = _record("cpu-demo", sleeper.pid)
+    # Same pid, but a start time that is not the live process's: a recycled pid in another group.
+    runs.write_record(
+        RunRecord.from_json({**record.to_json(), "start_ticks": 1, "pgid": 2**22 + 7})
+    )
+    (seen,) = runs.list_runs(include_finished=True)
+    assert seen.state is RunState.FAILED
+
+
+def test_resolve_target_forms(sleeper):
+    record = _record("cpu-demo", sleeper.pid, port=18123)
+    runs.write_record(record)
+    by_id = runs.resolve_target(record.id)
+    assert (by_id.url, by_id.model, by_id.run_id) == ("http://127.0.0.1:18123", "tiny", record.id)
+    by_prefix = runs.resolve_target(record.id[:-2])
+    assert by_prefix.run_id == record.id
+    named = runs.resolve_target(f"mine={record.id}")
+    assert named.name == "mine" and named.url == record.url
+    plain = runs.resolve_target("http://10.0.0.5:8000/v1/")
+    assert (plain.url, plain.model, plain.gpus) == ("http://10.0.0.5:8000", None, None)
+    named_url = runs.resolve_target("stock=http://h:1")
+    assert (named_url.name, named_url.url) == ("stock", "http://h:1")
+
+
+@pytest.mark.parametrize("text", ["", "nope-1234", "x=", "ftp://host:1", "=http://h:1"])
+def test_resolve_target_rejects_unknown(text):
+    with pytest.raises(InputError):
+        runs.resolve_target(text)
+
+
+def test_latest_ab_pair_needs_both_alive(sleeper):
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        tuned = _record("cpu-demo", sleeper.pid, role="tuned", ab_group="ab-1", port=1)
+        stock = _record("cpu-demo-stock", other.pid, role="stock", ab_group="ab-1", port=2)
+        runs.write_record(tuned)
+        runs.write_record(stock)
+        pair = runs.latest_ab_pair()
+        assert pair is not None and (pair[0].id, pair[1].id) == (tuned.id, stock.id)
+        assert runs.resolve_target("stock").run_id == stock.id
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+        assert runs.latest_ab_pair() is None
+    finally:
+        if other.poll() is None:
+            os.killpg(other.pid, signal.SIGKILL)
+            other.wait()
+
+
+def test_zombie_leader_counts_as_gone():
+    # A child that exits but is not reaped stays a zombie: the group must read as dead.
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    ticks = runs.process_start_ticks(proc.pid)
+    deadline = time.monotonic() + 10
+    while runs.process_start_ticks(proc.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record = _record("z", proc.pid)
+    record = RunRecord.from_json({**record.to_json(), "start_ticks": ticks})
+    assert not runs.is_alive(record)
+    proc.wait()
