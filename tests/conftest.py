@@ -1,0 +1,90 @@
+"""Shared fixtures. `cpu_server`: ONE real vLLM CPU server (tiny K2-architecture model) per test
+session, shared by every slow test (2 cores cannot run several at once)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    model: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_cpu_server(run_dir: Path, *, perturb: str | None = None, port: int | None = None) -> Server:
+    """Start a real vLLM CPU server and wait until it answers a one-token completion."""
+    from kimictl.runtime import cpu_runtime, tinymodel
+
+    if not cpu_runtime.is_installed():
+        pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
+    model_dir = tinymodel.build(0, perturb)
+    port = port or free_port()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "vllm.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cpu_runtime.server_argv(model_dir, port=port),
+            env=cpu_runtime.server_env(run_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(f"http://127.0.0.1:{port}", "tiny-k2", proc, log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            reply = httpx.post(
+                f"{server.url}/v1/completions",
+                json={"model": server.model, "prompt": "hi", "max_tokens": 1},
+                timeout=10,
+            )
+            if reply.status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_cpu_server(server)
+    raise RuntimeError(f"vLLM not ready after {STARTUP_TIMEOUT_S} s: {log_path.read_text()[-2000:]}")
+
+
+def stop_cpu_server(server: Server) -> None:
+    import os
+    import signal
+
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        try:
+            server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_cpu_server(tmp_path_factory.mktemp("cpu-server"))
+    try:
+        yield server
+    finally:
+        stop_cpu_server(server)
