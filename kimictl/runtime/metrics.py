@@ -1,0 +1,752 @@
+"""vLLM /metrics: Prometheus text -> typed samples -> snapshots -> windowed figures.
+
+The single source of truth for vLLM metric family names (the constants below) and for the window
+math that `kimictl monitor` and `kimictl bench`'s server-side view share.
+
+Every figure is WINDOWED: the difference of two cumulative snapshots (counters and histogram
+buckets), never a since-server-start average. Quantiles are read from the bucket deltas with
+Prometheus' `histogram_quantile` interpolation, so they are only as fine as vLLM's bucket bounds.
+
+Interactivity (tokens/s/user) is 1 / TPOT per request, so its percentiles mirror TPOT's:
+`interactivity_p10 = 1 / tpot_p90` (the slow tail an SLO protects) and
+`interactivity_p90 = 1 / tpot_p10` (the optimistic tail).
+
+Several engines (label `engine`) or replicas are merged by summing counters and buckets, never by
+averaging percentiles. A counter that goes down means the server restarted: the delta of that pair
+is the new value (counted from zero), and the window says `resets > 0`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "COUNTERS",
+    "E2E_LATENCY",
+    "GAUGES",
+    "GENERATION_TOKENS",
+    "HISTOGRAMS",
+    "INTER_TOKEN_LATENCY",
+    "KV_CACHE_USAGE",
+    "NUM_PREEMPTIONS",
+    "PROMPT_TOKENS",
+    "REQUESTS_RUNNING",
+    "REQUESTS_WAITING",
+    "REQUEST_QUEUE_TIME",
+    "REQUEST_SUCCESS",
+    "SPEC_ACCEPTED_PER_POS",
+    "SPEC_ACCEPTED_TOKENS",
+    "SPEC_DRAFTS",
+    "SPEC_DRAFT_TOKENS",
+    "TIME_PER_OUTPUT_TOKEN",
+    "TIME_TO_FIRST_TOKEN",
+    "Histogram",
+    "MetricsSeries",
+    "MetricsSnapshot",
+    "Sample",
+    "WindowStats",
+    "compute_window",
+    "merge_snapshots",
+    "parse_prometheus_text",
+    "snapshot_from_text",
+]
+
+# --- vLLM (V1, 0.33) metric families: the one place these names live ------------------------
+# Gauges.
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # a fraction 0..1 despite the name
+# Counters (exposed with a `_total` suffix).
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUEST_SUCCESS = "vllm:request_success"  # label finished_reason; summed
+NUM_PREEMPTIONS = "vllm:num_preemptions"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label position
+# Histograms (seconds).
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"  # per request: 1/interactivity
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+
+GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)
+COUNTERS = (
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    NUM_PREEMPTIONS,
+    SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
+)
+HISTOGRAMS = (
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    TIME_PER_OUTPUT_TOKEN,
+    E2E_LATENCY,
+    REQUEST_QUEUE_TIME,
+)
+# Families a vLLM server always exposes; absent ones are reported in `WindowStats.missing`.
+# (The spec-decode counters exist only when speculation is configured: not "missing" otherwise.)
+_EXPECTED = (*GAUGES, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, *HISTOGRAMS)
+_PROCESS_START = "process_start_time_seconds"
+
+
+# --- Prometheus text exposition -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One line of Prometheus text: `name{labels} value [timestamp_ms]`."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    def label(self, key: str, default: str = "") -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE_RE = re.compile(r"\\[\\\"n]")
+
+
+def _parse_value(text: str) -> float:
+    # float() already accepts NaN, +Inf, -Inf, Inf
+    return float(text)
+
+
+def _parse_line(line: str) -> Sample | None:
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name = line[:brace]
+        close = line.rfind("}")
+        if close < brace:
+            return None
+        body = line[brace + 1 : close]
+        rest = line[close + 1 :].split()
+        labels: list[tuple[str, str]] = []
+        pos = 0
+        while pos < len(body):
+            match = _LABEL_RE.match(body, pos)
+            if match is None:
+                if body[pos:].strip():
+                    return None
+                break
+            value = match.group(2)
+            if "\\" in value:
+                value = _ESCAPE_RE.sub(lambda m: _UNESCAPE[m.group(0)], value)
+            labels.append((match.group(1), value))
+            pos = match.end()
+        label_tuple = tuple(labels)
+    else:
+        parts = line.split()
+        if len(parts) < 2:
+            return None
+        name, rest = parts[0], parts[1:]
+        label_tuple = ()
+    if not rest:
+        return None
+    try:
+        value = _parse_value(rest[0])
+    except ValueError:
+        return None
+    return Sample(name, label_tuple, value)
+
+
+def parse_prometheus_text(
+    text: str, *, prefixes: tuple[str, ...] | None = None
+) -> tuple[list[Sample], dict[str, str]]:
+    """Parse Prometheus text format 0.0.4 into samples and `# TYPE` declarations.
+
+    Malformed lines are skipped (a scrape is never lost to one odd line). With `prefixes`, only
+    samples whose name starts with one of them are parsed (the fast path of the poller).
+    """
+    samples: list[Sample] = []
+    types: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if len(parts) >= 4 and parts[1] == "TYPE":
+                types[parts[2]] = parts[3].strip()
+            continue
+        if prefixes is not None and not line.startswith(prefixes):
+            continue
+        sample = _parse_line(line)
+        if sample is not None:
+            samples.append(sample)
+    return samples, types
+
+
+# --- histograms ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative bucket counts (`le` upper bounds, ascending, last = +Inf), count and sum."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+    def minus(self, older: Histogram) -> Histogram:
+        """Bucket-wise difference (caller has ruled out a reset)."""
+        return Histogram(
+            self.bounds,
+            tuple(a - b for a, b in zip(self.cumulative, older.cumulative, strict=True)),
+            self.count - older.count,
+            self.sum - older.sum,
+        )
+
+    def plus(self, other: Histogram) -> Histogram:
+        if other.bounds != self.bounds:
+            raise ValueError("cannot add histograms with different bucket bounds")
+        return Histogram(
+            self.bounds,
+            tuple(a + b for a, b in zip(self.cumulative, other.cumulative, strict=True)),
+            self.count + other.count,
+            self.sum + other.sum,
+        )
+
+    def went_down(self, older: Histogram) -> bool:
+        if self.count < older.count:
+            return True
+        return any(a < b for a, b in zip(self.cumulative, older.cumulative, strict=True))
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus `histogram_quantile`: linear interpolation inside the bucket.
+
+        None when the histogram is empty. A quantile in the +Inf bucket returns the largest finite
+        bound (the true value is somewhere above it).
+        """
+        total = self.cumulative[-1] if self.cumulative else 0.0
+        if total <= 0 or not 0.0 <= q <= 1.0:
+            return None
+        rank = q * total
+        idx = bisect.bisect_left(self.cumulative, rank)
+        idx = min(idx, len(self.cumulative) - 1)
+        upper = self.bounds[idx]
+        if math.isinf(upper):
+            finite = [b for b in self.bounds if not math.isinf(b)]
+            return finite[-1] if finite else None
+        lower = self.bounds[idx - 1] if idx > 0 else 0.0
+        below = self.cumulative[idx - 1] if idx > 0 else 0.0
+        in_bucket = self.cumulative[idx] - below
+        if in_bucket <= 0:
+            return upper
+        if idx == 0 and upper <= 0:
+            return upper
+        return lower + (upper - lower) * (rank - below) / in_bucket
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+
+# --- snapshots --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """One scrape of one endpoint, engines merged. Cumulative values as the server reported them.
+
+    `taken_at` is wall-clock (for display and records), `monotonic` orders and times windows.
+    Absent families are absent from the mappings (never zero-filled).
+    """
+
+    taken_at: float
+    monotonic: float
+    gauges: Mapping[str, float]
+    counters: Mapping[str, float]
+    histograms: Mapping[str, Histogram]
+    accepted_per_pos: tuple[float, ...] = ()
+    process_start: float | None = None
+    engines: int = 1
+    models: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "taken_at": self.taken_at,
+            "gauges": dict(self.gauges),
+            "counters": dict(self.counters),
+            "histograms": {
+                k: {
+                    "bounds": list(h.bounds),
+                    "cumulative": list(h.cumulative),
+                    "count": h.count,
+                    "sum": h.sum,
+                }
+                for k, h in self.histograms.items()
+            },
+            "engines": self.engines,
+            "models": list(self.models),
+        }
+
+
+_SNAPSHOT_PREFIXES = ("vllm:", _PROCESS_START)
+
+
+def snapshot_from_text(
+    text: str,
+    *,
+    taken_at: float | None = None,
+    monotonic: float | None = None,
+    model: str | None = None,
+) -> MetricsSnapshot:
+    """Build a snapshot from /metrics text, summing over engines (and finished_reason etc.).
+
+    `model` keeps only samples whose `model_name` label equals it (samples without the label stay).
+    """
+    samples, _types = parse_prometheus_text(text, prefixes=_SNAPSHOT_PREFIXES)
+    gauge_sum: dict[str, float] = {}
+    gauge_n: dict[str, int] = {}
+    counters: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    h_count: dict[str, float] = {}
+    h_sum: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    engines: set[str] = set()
+    models: set[str] = set()
+    process_start: float | None = None
+    gauge_names = set(GAUGES)
+    counter_names = {c + "_total": c for c in COUNTERS}
+    hist_names = set(HISTOGRAMS)
+    per_pos_name = SPEC_ACCEPTED_PER_POS + "_total"
+
+    for s in samples:
+        name = s.name
+        if name == _PROCESS_START:
+            process_start = s.value
+            continue
+        if model is not None:
+            m = s.label("model_name", model)
+            if m != model:
+                continue
+        if math.isnan(s.value):
+            continue
+        engine = s.label("engine")
+        if engine:
+            engines.add(engine)
+        mn = s.label("model_name")
+        if mn:
+            models.add(mn)
+        if name in gauge_names:
+            gauge_sum[name] = gauge_sum.get(name, 0.0) + s.value
+            gauge_n[name] = gauge_n.get(name, 0) + 1
+        elif name in counter_names:
+            fam = counter_names[name]
+            counters[fam] = counters.get(fam, 0.0) + s.value
+        elif name == per_pos_name:
+            try:
+                pos = int(s.label("position", "-1"))
+            except ValueError:
+                continue
+            if pos >= 0:
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+        elif name.endswith("_bucket"):
+            fam = name[: -len("_bucket")]
+            if fam in hist_names:
+                le = s.label("le")
+                try:
+                    bound = float(le)
+                except ValueError:
+                    continue
+                fb = buckets.setdefault(fam, {})
+                fb[bound] = fb.get(bound, 0.0) + s.value
+        elif name.endswith("_count"):
+            fam = name[: -len("_count")]
+            if fam in hist_names:
+                h_count[fam] = h_count.get(fam, 0.0) + s.value
+        elif name.endswith("_sum"):
+            fam = name[: -len("_sum")]
+            if fam in hist_names:
+                h_sum[fam] = h_sum.get(fam, 0.0) + s.value
+
+    gauges = {}
+    for g, total in gauge_sum.items():
+        # KV usage is a per-engine fraction: merged as the mean; request counts add up.
+        gauges[g] = total / gauge_n[g] if g == KV_CACHE_USAGE else total
+    histograms = {}
+    for fam, fb in buckets.items():
+        bounds = tuple(sorted(fb))
+        cumulative = tuple(fb[b] for b in bounds)
+        count = h_count.get(fam, cumulative[-1] if cumulative else 0.0)
+        histograms[fam] = Histogram(bounds, cumulative, count, h_sum.get(fam, 0.0))
+    accepted = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return MetricsSnapshot(
+        taken_at=time.time() if taken_at is None else taken_at,
+        monotonic=time.monotonic() if monotonic is None else monotonic,
+        gauges=gauges,
+        counters=counters,
+        histograms=histograms,
+        accepted_per_pos=accepted,
+        process_start=process_start,
+        engines=max(1, len(engines)),
+        models=tuple(sorted(models)),
+    )
+
+
+def merge_snapshots(snapshots: Sequence[MetricsSnapshot]) -> MetricsSnapshot:
+    """Merge replicas scraped at (about) the same time: sum counters, buckets and request gauges.
+
+    KV cache usage becomes the mean. Histograms whose bucket bounds differ between replicas
+    cannot be summed and are dropped (they then show up as missing).
+    """
+    if not snapshots:
+        raise ValueError("merge_snapshots needs at least one snapshot")
+    if len(snapshots) == 1:
+        return snapshots[0]
+    gauges: dict[str, float] = {}
+    kv: list[float] = []
+    counters: dict[str, float] = {}
+    histograms: dict[str, Histogram] = {}
+    dropped: set[str] = set()
+    per_pos: list[float] = []
+    for snap in snapshots:
+        for k, v in snap.gauges.items():
+            if k == KV_CACHE_USAGE:
+                kv.append(v)
+            else:
+                gauges[k] = gauges.get(k, 0.0) + v
+        for k, v in snap.counters.items():
+            counters[k] = counters.get(k, 0.0) + v
+        for k, h in snap.histograms.items():
+            if k in dropped:
+                continue
+            if k not in histograms:
+                histograms[k] = h
+            elif histograms[k].bounds == h.bounds:
+                histograms[k] = histograms[k].plus(h)
+            else:
+                dropped.add(k)
+                del histograms[k]
+        for i, v in enumerate(snap.accepted_per_pos):
+            if i >= len(per_pos):
+                per_pos.append(0.0)
+            per_pos[i] += v
+    if kv:
+        gauges[KV_CACHE_USAGE] = sum(kv) / len(kv)
+    starts = [s.process_start for s in snapshots if s.process_start is not None]
+    return MetricsSnapshot(
+        taken_at=max(s.taken_at for s in snapshots),
+        monotonic=max(s.monotonic for s in snapshots),
+        gauges=gauges,
+        counters=counters,
+        histograms=histograms,
+        accepted_per_pos=tuple(per_pos),
+        # a restart of any replica changes the sum of start times (reset detection)
+        process_start=sum(starts) if len(starts) == len(snapshots) else None,
+        engines=sum(s.engines for s in snapshots),
+        models=tuple(sorted({m for s in snapshots for m in s.models})),
+    )
+
+
+# --- windows ------------------------------------------------------------------------------------
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _inv(seconds: float | None) -> float | None:
+    if seconds is None or seconds <= 0:
+        return None
+    return 1.0 / seconds
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Figures over one window (between two snapshots). None = no data in the window.
+
+    interactivity_pXX are tokens/s/user percentiles over the requests that FINISHED in the window:
+    interactivity_p10 = 1 / tpot_p90 (the slow tail), interactivity_p90 = 1 / tpot_p10.
+    Gauges (running, waiting, kv_cache_usage) are the newest snapshot's values.
+    """
+
+    window_s: float
+    ended_at: float
+    tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    request_rate: float | None = None
+    requests_finished: float | None = None
+    interactivity_p10: float | None = None
+    interactivity_p50: float | None = None
+    interactivity_p90: float | None = None
+    tpot_p10_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p90_ms: float | None = None
+    itl_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p90_ms: float | None = None
+    queue_p90_ms: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    preemptions: float | None = None
+    spec_acceptance_length: float | None = None
+    spec_acceptance_rate: float | None = None
+    spec_acceptance_per_pos: tuple[float, ...] = ()
+    resets: int = 0
+    missing: tuple[str, ...] = ()
+    engines: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                value = None
+            out[name] = value
+        return out
+
+
+def _counter_delta(
+    old: MetricsSnapshot, new: MetricsSnapshot, name: str, reset: bool
+) -> float | None:
+    if name not in new.counters:
+        return None
+    if reset:
+        return new.counters[name]
+    if name not in old.counters:
+        return None
+    d = new.counters[name] - old.counters[name]
+    return new.counters[name] if d < 0 else d
+
+
+def _is_reset(old: MetricsSnapshot, new: MetricsSnapshot) -> bool:
+    """A server restart between the two scrapes: start time changed or any counter went down."""
+    if old.process_start is not None and new.process_start is not None:
+        if new.process_start != old.process_start:
+            return True
+    for k, v in new.counters.items():
+        if k in old.counters and v < old.counters[k]:
+            return True
+    for k, h in new.histograms.items():
+        o = old.histograms.get(k)
+        if o is not None and o.bounds == h.bounds and h.went_down(o):
+            return True
+    return False
+
+
+def _hist_delta(
+    old: MetricsSnapshot, new: MetricsSnapshot, name: str, reset: bool
+) -> Histogram | None:
+    h = new.histograms.get(name)
+    if h is None:
+        return None
+    if reset:
+        return h
+    o = old.histograms.get(name)
+    if o is None:
+        return None
+    if o.bounds != h.bounds:
+        return h  # new bucket layout: the server changed under us; count from zero
+    return h.minus(o)
+
+
+def _delta_snapshot(
+    old: MetricsSnapshot, new: MetricsSnapshot, *, detect_reset: bool = True
+) -> tuple[MetricsSnapshot, bool]:
+    """The cumulative-looking difference new - old (reset-aware), as a snapshot."""
+    reset = detect_reset and _is_reset(old, new)
+    counters = {}
+    for k in new.counters:
+        d = _counter_delta(old, new, k, reset)
+        if d is not None:
+            counters[k] = d
+    histograms = {}
+    for k in new.histograms:
+        dh = _hist_delta(old, new, k, reset)
+        if dh is not None:
+            histograms[k] = dh
+    if reset or len(old.accepted_per_pos) != len(new.accepted_per_pos):
+        per_pos = new.accepted_per_pos
+    else:
+        per_pos = tuple(
+            max(0.0, a - b) for a, b in zip(new.accepted_per_pos, old.accepted_per_pos, strict=True)
+        )
+    snap = MetricsSnapshot(
+        taken_at=new.taken_at,
+        monotonic=new.monotonic,
+        gauges=new.gauges,
+        counters=counters,
+        histograms=histograms,
+        accepted_per_pos=per_pos,
+        process_start=new.process_start,
+        engines=new.engines,
+        models=new.models,
+    )
+    return snap, reset
+
+
+def _stats_from_delta(
+    delta: MetricsSnapshot, newest: MetricsSnapshot, window_s: float, resets: int
+) -> WindowStats:
+    def rate(name: str) -> float | None:
+        v = delta.counters.get(name)
+        if v is None or window_s <= 0:
+            return None
+        return v / window_s
+
+    def q(name: str, quant: float) -> float | None:
+        h = delta.histograms.get(name)
+        return None if h is None else h.quantile(quant)
+
+    tpot = delta.histograms.get(TIME_PER_OUTPUT_TOKEN)
+    tpot_p10 = q(TIME_PER_OUTPUT_TOKEN, 0.10)
+    tpot_p50 = q(TIME_PER_OUTPUT_TOKEN, 0.50)
+    tpot_p90 = q(TIME_PER_OUTPUT_TOKEN, 0.90)
+
+    drafts = delta.counters.get(SPEC_DRAFTS)
+    draft_tokens = delta.counters.get(SPEC_DRAFT_TOKENS)
+    accepted = delta.counters.get(SPEC_ACCEPTED_TOKENS)
+    spec_len = 1.0 + accepted / drafts if drafts and accepted is not None else None
+    spec_rate = accepted / draft_tokens if draft_tokens and accepted is not None else None
+    per_pos = tuple(a / drafts for a in delta.accepted_per_pos) if drafts else ()
+
+    missing = tuple(
+        f
+        for f in _EXPECTED
+        if f not in newest.gauges and f not in newest.counters and f not in newest.histograms
+    )
+    return WindowStats(
+        window_s=window_s,
+        ended_at=newest.taken_at,
+        tokens_per_s=rate(GENERATION_TOKENS),
+        prompt_tokens_per_s=rate(PROMPT_TOKENS),
+        request_rate=rate(REQUEST_SUCCESS),
+        requests_finished=delta.counters.get(REQUEST_SUCCESS),
+        interactivity_p10=_inv(tpot_p90),
+        interactivity_p50=_inv(tpot_p50),
+        interactivity_p90=_inv(tpot_p10),
+        tpot_p10_ms=_ms(tpot_p10),
+        tpot_p50_ms=_ms(tpot_p50),
+        tpot_p90_ms=_ms(tpot_p90),
+        tpot_mean_ms=_ms(tpot.mean) if tpot is not None else None,
+        ttft_p50_ms=_ms(q(TIME_TO_FIRST_TOKEN, 0.50)),
+        ttft_p90_ms=_ms(q(TIME_TO_FIRST_TOKEN, 0.90)),
+        ttft_p99_ms=_ms(q(TIME_TO_FIRST_TOKEN, 0.99)),
+        itl_p50_ms=_ms(q(INTER_TOKEN_LATENCY, 0.50)),
+        itl_p90_ms=_ms(q(INTER_TOKEN_LATENCY, 0.90)),
+        itl_p99_ms=_ms(q(INTER_TOKEN_LATENCY, 0.99)),
+        e2e_p50_ms=_ms(q(E2E_LATENCY, 0.50)),
+        e2e_p90_ms=_ms(q(E2E_LATENCY, 0.90)),
+        queue_p90_ms=_ms(q(REQUEST_QUEUE_TIME, 0.90)),
+        running=newest.gauges.get(REQUESTS_RUNNING),
+        waiting=newest.gauges.get(REQUESTS_WAITING),
+        kv_cache_usage=newest.gauges.get(KV_CACHE_USAGE),
+        preemptions=delta.counters.get(NUM_PREEMPTIONS),
+        spec_acceptance_length=spec_len,
+        spec_acceptance_rate=spec_rate,
+        spec_acceptance_per_pos=per_pos,
+        resets=resets,
+        missing=missing,
+        engines=newest.engines,
+    )
+
+
+def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:
+    """Figures between two scrapes of the same endpoint (e.g. before and after a bench run).
+
+    A restart between them (counters went down, or a new process start time) makes the deltas
+    count from zero at the restart: what happened before the restart in the window is lost, and
+    `resets` is 1. For many scrapes in a row, `MetricsSeries` keeps every restart's counts.
+    """
+    delta, reset = _delta_snapshot(old, new)
+    return _stats_from_delta(delta, new, new.monotonic - old.monotonic, 1 if reset else 0)
+
+
+def _add_delta(base: MetricsSnapshot, delta: MetricsSnapshot) -> MetricsSnapshot:
+    counters = dict(base.counters)
+    for k, v in delta.counters.items():
+        counters[k] = counters.get(k, 0.0) + v
+    histograms = dict(base.histograms)
+    for k, h in delta.histograms.items():
+        b = histograms.get(k)
+        histograms[k] = h if b is None or b.bounds != h.bounds else b.plus(h)
+    if len(base.accepted_per_pos) == len(delta.accepted_per_pos):
+        per_pos = tuple(
+            a + b for a, b in zip(base.accepted_per_pos, delta.accepted_per_pos, strict=True)
+        )
+    else:
+        per_pos = delta.accepted_per_pos
+    return MetricsSnapshot(
+        taken_at=delta.taken_at,
+        monotonic=delta.monotonic,
+        gauges=delta.gauges,
+        counters=counters,
+        histograms=histograms,
+        accepted_per_pos=per_pos,
+        process_start=delta.process_start,
+        engines=delta.engines,
+        models=delta.models,
+    )
+
+
+@dataclass
+class MetricsSeries:
+    """Scrapes of one endpoint over time, with restarts stitched out.
+
+    Each ingested scrape is turned into a monotonic "continuous" snapshot (previous continuous +
+    reset-aware delta), so any window is one subtraction of two stored snapshots, however many
+    restarts lie between them. Keeps `keep_s` seconds of history.
+    """
+
+    keep_s: float = 330.0
+    _raw_last: MetricsSnapshot | None = None
+    _points: deque[tuple[MetricsSnapshot, int]] = field(default_factory=deque)
+    _resets: int = 0
+
+    def ingest(self, snap: MetricsSnapshot) -> None:
+        if self._raw_last is None or not self._points:
+            self._points.append((snap, self._resets))
+        else:
+            delta, reset = _delta_snapshot(self._raw_last, snap)
+            if reset:
+                self._resets += 1
+            cont = _add_delta(self._points[-1][0], delta)
+            self._points.append((cont, self._resets))
+        self._raw_last = snap
+        horizon = snap.monotonic - self.keep_s
+        while len(self._points) > 2 and self._points[1][0].monotonic <= horizon:
+            self._points.popleft()
+
+    @property
+    def latest(self) -> MetricsSnapshot | None:
+        return self._raw_last
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def window(self, seconds: float) -> WindowStats | None:
+        """Figures over the last `seconds` (less while history is short); None before 2 scrapes."""
+        if len(self._points) < 2:
+            return None
+        newest, r_new = self._points[-1]
+        target = newest.monotonic - seconds
+        # the newest stored point at or before the window start, else the oldest we have
+        idx = bisect.bisect_right(self._points, target + 1e-6, key=lambda p: p[0].monotonic) - 1
+        idx = max(0, min(idx, len(self._points) - 2))
+        oldest, r_old = self._points[idx]
+        # continuous points never go down: no reset detection between them
+        delta, _ = _delta_snapshot(oldest, newest, detect_reset=False)
+        return _stats_from_delta(delta, newest, newest.monotonic - oldest.monotonic, r_new - r_old)
