@@ -1,0 +1,74 @@
+"""Snapshots: a HardwareReport saved as JSON on one node and loaded (merged) anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.hardware._types import HardwareReport, Source
+
+__all__ = ["load_snapshot", "load_snapshots", "merge", "save_snapshot"]
+
+
+def save_snapshot(report: HardwareReport, path: str | Path) -> Path:
+    """Write atomically (temp file + rename). A live report is stored as "recorded"."""
+    target = Path(path)
+    source: Source = "recorded" if report.source == "live" else report.source
+    text = json.dumps(report.with_source(source).to_json(), indent=2) + "\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_snapshot(path: str | Path) -> HardwareReport:
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"snapshot {p}: no such file") from None
+    except OSError as error:
+        raise InputError(f"snapshot {p}: cannot read it ({error.strerror})") from None
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"snapshot {p}: not JSON (line {error.lineno}: {error.msg})",
+            hint="pass a file written by `kimictl doctor --save-snapshot`",
+        ) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("nodes"), list):
+        raise InputError(
+            f"snapshot {p}: missing the 'nodes' list",
+            hint="pass a file written by `kimictl doctor --save-snapshot`",
+        )
+    try:
+        report = HardwareReport.from_json(raw)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise InputError(f"snapshot {p}: malformed ({type(error).__name__}: {error})") from None
+    return report if report.source == "simulated" else report.with_source("recorded")
+
+
+def merge(reports: Iterable[HardwareReport]) -> HardwareReport:
+    """All nodes of all reports as one TP group; simulated if any part is simulated."""
+    items = list(reports)
+    nodes = [node for r in items for node in r.nodes]
+    source: Source = "simulated" if any(r.source == "simulated" for r in items) else "recorded"
+    if items and all(r.source == "live" for r in items):
+        source = "live"
+    return HardwareReport(nodes=nodes, source=source)
+
+
+def load_snapshots(paths: Iterable[str | Path]) -> HardwareReport:
+    """Load one or more snapshot files (one per node) and merge them. Bad files raise InputError."""
+    items = [load_snapshot(p) for p in paths]
+    if not items:
+        raise InputError("no snapshot file given")
+    return merge(items)
