@@ -18,16 +18,24 @@ is the new value (counted from zero), and the window says `resets > 0`.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import math
+import os
 import re
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+import httpx
+
+from kimictl.runtime.errors import EndpointError
+
 __all__ = [
+    "CHART_WINDOW_S",
     "COUNTERS",
     "E2E_LATENCY",
     "GAUGES",
@@ -47,14 +55,24 @@ __all__ = [
     "SPEC_DRAFT_TOKENS",
     "TIME_PER_OUTPUT_TOKEN",
     "TIME_TO_FIRST_TOKEN",
+    "HIGHER_IS_BETTER",
+    "EndpointPoller",
+    "EndpointStatus",
+    "EndpointView",
     "Histogram",
+    "HistoryPoint",
     "MetricsSeries",
     "MetricsSnapshot",
     "Sample",
     "WindowStats",
+    "ab_ratios",
     "compute_window",
     "merge_snapshots",
+    "metrics_url",
+    "monitor_snapshot",
     "parse_prometheus_text",
+    "poll_all",
+    "scrape",
     "snapshot_from_text",
 ]
 
@@ -750,3 +768,222 @@ class MetricsSeries:
         # continuous points never go down: no reset detection between them
         delta, _ = _delta_snapshot(oldest, newest, detect_reset=False)
         return _stats_from_delta(delta, newest, newest.monotonic - oldest.monotonic, r_new - r_old)
+
+
+# --- polling endpoints (shared by the TUI and headless `kimictl monitor`) -------------------------
+CHART_WINDOW_S = 10.0  # each history point is the figure over the 10 s before it
+MAX_BACKOFF_S = 10.0
+STALE_AFTER_INTERVALS = 2.5
+HISTORY_POINTS = 900
+
+# Direction of "better" for the A/B ratio (tuned / stock): True = higher is better.
+HIGHER_IS_BETTER: dict[str, bool] = {
+    "tokens_per_s": True,
+    "request_rate": True,
+    "interactivity_p10": True,
+    "interactivity_p50": True,
+    "interactivity_p90": True,
+    "spec_acceptance_length": True,
+    "spec_acceptance_rate": True,
+    "tpot_p50_ms": False,
+    "tpot_p90_ms": False,
+    "ttft_p50_ms": False,
+    "ttft_p90_ms": False,
+    "ttft_p99_ms": False,
+    "itl_p50_ms": False,
+    "itl_p90_ms": False,
+    "itl_p99_ms": False,
+    "e2e_p90_ms": False,
+}
+
+
+def metrics_url(base_url: str) -> str:
+    base = base_url.rstrip("/").removesuffix("/v1")
+    return base if base.endswith("/metrics") else base + "/metrics"
+
+
+def _api_headers() -> dict[str, str]:
+    key = os.environ.get("VLLM_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def scrape(
+    client: httpx.AsyncClient, base_url: str, *, timeout: float, model: str | None = None
+) -> MetricsSnapshot:
+    """GET /metrics once and parse it. Raises EndpointError with a one-line reason."""
+    url = metrics_url(base_url)
+    try:
+        reply = await client.get(url, timeout=timeout, headers=_api_headers())
+    except httpx.ConnectError as exc:
+        raise EndpointError(f"{url}: connection refused or host unreachable") from exc
+    except httpx.TimeoutException as exc:
+        raise EndpointError(f"{url}: no answer within {timeout:g} s") from exc
+    except httpx.HTTPError as exc:
+        raise EndpointError(f"{url}: {type(exc).__name__}: {exc}") from exc
+    if reply.status_code != 200:
+        raise EndpointError(f"{url}: HTTP {reply.status_code}")
+    snap = snapshot_from_text(reply.text, model=model)
+    if not snap.gauges and not snap.counters and not snap.histograms:
+        raise EndpointError(f"{url}: answered, but with no vllm: metrics (is it a vLLM server?)")
+    return snap
+
+
+class EndpointStatus(StrEnum):
+    CONNECTING = "CONNECTING"  # no scrape answered yet
+    UP = "UP"
+    DOWN = "DOWN"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    taken_at: float
+    tokens_per_s: float | None
+    interactivity_p10: float | None
+    interactivity_p50: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    """What a screen or a record needs about one endpoint at one moment (no live handles)."""
+
+    name: str
+    url: str
+    status: EndpointStatus
+    reason: str | None
+    stale_since: float | None
+    last_ok_at: float | None
+    next_try_in_s: float | None
+    stats: WindowStats | None
+    history: tuple[HistoryPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "url": self.url,
+            "status": self.status.value,
+            "reason": self.reason,
+            "stale": self.stale_since is not None,
+            "stale_since": self.stale_since,
+            "last_ok_at": self.last_ok_at,
+        }
+        out.update(self.stats.to_json() if self.stats is not None else {})
+        return out
+
+
+@dataclass
+class EndpointPoller:
+    """One endpoint's scrapes, UP/DOWN state and reconnect backoff. History survives outages."""
+
+    name: str
+    url: str
+    model: str | None = None
+    series: MetricsSeries = field(default_factory=MetricsSeries)
+    status: EndpointStatus = EndpointStatus.CONNECTING
+    reason: str | None = None
+    failures: int = 0
+    last_ok_at: float | None = None
+    last_ok_mono: float | None = None
+    next_try_mono: float = 0.0
+    history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+
+    def due(self, now_mono: float) -> bool:
+        return now_mono >= self.next_try_mono
+
+    async def poll(self, client: httpx.AsyncClient, *, interval: float) -> bool:
+        """Scrape if due (not backing off). Returns True when a new scrape was ingested."""
+        now = time.monotonic()
+        if not self.due(now):
+            return False
+        try:
+            snap = await scrape(
+                client, self.url, timeout=max(0.5, min(interval, 5.0)), model=self.model
+            )
+        except EndpointError as exc:
+            self.failures += 1
+            self.status = EndpointStatus.DOWN
+            self.reason = exc.message.split(": ", 1)[-1]
+            backoff = min(MAX_BACKOFF_S, interval * 2 ** (self.failures - 1))
+            self.next_try_mono = time.monotonic() + backoff
+            return False
+        self.failures = 0
+        self.status = EndpointStatus.UP
+        self.reason = None
+        self.last_ok_at = snap.taken_at
+        self.last_ok_mono = snap.monotonic
+        self.next_try_mono = 0.0
+        self.series.ingest(snap)
+        chart = self.series.window(CHART_WINDOW_S)
+        if chart is not None:
+            self.history.append(
+                HistoryPoint(
+                    snap.taken_at,
+                    chart.tokens_per_s,
+                    chart.interactivity_p10,
+                    chart.interactivity_p50,
+                )
+            )
+        return True
+
+    def view(self, window_s: float, *, interval: float) -> EndpointView:
+        now = time.monotonic()
+        stale_since = None
+        if self.last_ok_mono is not None and (
+            self.status is EndpointStatus.DOWN
+            or now - self.last_ok_mono > STALE_AFTER_INTERVALS * interval
+        ):
+            stale_since = self.last_ok_at
+        return EndpointView(
+            name=self.name,
+            url=self.url,
+            status=self.status,
+            reason=self.reason,
+            stale_since=stale_since,
+            last_ok_at=self.last_ok_at,
+            next_try_in_s=max(0.0, self.next_try_mono - now) if self.failures else None,
+            stats=self.series.window(window_s),
+            history=tuple(self.history),
+        )
+
+
+async def poll_all(
+    pollers: Sequence[EndpointPoller], client: httpx.AsyncClient, *, interval: float
+) -> None:
+    """Scrape every due endpoint concurrently (one slow endpoint never delays the others)."""
+    await asyncio.gather(*(p.poll(client, interval=interval) for p in pollers))
+
+
+def ab_ratios(tuned: WindowStats | None, stock: WindowStats | None) -> dict[str, float | None]:
+    """tuned / stock for each figure of HIGHER_IS_BETTER (None where either side has no data)."""
+    out: dict[str, float | None] = {}
+    for key in HIGHER_IS_BETTER:
+        a = getattr(tuned, key, None) if tuned is not None else None
+        b = getattr(stock, key, None) if stock is not None else None
+        out[key] = a / b if a is not None and b else None
+    return out
+
+
+def monitor_snapshot(
+    views: Sequence[EndpointView],
+    *,
+    window_s: float,
+    ab: tuple[str, str] | None = None,
+    gpus: Any = None,
+) -> dict[str, Any]:
+    """The JSON document of `--once --json`, `--record` lines and the TUI's export."""
+    doc: dict[str, Any] = {
+        "taken_at": time.time(),
+        "window_s": window_s,
+        "endpoints": {v.name: v.to_json() for v in views},
+    }
+    if ab is not None:
+        by_name = {v.name: v for v in views}
+        tuned, stock = by_name.get(ab[0]), by_name.get(ab[1])
+        doc["ab"] = {
+            "tuned": ab[0],
+            "stock": ab[1],
+            "ratio": ab_ratios(tuned.stats if tuned else None, stock.stats if stock else None),
+            "higher_is_better": HIGHER_IS_BETTER,
+        }
+    if gpus is not None:
+        doc["gpus"] = gpus
+    return doc
