@@ -1,0 +1,159 @@
+"""`kimictl doctor`: is this cluster, and this deployment, ready for the K3 fast path?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import click
+import typer
+
+from kimictl.runtime.errors import InputError
+
+if TYPE_CHECKING:
+    from kimictl.runtime.deployment import DeploymentSpec
+    from kimictl.runtime.rules import Diagnosis
+
+app = typer.Typer(add_completion=False)
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
+
+
+def _spec_from(
+    profile: str | None, vllm_args: str | None
+) -> tuple[DeploymentSpec | None, list[str]]:
+    if profile and vllm_args:
+        raise InputError("--profile and --vllm-args both given; pass one of them.")
+    if profile:
+        try:
+            from kimictl.runtime.profiles import load_profile
+        except ImportError:
+            raise InputError(
+                f"--profile {profile}: profiles are not available in this kimictl build.",
+                hint='pass the launch command instead: --vllm-args "vllm serve ..."',
+            ) from None
+        return load_profile(profile).spec, []
+    if vllm_args is not None:
+        if not vllm_args.strip():
+            raise InputError(
+                '--vllm-args is empty; pass a command such as "vllm serve MODEL -tp 8".'
+            )
+        from kimictl.runtime.deployment import parse_vllm_command
+
+        parsed = parse_vllm_command(vllm_args)
+        return parsed.spec, list(parsed.unrecognised)
+    return None, []
+
+
+def _inventory(diagnosis: Diagnosis) -> list[str]:
+    from kimictl.runtime.hardware import Unavailable
+
+    lines = []
+    hw = diagnosis.hardware
+    if hw.source != "live":
+        lines.append(f"[dim]source: {hw.source} snapshot ({len(hw.nodes)} node(s))[/dim]")
+    for node in hw.nodes:
+        if node.no_driver_reason is not None:
+            lines.append(f"{node.hostname}: {node.no_driver_reason}")
+            continue
+        models: dict[str, int] = {}
+        for gpu in node.gpus:
+            if gpu.lost is not None:
+                key = "lost GPU"
+            else:
+                cc = gpu.compute_capability
+                arch = f"SM{cc[0]}{cc[1]}" if not isinstance(cc, Unavailable) else "SM?"
+                mem = gpu.memory_total_mib
+                gib = f", {mem / 1024:.0f} GiB" if isinstance(mem, int) else ""
+                key = f"{gpu.name} ({arch}{gib})"
+            models[key] = models.get(key, 0) + 1
+        gpus = ", ".join(f"{n} x {k}" for k, n in models.items()) or "no GPU"
+        lines.append(
+            f"{node.hostname}: driver {node.driver_version}, "
+            f"CUDA {node.cuda_driver_version}, {gpus}"
+        )
+    return lines
+
+
+def _render(diagnosis: Diagnosis) -> None:
+    from rich.markup import escape
+
+    from kimictl.commands._output import console
+    from kimictl.runtime.rules import Section
+
+    for section in Section:
+        console.print(f"\n[bold]{section.value}[/bold]")
+        if section is Section.HARDWARE:
+            for line in _inventory(diagnosis):
+                console.print(f"  {line}", highlight=False)
+        checks = [c for c in diagnosis.checks if c.section is section]
+        if not checks:
+            console.print("  [dim]not checked: no usable GPU[/dim]")
+        for check in checks:
+            tag = check.status.value.upper()
+            console.print(
+                f"  [{_STYLE[check.status.value]}]{tag:<7}[/] {escape(check.message)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            if check.remedy and check.status.value != "pass":
+                console.print(
+                    f"          [dim]fix:[/dim] {escape(check.remedy)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+    if diagnosis.saved_to is not None:
+        console.print(f"\nSnapshot saved to {diagnosis.saved_to}", highlight=False)
+    console.print()
+    if diagnosis.verdict == "ready":
+        console.print("Fast path: [bold green]READY[/]")
+    else:
+        console.print(f"Fast path: [bold red]NOT READY[/] ({diagnosis.blocking} blocking)")
+
+
+@app.command(
+    help="Check GPUs, NVLink fabric, multicast, the software stack and a deployment's flags "
+    "against the K3 latency-specialized decode path. Exit 0 ready, 1 not ready, 2 bad input."
+)
+def doctor(
+    profile: Annotated[
+        str | None, typer.Option("--profile", metavar="FILE|NAME", help="Profile to check.")
+    ] = None,
+    vllm_args: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-args",
+            metavar="CMD",
+            help='An existing launch line: "VAR=1 vllm serve MODEL ...".',
+        ),
+    ] = None,
+    from_snapshot: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--from-snapshot",
+            metavar="FILE",
+            help="Check recorded snapshot(s) instead of this machine; repeat once per node.",
+        ),
+    ] = None,
+    save_snapshot: Annotated[
+        Path | None,
+        typer.Option("--save-snapshot", metavar="FILE", help="Write the hardware report as JSON."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from kimictl.runtime.rules import diagnose
+
+    spec, unrecognised = _spec_from(profile, vllm_args)
+    diagnosis = diagnose(
+        spec, snapshots=from_snapshot or [], save_snapshot=save_snapshot, unrecognised=unrecognised
+    )
+    if json_out:
+        from kimictl.commands._output import emit_json
+
+        payload: dict[str, Any] = diagnosis.to_json()
+        emit_json(payload)
+    else:
+        _render(diagnosis)
+    if diagnosis.verdict != "ready":
+        # click's Exit (not typer's): cli.main runs click with standalone_mode=False.
+        raise click.exceptions.Exit(1)
