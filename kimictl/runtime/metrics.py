@@ -25,14 +25,14 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import httpx
 
-from kimictl.runtime.errors import EndpointError
+from kimictl.runtime.errors import EndpointError, InputError
 
 __all__ = [
     "CHART_WINDOW_S",
@@ -56,6 +56,10 @@ __all__ = [
     "TIME_PER_OUTPUT_TOKEN",
     "TIME_TO_FIRST_TOKEN",
     "HIGHER_IS_BETTER",
+    "WINDOWS_S",
+    "append_jsonl",
+    "format_window",
+    "parse_window",
     "EndpointPoller",
     "EndpointStatus",
     "EndpointView",
@@ -65,6 +69,7 @@ __all__ = [
     "MetricsSnapshot",
     "Sample",
     "WindowStats",
+    "ab_pair_of",
     "ab_ratios",
     "compute_window",
     "merge_snapshots",
@@ -73,6 +78,7 @@ __all__ = [
     "parse_prometheus_text",
     "poll_all",
     "scrape",
+    "watch",
     "snapshot_from_text",
 ]
 
@@ -987,3 +993,79 @@ def monitor_snapshot(
     if gpus is not None:
         doc["gpus"] = gpus
     return doc
+
+
+WINDOWS_S: tuple[float, ...] = (10.0, 60.0, 300.0)  # the TUI's window switch cycles these
+
+
+def parse_window(text: str, *, option: str = "--window") -> float:
+    """'10s', '1m', '5m', '90' (seconds) -> seconds. Raises InputError naming the option."""
+    raw = text.strip().lower()
+    scale = 1.0
+    if raw.endswith("ms"):
+        raw, scale = raw[:-2], 0.001
+    elif raw.endswith("s"):
+        raw = raw[:-1]
+    elif raw.endswith("m"):
+        raw, scale = raw[:-1], 60.0
+    try:
+        seconds = float(raw) * scale
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InputError(
+            f"{option} '{text}' is not a duration: use seconds or a suffix, e.g. 10s, 1m, 5m."
+        )
+    return seconds
+
+
+def format_window(seconds: float) -> str:
+    return f"{seconds / 60:g}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def append_jsonl(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Append one JSON line (the `--record` time series)."""
+    import orjson
+
+    with open(path, "ab") as fh:
+        fh.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+
+
+def ab_pair_of(names: Sequence[str]) -> tuple[str, str] | None:
+    """The (tuned, stock) names for the ratio column: endpoints named tuned and stock, else the
+    first and second of exactly two endpoints; None otherwise."""
+    if "tuned" in names and "stock" in names:
+        return "tuned", "stock"
+    if len(names) == 2:
+        return names[0], names[1]
+    return None
+
+
+async def watch(
+    pollers: Sequence[EndpointPoller],
+    *,
+    interval: float,
+    window_s: float,
+    duration_s: float | None,
+    on_tick: Callable[[dict[str, Any]], None],
+    gpu_sampler: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """Headless monitor loop: poll every `interval`, call `on_tick(snapshot)` after each round,
+    stop after `duration_s` (None = until cancelled). Returns the last snapshot."""
+    ab = ab_pair_of([p.name for p in pollers])
+    start = time.monotonic()
+    last: dict[str, Any] = {}
+    async with httpx.AsyncClient() as client:
+        tick = 0
+        while True:
+            await poll_all(pollers, client, interval=interval)
+            views = [p.view(window_s, interval=interval) for p in pollers]
+            gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
+            last = monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
+            on_tick(last)
+            tick += 1
+            if duration_s is not None and time.monotonic() - start >= duration_s:
+                return last
+            # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
+            next_at = start + tick * interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))

@@ -1,0 +1,200 @@
+"""`kimictl monitor`: live throughput and interactivity of vLLM endpoints, tuned against stock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from kimictl.runtime.errors import InputError
+
+if TYPE_CHECKING:
+    from kimictl.runtime.runs import Target
+
+app = typer.Typer(add_completion=False)
+
+
+def _targets(texts: list[str]) -> list[Target]:
+    from kimictl.runtime.runs import Target, latest_ab_pair, resolve_target
+
+    if not texts:
+        pair = latest_ab_pair()
+        if pair is None:
+            raise InputError(
+                "no endpoint given and no live A/B pair was launched by kimictl.",
+                hint="pass URLs (kimictl monitor http://127.0.0.1:8000 or tuned=URL stock=URL), "
+                "a run id from `kimictl ps`, or start a pair with `kimictl serve --ab`.",
+            )
+        tuned, stock = pair
+        return [
+            Target("tuned", tuned.url, tuned.model, tuned.gpus, tuned.id, "tuned"),
+            Target("stock", stock.url, stock.model, stock.gpus, stock.id, "stock"),
+        ]
+    targets = [resolve_target(t) for t in texts]
+    seen: set[str] = set()
+    for t in targets:
+        if t.name in seen:
+            raise InputError(
+                f"two endpoints are named '{t.name}'; name them apart, e.g. a={t.url} b=URL."
+            )
+        seen.add(t.name)
+    return targets
+
+
+def _render_table(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+    from kimictl.runtime.metrics import HIGHER_IS_BETTER, format_window
+    from kimictl.tui.rows import ROWS, fmt, fmt_ratio
+
+    endpoints = doc["endpoints"]
+    ab = doc.get("ab")
+    table = Table(title=f"window {format_window(doc['window_s'])}", title_justify="left")
+    table.add_column("figure")
+    for name, ep in endpoints.items():
+        status = ep["status"] + (" (stale)" if ep["stale"] else "")
+        table.add_column(f"{name}\n{status}", justify="right")
+    if ab:
+        table.add_column(f"{ab['tuned']}/{ab['stock']}", justify="right")
+    for row in ROWS:
+        cells = [fmt(row, ep.get(row.key)) for ep in endpoints.values()]
+        if ab:
+            ratio = ab["ratio"].get(row.key)
+            cell = fmt_ratio(ratio)
+            if ratio is not None and row.key in HIGHER_IS_BETTER and abs(ratio - 1) > 0.02:
+                better = (ratio > 1) == HIGHER_IS_BETTER[row.key]
+                cell = f"[{'green' if better else 'red'}]{cell}[/]"
+            cells.append(cell)
+        table.add_row(row.label, *cells)
+    console.print(table)
+    for name, ep in endpoints.items():
+        if ep["reason"]:
+            console.print(f"[red]{name}[/]: {ep['reason']}")
+        if ep.get("resets"):
+            console.print(f"[yellow]{name}[/]: server restarted in the window (counted from 0)")
+        if ep.get("missing"):
+            console.print(f"[yellow]{name}[/]: missing metric families: {', '.join(ep['missing'])}")
+    console.print(
+        "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 = 1000/TPOT p90 ms.[/dim]"
+    )
+
+
+def _line(doc: dict[str, Any]) -> str:
+    parts = []
+    for name, ep in doc["endpoints"].items():
+        if ep["status"] != "UP":
+            parts.append(f"{name} {ep['status']} ({ep['reason'] or 'no data yet'})")
+            continue
+        tps = ep.get("tokens_per_s")
+        p10 = ep.get("interactivity_p10")
+        parts.append(
+            f"{name} {tps or 0:.1f} tok/s, interactivity p10 "
+            + ("-" if p10 is None else f"{p10:.1f}")
+            + f", running {ep.get('running') or 0:.0f}"
+        )
+    return " | ".join(parts)
+
+
+@app.command(
+    help="Live TUI of vLLM endpoints: windowed tokens/s, interactivity percentiles, TTFT/ITL, "
+    "queue, KV cache, spec acceptance; tuned vs stock. TARGETS: URL, NAME=URL or a run id "
+    "(default: the latest A/B pair from `kimictl serve --ab`)."
+)
+def monitor(
+    targets: Annotated[
+        list[str] | None, typer.Argument(help="URL, NAME=URL or run id (repeatable).")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between scrapes of /metrics.")] = 1.0,
+    window: Annotated[
+        str, typer.Option(help="Window of the figures: 10s, 1m, 5m or seconds.")
+    ] = "10s",
+    once: Annotated[
+        bool, typer.Option("--once", help="Print one snapshot after one window and exit.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="JSON (with --once or --no-tui).")
+    ] = False,
+    record: Annotated[
+        Path | None, typer.Option(help="Append one JSON line per scrape round to FILE.")
+    ] = None,
+    no_tui: Annotated[
+        bool, typer.Option("--no-tui", help="Headless: one line per round (JSONL with --json).")
+    ] = False,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (headless).")
+    ] = None,
+    slo_interactivity: Annotated[
+        float | None,
+        typer.Option(help="SLO line on the interactivity chart (tokens/s/user, p10)."),
+    ] = None,
+) -> None:
+    import asyncio
+
+    from kimictl.runtime import metrics
+
+    window_s = metrics.parse_window(window)
+    if not 0.05 <= interval <= 60:
+        raise InputError(f"--interval {interval:g} is out of range: use 0.05 to 60 seconds.")
+    if slo_interactivity is not None and slo_interactivity <= 0:
+        raise InputError(f"--slo-interactivity {slo_interactivity:g} must be > 0 tokens/s/user.")
+    if duration is not None and duration <= 0:
+        raise InputError(f"--duration {duration:g} must be > 0 seconds.")
+    if json_out and not (once or no_tui):
+        raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
+    if record is not None and record.parent and not record.parent.exists():
+        raise InputError(f"--record {record}: folder {record.parent} does not exist.")
+    resolved = _targets(targets or [])
+    pollers = [metrics.EndpointPoller(t.name, t.url, t.model) for t in resolved]
+
+    if once or no_tui:
+        from kimictl.runtime.gpu_telemetry import sample_gpus
+
+        def on_tick(doc: dict[str, Any]) -> None:
+            if record is not None:
+                metrics.append_jsonl(record, doc)
+            if no_tui and not once:
+                if json_out:
+                    import orjson
+
+                    typer.echo(orjson.dumps(doc).decode())
+                else:
+                    typer.echo(_line(doc))
+
+        run_for = window_s if once else duration
+        try:
+            doc = asyncio.run(
+                metrics.watch(
+                    pollers,
+                    interval=interval,
+                    window_s=window_s,
+                    duration_s=run_for,
+                    on_tick=on_tick,
+                    gpu_sampler=sample_gpus,
+                )
+            )
+        except KeyboardInterrupt:
+            return
+        if once:
+            if json_out:
+                from kimictl.commands._output import emit_json
+
+                emit_json(doc)
+            else:
+                _render_table(doc)
+            if all(ep["status"] != "UP" for ep in doc["endpoints"].values()):
+                from kimictl.runtime.errors import EndpointError
+
+                raise EndpointError("no endpoint answered /metrics during the window.")
+        return
+
+    from kimictl.tui.app import MonitorApp
+
+    MonitorApp(
+        pollers,
+        interval=interval,
+        window_s=window_s,
+        slo_interactivity=slo_interactivity,
+        record=record,
+    ).run()

@@ -1,0 +1,47 @@
+"""The figures a monitor screen shows, in order: label, WindowStats key, format. No Textual here,
+so the headless `kimictl monitor --once` table imports it cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ROWS", "Row", "fmt", "fmt_ratio"]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    label: str
+    key: str
+    fmt: str  # format spec for the value
+    scale: float = 1.0
+
+
+ROWS: tuple[Row, ...] = (
+    Row("output tokens/s", "tokens_per_s", ".1f"),
+    Row("requests/s", "request_rate", ".2f"),
+    Row("interactivity p10 (slow tail)", "interactivity_p10", ".1f"),
+    Row("interactivity p50", "interactivity_p50", ".1f"),
+    Row("interactivity p90 (fast tail)", "interactivity_p90", ".1f"),
+    Row("TPOT p90 ms", "tpot_p90_ms", ".1f"),
+    Row("TTFT p50 ms", "ttft_p50_ms", ".0f"),
+    Row("TTFT p90 ms", "ttft_p90_ms", ".0f"),
+    Row("TTFT p99 ms", "ttft_p99_ms", ".0f"),
+    Row("ITL p50 ms", "itl_p50_ms", ".1f"),
+    Row("ITL p90 ms", "itl_p90_ms", ".1f"),
+    Row("running", "running", ".0f"),
+    Row("waiting", "waiting", ".0f"),
+    Row("KV cache %", "kv_cache_usage", ".1f", 100.0),
+    Row("preemptions (window)", "preemptions", ".0f"),
+    Row("spec acceptance length", "spec_acceptance_length", ".2f"),
+    Row("spec acceptance %", "spec_acceptance_rate", ".1f", 100.0),
+)
+
+
+def fmt(row: Row, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return format(value * row.scale, row.fmt)
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
