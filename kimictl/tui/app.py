@@ -1,0 +1,261 @@
+"""The `kimictl monitor` screen: one column per endpoint, A/B ratio, history charts, GPU strip.
+
+Polling never blocks drawing: `set_interval` triggers an exclusive async worker that scrapes all
+endpoints concurrently (timeout <= interval) and posts `MetricsUpdated`; the handler feeds the
+widgets. A failed scrape marks the endpoint DOWN (reason, backoff) and keeps its history.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.timer import Timer
+from textual.widgets import Footer, Header, Static
+
+from kimictl.runtime.gpu_telemetry import GpuTelemetry, sample_gpus
+from kimictl.runtime.metrics import (
+    WINDOWS_S,
+    EndpointPoller,
+    EndpointView,
+    ab_pair_of,
+    ab_ratios,
+    append_jsonl,
+    format_window,
+    monitor_snapshot,
+    poll_all,
+)
+from kimictl.tui.widgets import SERIES_STYLES, FiguresTable, GpuStrip, HistoryChart, StatusLine
+
+__all__ = ["INTERVALS_S", "MetricsUpdated", "MonitorApp"]
+
+INTERVALS_S = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+HELP = """\
+[b]kimictl monitor[/b]
+
+  p      pause / resume polling
+  + / -  poll faster / slower (0.25 s .. 10 s)
+  w      switch window: 10s -> 1m -> 5m
+  e      export the current snapshot as JSON (file in the current folder)
+  ?      this help
+  q      quit
+
+Figures are windowed: differences of counters and histogram buckets between two
+scrapes, never since-start averages. Interactivity = tokens/s/user = 1/TPOT per
+request; p10 is the slow tail (= 1000 / TPOT p90 ms), the one an SLO protects.
+Chart bars are one scrape each, the figure over the 10 s before it.
+Ratio column = tuned / stock; green = better, red = worse.
+
+[dim]press any key to close[/dim]"""
+
+
+class MetricsUpdated(Message):
+    """One polling round finished: fresh views of every endpoint, and the GPUs."""
+
+    def __init__(self, views: list[EndpointView], gpus: GpuTelemetry) -> None:
+        super().__init__()
+        self.views = views
+        self.gpus = gpus
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: 84; height: auto; border: round $accent; padding: 1 2;
+                          background: $surface; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP)
+
+    def on_key(self) -> None:
+        self.dismiss(None)
+
+
+class MonitorApp(App[None]):
+    CSS_PATH = "monitor.tcss"
+    TITLE = "kimictl monitor"
+    BINDINGS = [
+        Binding("p", "pause", "pause"),
+        Binding("plus,equals_sign", "faster", "faster"),
+        Binding("minus", "slower", "slower"),
+        Binding("w", "window", "window"),
+        Binding("e", "export", "export"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        pollers: list[EndpointPoller],
+        *,
+        interval: float = 1.0,
+        window_s: float = 10.0,
+        slo_interactivity: float | None = None,
+        record: Path | None = None,
+        export_dir: Path | None = None,
+        gpu_sampler: Any = sample_gpus,
+    ) -> None:
+        super().__init__()
+        self.pollers = pollers
+        self.interval = interval
+        self.window_s = window_s
+        self.slo = slo_interactivity
+        self.record = record
+        self.export_dir = export_dir or Path.cwd()
+        self.gpu_sampler = gpu_sampler
+        self.paused = False
+        self.ab = ab_pair_of([p.name for p in pollers])
+        self.views: list[EndpointView] = []
+        self.gpus: GpuTelemetry | None = None
+        self.rounds = 0
+        self._timer: Timer | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._busy = False
+
+    # ---- layout
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll(id="body"):
+            yield StatusLine(id="status")
+            yield FiguresTable(id="figures")
+            with Horizontal(id="charts"):
+                for i, p in enumerate(self.pollers):
+                    style = SERIES_STYLES[i % len(SERIES_STYLES)]
+                    with Vertical(classes="chart-column"):
+                        yield HistoryChart(f"{p.name} tokens/s", style, id=f"tps-{i}")
+                        yield HistoryChart(f"{p.name} interactivity p10", style, id=f"int-{i}")
+            yield GpuStrip(id="gpus")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._client = httpx.AsyncClient()
+        self._update_subtitle()
+        self._restart_timer()
+        self.poll_now()
+
+    async def on_unmount(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _restart_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_interval(self.interval, self._tick)
+
+    def _tick(self) -> None:
+        if not self.paused and not self._busy:
+            self.poll_now()
+
+    def _update_subtitle(self) -> None:
+        state = "PAUSED · " if self.paused else ""
+        self.sub_title = (
+            f"{state}window {format_window(self.window_s)} · every {self.interval:g}s"
+            + (f" · SLO interactivity p10 >= {self.slo:g}" if self.slo is not None else "")
+        )
+
+    # ---- polling
+    @work(exclusive=True, group="poll")
+    async def poll_now(self) -> None:
+        assert self._client is not None
+        self._busy = True
+        try:
+            await poll_all(self.pollers, self._client, interval=self.interval)
+            views = [p.view(self.window_s, interval=self.interval) for p in self.pollers]
+            gpus = self.gpu_sampler()
+        finally:
+            self._busy = False
+        self.post_message(MetricsUpdated(views, gpus))
+
+    @on(MetricsUpdated)
+    def _on_metrics(self, message: MetricsUpdated) -> None:
+        self.views = message.views
+        self.gpus = message.gpus
+        self.rounds += 1
+        self._render_views()
+        if self.record is not None:
+            append_jsonl(self.record, self.snapshot())
+
+    def _views_now(self) -> list[EndpointView]:
+        return [p.view(self.window_s, interval=self.interval) for p in self.pollers]
+
+    def _render_views(self) -> None:
+        views = self.views
+        self.query_one(StatusLine).show(views)
+        ratios = None
+        if self.ab is not None:
+            by = {v.name: v for v in views}
+            t, s = by.get(self.ab[0]), by.get(self.ab[1])
+            ratios = ab_ratios(t.stats if t else None, s.stats if s else None)
+        self.query_one(FiguresTable).show(views, ratios, self.ab, format_window(self.window_s))
+        tps_max = 1.0
+        int_max = self.slo * 1.2 if self.slo else 1.0
+        for v in views:
+            for h in v.history:
+                tps_max = max(tps_max, h.tokens_per_s or 0.0)
+                int_max = max(int_max, h.interactivity_p10 or 0.0)
+        for i, v in enumerate(views):
+            self.query_one(f"#tps-{i}", HistoryChart).set_data(
+                [h.tokens_per_s for h in v.history], ymax=tps_max * 1.05, slo=None
+            )
+            self.query_one(f"#int-{i}", HistoryChart).set_data(
+                [h.interactivity_p10 for h in v.history], ymax=int_max * 1.05, slo=self.slo
+            )
+        self.query_one(GpuStrip).show(self.gpus)
+
+    def snapshot(self) -> dict[str, Any]:
+        return monitor_snapshot(
+            self.views,
+            window_s=self.window_s,
+            ab=self.ab,
+            gpus=self.gpus.to_json() if self.gpus is not None else None,
+        )
+
+    # ---- keys
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._update_subtitle()
+
+    def _step_interval(self, direction: int) -> None:
+        steps = list(INTERVALS_S)
+        idx = min(range(len(steps)), key=lambda i: abs(steps[i] - self.interval))
+        self.interval = steps[max(0, min(len(steps) - 1, idx + direction))]
+        self._restart_timer()
+        self._update_subtitle()
+
+    def action_faster(self) -> None:
+        self._step_interval(-1)
+
+    def action_slower(self) -> None:
+        self._step_interval(+1)
+
+    def action_window(self) -> None:
+        later = [w for w in WINDOWS_S if w > self.window_s]
+        self.window_s = later[0] if later else WINDOWS_S[0]
+        self._update_subtitle()
+        if self.views:
+            self.views = self._views_now()
+            self._render_views()
+
+    def action_export(self) -> None:
+        import orjson
+
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = self.export_dir / f"kimictl-monitor-{stamp}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_bytes(orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
+        tmp.replace(path)
+        self.last_export = path
+        self.notify(f"snapshot written to {path}", title="export")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
