@@ -1,0 +1,316 @@
+"""`kimictl tune`: pick TP / DCP / draft tokens / max-num-seqs from the model or from measurements.
+
+kimictl tune --system gb300 --gpus 16 --context 8k --output-len 1k --concurrency 1 [--slo ...]
+kimictl tune predict --system gb300 --gpus 8 --tp 8 --batch 64 [--draft-tokens 7] --json
+kimictl tune --measure URL|RUN_ID --slo ... [--write PROFILE]
+kimictl tune --check BENCH.json PROFILE
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from kimictl.commands._output import console, emit_json
+from kimictl.runtime.errors import InputError
+
+if TYPE_CHECKING:
+    from kimictl.runtime.tuning.search import SearchResult
+
+app = typer.Typer(
+    add_completion=False,
+    help="Pick TP/DCP/draft/batch profiles from a model of the K3 decode step or measurements.",
+)
+
+SystemOpt = Annotated[
+    str | None, typer.Option("--system", help="gb300, b300, b200 or h200.", show_default=False)
+]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs in the deployment.")]
+SnapshotOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--from-snapshot", help="Hardware snapshot JSON(s) instead of --system/--gpus."),
+]
+ContextOpt = Annotated[str, typer.Option("--context", help="Prompt tokens per request (8k, 8192).")]
+OutputOpt = Annotated[str, typer.Option("--output-len", help="Output tokens per request.")]
+AcceptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-acceptance",
+        help="Measured acceptance length AL (at 7 draft tokens) or AL@D. Default: AL 6 assumed.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+@app.callback(invoke_without_command=True)
+def tune(
+    ctx: typer.Context,
+    system: SystemOpt = None,
+    gpus: GpusOpt = None,
+    from_snapshot: SnapshotOpt = None,
+    context: ContextOpt = "8k",
+    output_len: OutputOpt = "1k",
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Requests in flight across all replicas.")
+    ] = 1,
+    slo: Annotated[
+        str | None, typer.Option("--slo", help='e.g. "interactivity_p10>=150,ttft_p99<=2s".')
+    ] = None,
+    draft_acceptance: AcceptOpt = None,
+    json_out: JsonOpt = False,
+    write: Annotated[
+        Path | None, typer.Option("--write", help="Write the chosen profile TOML here.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the --write file.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also save the Pareto plot as a PNG.")
+    ] = None,
+    measure: Annotated[
+        str | None,
+        typer.Option("--measure", help="Sweep concurrency against a live server (URL or run id)."),
+    ] = None,
+    check: Annotated[
+        tuple[Path, str] | None,
+        typer.Option(
+            "--check",
+            help="BENCH.json PROFILE: the model's error on a measured bench result.",
+            metavar="BENCH.json PROFILE",
+        ),
+    ] = None,
+) -> None:
+    """Search TP8/TP16 x DCP x draft x max-num-seqs; print the Pareto frontier and a choice."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if check is not None and check[0] is not None:
+        _check(check[0], check[1], json_out)
+        return
+    if measure is not None:
+        _measure(measure, slo, context, output_len, write, force, json_out)
+        return
+    from kimictl.runtime.tuning import service
+
+    hw, count, source = service.resolve_system(system, gpus, from_snapshot)
+    result = service.run_search(
+        system=hw,
+        gpus=count,
+        context=service.parse_tokens(context, flag="--context"),
+        output_len=service.parse_tokens(output_len, flag="--output-len"),
+        concurrency=concurrency,
+        slo_text=slo,
+        acceptance=service.parse_acceptance(draft_acceptance),
+    )
+    written = None
+    if write is not None:
+        from kimictl.runtime.tuning.profile import write_choice
+
+        written = write_choice(result, write, overwrite=force, hardware_source=source)
+    png = None
+    if plot is not None:
+        from kimictl.runtime.tuning.plot import save_png
+
+        png = save_png(result, plot)
+    if json_out:
+        doc = result.to_json()
+        doc["hardware_source"] = source
+        doc["model"] = service.model_card()["published_figures"]
+        if written is not None:
+            doc["written"] = str(written)
+        if png is not None:
+            doc["plot"] = str(png)
+        emit_json(doc)
+        return
+    _render_search(result, source)
+    if png is not None:
+        console.print(f"plot written: {png}")
+    if written is not None:
+        console.print(f"profile written: {written}")
+
+
+def _render_search(result: SearchResult, source: str) -> None:
+    from rich.table import Table
+
+    from kimictl.runtime.tuning.model import MODEL_VERSION, published_checks
+    from kimictl.runtime.tuning.plot import terminal_plot
+    from kimictl.runtime.tuning.systems import SYSTEMS
+
+    inp = result.inputs
+    console.print(
+        f"[bold]kimictl tune[/bold] {inp.system.name} x {inp.gpus} GPUs ({source}), context "
+        f"{inp.context}, output {inp.output_len}, concurrency {inp.concurrency}"
+        + (f", SLO '{inp.slo}'" if inp.slo else "")
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    table = Table(title="Pareto frontier (model; each row one replica at max-num-seqs)")
+    for column in ("path", "TP", "DCP", "draft", "seqs", "tok/s/user", "tok/s/GPU", "step ms",
+                   "fallback"):  # fmt: skip
+        table.add_column(column, justify="right" if column != "path" else "left", no_wrap=True)
+    for pred in result.pareto:
+        cfg = pred.config
+        table.add_row(
+            cfg.path,
+            str(cfg.tp),
+            str(cfg.dcp),
+            str(cfg.draft_tokens),
+            str(cfg.batch),
+            f"{pred.tokens_per_s_per_user:.0f}",
+            f"{pred.tokens_per_s_per_gpu:.0f}",
+            f"{pred.step_us / 1000:.2f}",
+            f"{pred.fallback_share:.0%}",
+        )
+    console.print(table)
+    console.print(terminal_plot(result, width=min(console.width, 90)), markup=False)
+    choice = result.choice
+    if choice is None:
+        console.print("[bold red]no configuration fits this system[/bold red]")
+        return
+    cfg = choice.config
+    pred = choice.prediction
+    console.print(
+        f"[bold green]choice:[/bold green] {cfg.path} TP{cfg.tp} DCP{cfg.dcp} "
+        f"draft {cfg.draft_tokens}, max-num-seqs {choice.max_num_seqs}, {choice.replicas} "
+        f"replica(s)"
+    )
+    console.print(
+        f"  predicted at concurrency {inp.concurrency}: {pred.tokens_per_s_per_user:.0f} "
+        f"tokens/s/user, {pred.tokens_per_s_per_gpu:.1f} tokens/s/GPU, step "
+        f"{pred.step_us / 1000:.2f} ms, TTFT {pred.ttft_ms:.0f} ms; stock "
+        f"{choice.stock.tokens_per_s_per_user:.0f} tokens/s/user "
+        f"({pred.tokens_per_s_per_user / choice.stock.tokens_per_s_per_user:.2f}x)"
+    )
+    console.print(
+        f"  steps falling back to stock at this load: {pred.fallback_share:.1%}; every step "
+        f"falls back beyond {choice.fast_path_limit} requests per replica"
+    )
+    console.print("[bold]why:[/bold]")
+    for line in choice.why:
+        console.print(f"  - {line}")
+    errors = ", ".join(
+        f"{c.name} {c.error:+.1%}{' (fitted)' if c.in_sample else ''}"
+        for c in published_checks(SYSTEMS["gb300"])
+    )
+    console.print(f"[dim]model {MODEL_VERSION}; error on the published figures: {errors}[/dim]")
+
+
+@app.command("predict")
+def predict_cmd(
+    system: SystemOpt = None,
+    gpus: GpusOpt = None,
+    from_snapshot: SnapshotOpt = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size: 8 or 16.")] = 8,
+    dcp: Annotated[int, typer.Option("--dcp", help="Decode context parallel: 1 or TP.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", help="Requests in the decode step.")] = 1,
+    draft_tokens: Annotated[
+        int, typer.Option("--draft-tokens", help="DSpark draft tokens (0-7).")
+    ] = 0,
+    draft_acceptance: AcceptOpt = None,
+    context: ContextOpt = "8k",
+    output_len: OutputOpt = "1k",
+    json_out: JsonOpt = False,
+) -> None:
+    """The model's prediction for one configuration, specialized path and stock."""
+    from kimictl.runtime.tuning import service
+
+    hw, count, _ = service.resolve_system(system, gpus, from_snapshot)
+    result = service.predict_pair(
+        system=hw,
+        gpus=count,
+        tp=tp,
+        dcp=dcp,
+        batch=batch,
+        draft_tokens=draft_tokens,
+        acceptance=service.parse_acceptance(
+            draft_acceptance, default_draft_tokens=draft_tokens or None
+        ),
+        context=service.parse_tokens(context, flag="--context"),
+        output_len=service.parse_tokens(output_len, flag="--output-len"),
+    )
+    if json_out:
+        emit_json(result)
+        return
+    _render_predict(result)
+
+
+def _render_predict(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{result['system']} x {result['gpus']}: one configuration (model)")
+    for column in ("", "specialized", "stock"):
+        table.add_column(column, justify="right")
+    for key, label in (
+        ("tokens_per_s", "tokens/s (replica)"),
+        ("tokens_per_s_per_user", "tokens/s/user"),
+        ("tokens_per_s_per_gpu", "tokens/s/GPU"),
+        ("step_us", "step us"),
+    ):
+        table.add_row(label, f"{result['specialized'][key]:,.1f}", f"{result['stock'][key]:,.1f}")
+    spec, stock = result["specialized"]["detail"], result["stock"]["detail"]
+    table.add_row("TTFT ms", f"{spec['ttft_ms']:.0f}", f"{stock['ttft_ms']:.0f}")
+    table.add_row("fallback share", f"{spec['fallback_share']:.1%}", "-")
+    console.print(table)
+    assumed = " (assumed)" if result["acceptance_assumed"] else ""
+    console.print(
+        f"speedup {result['speedup']:.2f}x; tokens per step {result['acceptance_length']}{assumed}"
+    )
+    if result["specialized_unavailable"]:
+        console.print(f"[yellow]note:[/yellow] {result['specialized_unavailable']}")
+
+
+def _check(bench: Path, profile: str, json_out: bool) -> None:
+    from kimictl.runtime.tuning.reconcile import check_bench
+
+    report = check_bench(bench, profile)
+    if json_out:
+        emit_json(report)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"model vs measured: {bench} on profile {report['profile']}")
+    for column in ("figure", "measured", "predicted", "error"):
+        table.add_column(column, justify="right" if column != "figure" else "left")
+    for row in report["figures"]:
+        table.add_row(
+            row["figure"],
+            f"{row['measured']:.2f}",
+            f"{row['predicted']:.2f}",
+            f"{row['error']:+.1%}",
+        )
+    console.print(table)
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def _measure(
+    target: str,
+    slo: str | None,
+    context: str,
+    output_len: str,
+    write: Path | None,
+    force: bool,
+    json_out: bool,
+) -> None:
+    if slo is None:
+        raise InputError("--measure needs --slo, e.g. --slo 'interactivity_p10>=20'.")
+    from kimictl.runtime.tuning import measure, service
+
+    result = measure.measure(
+        target,
+        slo_text=slo,
+        context=service.parse_tokens(context, flag="--context"),
+        output_len=service.parse_tokens(output_len, flag="--output-len"),
+        progress=None if json_out else console.print,
+    )
+    written = None
+    if write is not None:
+        written = measure.write_measured(result, write, overwrite=force)
+    if json_out:
+        doc = result.to_json()
+        if written is not None:
+            doc["written"] = str(written)
+        emit_json(doc)
+        return
+    measure.render(result, console)
+    if written is not None:
+        console.print(f"profile written: {written}")

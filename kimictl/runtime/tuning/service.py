@@ -1,0 +1,228 @@
+"""What `kimictl tune` calls: inputs, search, predict; every bad input is an InputError."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kimictl.runtime import k3
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.tuning.model import (
+    MODEL_VERSION,
+    PARAMS,
+    Config,
+    acceptance_rate_for,
+    default_acceptance_rate,
+    predict,
+    published_checks,
+    with_path,
+)
+from kimictl.runtime.tuning.search import SearchInputs, SearchResult, search
+from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system, system_from_report
+
+__all__ = [
+    "Acceptance",
+    "model_card",
+    "parse_acceptance",
+    "parse_tokens",
+    "predict_pair",
+    "resolve_system",
+    "run_search",
+]
+
+
+def parse_tokens(text: str, *, flag: str) -> int:
+    """`8192`, `8k` (8000), `8K` (8192), `1M`: vLLM's --max-model-len spelling; positive only."""
+    from kimictl.runtime.deployment import parse_max_model_len
+
+    value = parse_max_model_len(text, flag=flag)
+    if value <= 0:
+        raise InputError(
+            f"{flag} must be a positive number of tokens like 8k or 8192, got {text!r}."
+        )
+    if flag == "--context" and value > k3.K3_SHAPES["max_context"]:
+        raise InputError(
+            f"--context {text!r} is beyond Kimi K3's maximum context of "
+            f"{k3.K3_SHAPES['max_context']} tokens."
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A measured acceptance length `length` at `draft_tokens` (None = the published assumption)."""
+
+    length: float | None
+    draft_tokens: int = k3.MAX_SPECULATIVE_TOKENS
+
+    @property
+    def rate(self) -> float:
+        if self.length is None:
+            return default_acceptance_rate()
+        return acceptance_rate_for(self.length, self.draft_tokens)
+
+
+_ACCEPTANCE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:@\s*([0-9]+))?\s*$")
+
+
+def parse_acceptance(text: str | None, *, default_draft_tokens: int | None = None) -> Acceptance:
+    """`6` (AL 6 at 7 draft tokens, or at `default_draft_tokens`) or `3.1@3` (AL 3.1 at 3)."""
+    at = default_draft_tokens or k3.MAX_SPECULATIVE_TOKENS
+    if text is None:
+        return Acceptance(None, at)
+    match = _ACCEPTANCE.match(text)
+    if not match:
+        raise InputError(
+            f"--draft-acceptance {text!r} is not an acceptance length; use AL or AL@DRAFT_TOKENS, "
+            f"e.g. 6 or 3.1@3."
+        )
+    length = float(match.group(1))
+    draft = int(match.group(2)) if match.group(2) else at
+    if not 1 <= draft <= k3.MAX_SPECULATIVE_TOKENS:
+        raise InputError(
+            f"--draft-acceptance {text!r}: draft tokens must be 1 to {k3.MAX_SPECULATIVE_TOKENS}."
+        )
+    if not 1.0 <= length <= draft + 1:
+        raise InputError(
+            f"--draft-acceptance {text!r}: an acceptance length with {draft} draft tokens must be "
+            f"between 1 and {draft + 1}."
+        )
+    return Acceptance(length, draft)
+
+
+def resolve_system(
+    system: str | None, gpus: int | None, snapshots: Sequence[str | Path] | None
+) -> tuple[System, int, str]:
+    """(system, GPU count, where they came from) from --system/--gpus or --from-snapshot."""
+    if snapshots:
+        if system is not None:
+            raise InputError("--system and --from-snapshot both given; pass one of them.")
+        from kimictl.runtime.hardware import load_snapshots
+
+        report = load_snapshots(list(snapshots))
+        found, count = system_from_report(report)
+        if gpus is not None and gpus != count:
+            raise InputError(
+                f"--gpus {gpus} disagrees with the snapshot, which lists {count} GPU(s); drop "
+                f"--gpus or fix the snapshot."
+            )
+        return found, count, f"snapshot ({', '.join(str(s) for s in snapshots)})"
+    if system is None:
+        raise InputError(
+            f"no hardware given; pass --system ({', '.join(SYSTEMS)}) and --gpus N, or "
+            f"--from-snapshot FILE."
+        )
+    found = get_system(system)
+    if gpus is None:
+        raise InputError(f"--system {system} needs --gpus N (8 or 16 per replica).")
+    if gpus <= 0:
+        raise InputError(f"--gpus must be a positive number of GPUs, got {gpus}.")
+    return found, gpus, "--system"
+
+
+def run_search(
+    *,
+    system: System,
+    gpus: int,
+    context: int,
+    output_len: int,
+    concurrency: int,
+    slo_text: str | None,
+    acceptance: Acceptance,
+) -> SearchResult:
+    """Parse the SLO and search (the one call `kimictl tune` makes for a model search)."""
+    if concurrency <= 0:
+        raise InputError(f"--concurrency must be a positive number of requests, got {concurrency}.")
+    slo = None
+    if slo_text is not None:
+        from kimictl.runtime.slo import parse_slo
+
+        slo = parse_slo(slo_text)
+    return search(
+        SearchInputs(
+            system=system,
+            gpus=gpus,
+            context=context,
+            output_len=output_len,
+            concurrency=concurrency,
+            slo=slo,
+            acceptance_length=acceptance.length,
+            acceptance_draft_tokens=acceptance.draft_tokens,
+        )
+    )
+
+
+def predict_pair(
+    *,
+    system: System,
+    gpus: int,
+    tp: int,
+    dcp: int,
+    batch: int,
+    draft_tokens: int,
+    acceptance: Acceptance,
+    context: int,
+    output_len: int,
+) -> dict[str, Any]:
+    """`kimictl tune predict`: one configuration on the specialized path and on stock."""
+    if tp not in k3.ALLOWED_TP:
+        raise InputError(f"--tp {tp} is not allowed by the K3 fast path; allowed: 8 or 16.")
+    if dcp not in (1, tp):
+        raise InputError(f"--dcp {dcp} must be 1 or equal to --tp ({tp}).")
+    if gpus % tp:
+        raise InputError(f"--gpus {gpus} is not a multiple of --tp {tp}.")
+    if batch <= 0:
+        raise InputError(f"--batch must be a positive number of requests, got {batch}.")
+    if not 0 <= draft_tokens <= k3.MAX_SPECULATIVE_TOKENS:
+        raise InputError(
+            f"--draft-tokens {draft_tokens} is out of range; allowed: 0 to "
+            f"{k3.MAX_SPECULATIVE_TOKENS}."
+        )
+    cfg = Config(
+        tp=tp,
+        batch=batch,
+        dcp=dcp,
+        draft_tokens=draft_tokens,
+        acceptance=acceptance.rate,
+        context=context,
+        output_len=output_len,
+        path="specialized",
+    )
+    own = predict(system, cfg)
+    stock = predict(system, with_path(cfg, "stock"))
+    from kimictl.runtime.tuning.search import allowed_paths
+
+    reason = allowed_paths(system, tp)["specialized"]
+    return {
+        "model_version": MODEL_VERSION,
+        "system": system.name,
+        "gpus": gpus,
+        "replicas": gpus // tp,
+        "acceptance_length": round(own.tokens_per_step, 3),
+        "acceptance_assumed": acceptance.length is None and draft_tokens > 0,
+        "specialized": {**own.predicted(), "detail": own.to_json()},
+        "stock": {**stock.predicted(), "detail": stock.to_json()},
+        "speedup": round(own.tokens_per_s_per_user / stock.tokens_per_s_per_user, 3),
+        "specialized_unavailable": reason,
+    }
+
+
+def model_card(system: System | None = None) -> dict[str, Any]:
+    """The model's version, parameters with sources, and its error on the published figures."""
+    system = system or SYSTEMS["gb300"]
+    return {
+        "model_version": MODEL_VERSION,
+        "parameters": {
+            name: {
+                "value": param.value,
+                "unit": param.unit,
+                "fitted": param.fitted,
+                "source": param.source,
+            }
+            for name, param in PARAMS.items()
+        },
+        "published_figures": [check.to_json() for check in published_checks(SYSTEMS["gb300"])],
+    }
