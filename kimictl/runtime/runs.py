@@ -228,13 +228,23 @@ def is_alive(record: RunRecord) -> bool:
 def observed_state(record: RunRecord) -> tuple[RunState, str | None]:
     """The state as it is now, and why it differs from the stored one (None when it does not)."""
     alive = is_alive(record)
+    supervisor_gone = (
+        record.supervisor_pid is not None and process_start_ticks(record.supervisor_pid) is None
+    )
+    if record.state in (RunState.STARTING, RunState.READY) and not alive and supervisor_gone:
+        return RunState.STOPPED, (
+            f"the kimictl (pid {record.supervisor_pid}) running it in the foreground exited "
+            "and the server ended with it"
+        )
     if record.state in (RunState.STARTING, RunState.READY) and not alive:
         if record.state is RunState.READY:
             return RunState.FAILED, "its processes are gone (the engine died after ready)"
         return RunState.FAILED, "its processes are gone (vLLM exited during start-up)"
-    if record.state is RunState.STARTING and record.supervisor_pid is not None:
-        if process_start_ticks(record.supervisor_pid) is None:
-            return RunState.STARTING, "the kimictl that started it is gone; `kimictl stop` ends it"
+    if alive and supervisor_gone and record.state in (RunState.STARTING, RunState.READY):
+        return record.state, (
+            f"the kimictl (pid {record.supervisor_pid}) that started it is gone; "
+            "`kimictl stop` ends it"
+        )
     if record.state is RunState.STOPPING and not alive:
         return RunState.STOPPED, None
     return record.state, None
