@@ -1,0 +1,511 @@
+"""`kimictl bench`: load-test endpoints; throughput, latency, interactivity, goodput, A/B."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from kimictl.runtime.errors import EndpointError, InputError
+
+if TYPE_CHECKING:
+    from kimictl.runtime.benchreport import BenchOutcome
+    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+
+app = typer.Typer(add_completion=False)
+
+WORKLOADS = ("random", "agentic", "replay", "prompts")
+
+
+def _numbers(text: str, what: str, kind: type) -> list[Any]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = kind(part)
+        except ValueError:
+            raise InputError(
+                f"{what} {text!r}: {part!r} is not a {'whole ' if kind is int else ''}number; "
+                f"give a comma-separated list, e.g. {what} 1,2,4,8"
+            ) from None
+        if value <= 0:
+            raise InputError(f"{what} {text!r}: {part!r} must be > 0")
+        out.append(value)
+    if not out:
+        raise InputError(f"{what} {text!r} is empty; give e.g. {what} 1,2,4")
+    return out
+
+
+def _api_key(path: Path | None) -> str | None:
+    if path is not None:
+        try:
+            return path.read_text().strip() or None
+        except OSError as exc:
+            raise InputError(
+                f"--api-key-file {str(path)!r} cannot be read: {exc.strerror}"
+            ) from exc
+    return os.environ.get("VLLM_API_KEY") or None
+
+
+def _targets(
+    texts: list[str], ab: bool, model: str | None, gpus: int | None, key: str | None
+) -> list[LoadTarget]:
+    from kimictl.runtime.loadgen import LoadTarget
+    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+
+    if ab:
+        if texts:
+            raise InputError("--ab and --target exclude each other; give one of them")
+        pair = latest_ab_pair()
+        if pair is None:
+            raise InputError(
+                "--ab: no live A/B pair was launched by kimictl",
+                hint="start one with `kimictl serve --ab`, or pass --target a=URL --target b=URL",
+            )
+        resolved = [resolve_target(f"tuned={pair[0].id}"), resolve_target(f"stock={pair[1].id}")]
+    elif texts:
+        resolved = [resolve_target(t) for t in texts]
+    else:
+        raise InputError(
+            "no target: pass --target [NAME=]URL (twice for an A/B) or --ab",
+            hint="e.g. kimictl bench --target http://127.0.0.1:8000",
+        )
+    names = [t.name for t in resolved]
+    for n in names:
+        if names.count(n) > 1:
+            raise InputError(f"two targets are named {n!r}; name them apart, e.g. --target a=URL")
+    return [
+        LoadTarget(
+            name=t.name,
+            url=t.url,
+            model=model or t.model or "",
+            api_key=key,
+            gpus=gpus if gpus is not None else t.gpus,
+        )
+        for t in resolved
+    ]
+
+
+def _workload(
+    name: str,
+    input_len: str,
+    output_len: str,
+    prefix_len: int,
+    agentic_config: str,
+    trace: Path | None,
+    prompts: Path | None,
+    replay_speed: float,
+) -> Any:
+    from kimictl.runtime import workloads as w
+
+    out_dist = w.parse_length(output_len, what="--output-len")
+    if name == "random":
+        if prefix_len < 0:
+            raise InputError(f"--prefix-len {prefix_len} must be >= 0")
+        return w.RandomWorkload(w.parse_length(input_len, what="--input-len"), out_dist, prefix_len)
+    if name == "agentic":
+        return w.AgenticWorkload(w.load_agentic_config(agentic_config))
+    if name == "replay":
+        if trace is None:
+            raise InputError("--workload replay needs --trace FILE.jsonl")
+        return w.ReplayWorkload.from_file(trace, speed=replay_speed)
+    if name == "prompts":
+        if prompts is None:
+            raise InputError("--workload prompts needs --prompts FILE (JSON or JSONL)")
+        return w.PromptsWorkload.from_file(prompts, output_len=out_dist)
+    raise InputError(f"--workload {name!r} is not one of: {', '.join(WORKLOADS)}")
+
+
+def _points(
+    concurrency: str | None, rate: str | None, burstiness: float, arrivals: str, replay: bool
+) -> list[LoadPoint]:
+    from kimictl.runtime.loadgen import LoadPoint
+
+    if arrivals not in ("poisson", "constant"):
+        raise InputError(f"--arrivals {arrivals!r} is not one of: poisson, constant")
+    if burstiness <= 0:
+        raise InputError(f"--burstiness {burstiness} must be > 0 (1 = Poisson)")
+    conc = _numbers(concurrency, "--concurrency", int) if concurrency else None
+    if replay:
+        if rate:
+            raise InputError(
+                "--workload replay runs on the trace's clock; drop --rate (use --replay-speed)"
+            )
+        return [LoadPoint(concurrency=conc[0] if conc else None, rate=float("inf"))]
+    if rate:
+        if conc and len(conc) > 1:
+            raise InputError(
+                "with --rate, --concurrency is one cap on requests in flight, not a list"
+            )
+        cap = conc[0] if conc else None
+        return [
+            LoadPoint(concurrency=cap, rate=r, burstiness=burstiness, arrivals=arrivals)
+            for r in _numbers(rate, "--rate", float)
+        ]
+    return [LoadPoint(concurrency=c) for c in (conc or [1])]
+
+
+@app.callback(invoke_without_command=True)
+def bench(
+    target: Annotated[
+        list[str] | None,
+        typer.Option("--target", "-t", help="[NAME=]URL or run id; repeat for A/B (first = A)."),
+    ] = None,
+    ab: Annotated[
+        bool, typer.Option("--ab", help="Bench the latest `serve --ab` pair (tuned vs stock).")
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: the server's first).")
+    ] = None,
+    workload: Annotated[str, typer.Option(help="random | agentic | replay | prompts.")] = "random",
+    input_len: Annotated[
+        str, typer.Option(help="random: N, A:B (uniform) or lognormal:MEDIAN:SIGMA tokens.")
+    ] = "256",
+    output_len: Annotated[
+        str, typer.Option(help="Output tokens, same syntax as --input-len.")
+    ] = "128",
+    prefix_len: Annotated[
+        int, typer.Option(help="random: shared prefix tokens for every request.")
+    ] = 0,
+    agentic_config: Annotated[
+        str, typer.Option(help="agentic: preset (agentx, small) or a TOML file of overrides.")
+    ] = "agentx",
+    trace: Annotated[Path | None, typer.Option(help="replay: JSONL trace file.")] = None,
+    replay_speed: Annotated[
+        float, typer.Option(help="replay: time compression (2 = twice as fast).")
+    ] = 1.0,
+    prompts: Annotated[
+        Path | None, typer.Option(help="prompts: JSON/JSONL file of prompts.")
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="completions | chat.")] = "completions",
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help="Closed loop: requests (sessions) in flight; a list sweeps, e.g. 1,2,4,8."
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None, typer.Option(help="Open loop: arrivals per second; a list sweeps.")
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option(help="Open loop: gamma shape; 1 = Poisson, <1 burstier.")
+    ] = 1.0,
+    arrivals: Annotated[str, typer.Option(help="Open loop: poisson | constant.")] = "poisson",
+    num_prompts: Annotated[
+        int | None, typer.Option(help="Measured requests per point (default 50).")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds per point (stops issuing after).")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per target, not counted.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed: same seed, same requests.")] = 0,
+    repeat: Annotated[
+        int, typer.Option(help="Repeat every point N times (A/B CI over repeats).")
+    ] = 1,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds.")] = 300.0,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos/--stop-at-eos", help="Generate exactly the output length.")
+    ] = True,
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs per target for tokens/s/GPU (tp*pp*dp).")
+    ] = None,
+    slo: Annotated[
+        str | None,
+        typer.Option(help='Goodput SLO, e.g. "interactivity_p10>=100,ttft_p99<=2000ms".'),
+    ] = None,
+    no_metrics: Annotated[
+        bool, typer.Option("--no-metrics", help="Do not scrape /metrics.")
+    ] = False,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help="File holding the API key (default: env VLLM_API_KEY).")
+    ] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write the report JSON to FILE ('-' = stdout).")
+    ] = None,
+    csv_out: Annotated[
+        Path | None, typer.Option("--csv", help="Write one row per request.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG plots into DIR.")] = None,
+) -> None:
+    """Send a workload to one or more endpoints and report throughput, latency and interactivity.
+
+    Two targets = an A/B: the identical request sequence goes to both, in turn, and the table shows
+    the ratio A/B of every metric with a 95% bootstrap interval.
+    """
+    from kimictl.runtime.benchreport import BenchConfig
+    from kimictl.runtime.slo import parse_slo
+
+    if endpoint not in ("completions", "chat"):
+        raise InputError(f"--endpoint {endpoint!r} is not one of: completions, chat")
+    for flag, value in (("--num-prompts", num_prompts), ("--repeat", repeat), ("--gpus", gpus)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} {value} must be >= 1")
+    if warmup < 0:
+        raise InputError(f"--warmup {warmup} must be >= 0")
+    if duration is not None and duration <= 0:
+        raise InputError(f"--duration {duration} must be > 0 seconds")
+    if timeout <= 0:
+        raise InputError(f"--timeout {timeout} must be > 0 seconds")
+    if workload not in WORKLOADS:
+        raise InputError(f"--workload {workload!r} is not one of: {', '.join(WORKLOADS)}")
+    if num_prompts is None and duration is None:
+        num_prompts = 50
+    wl = _workload(
+        workload, input_len, output_len, prefix_len, agentic_config, trace, prompts, replay_speed
+    )
+    points = _points(concurrency, rate, burstiness, arrivals, workload == "replay")
+    slo_obj = parse_slo(slo) if slo else None
+    targets = _targets(list(target or []), ab, model, gpus, _api_key(api_key_file))
+    cfg = BenchConfig(
+        targets=tuple(targets),
+        workload=wl,
+        points=tuple(points),
+        num_prompts=num_prompts,
+        duration=duration,
+        warmup=warmup,
+        seed=seed,
+        repeat=repeat,
+        timeout=timeout,
+        chat=endpoint == "chat",
+        ignore_eos=ignore_eos,
+        scrape_metrics=not no_metrics,
+        slo=slo_obj,
+    )
+    outcome = _run(cfg, quiet=json_out == "-")
+    _write(outcome, json_out, csv_out, plot)
+    if json_out != "-":
+        _render(outcome)
+    reason = outcome.stop_reason
+    if reason == "interrupted":
+        from kimictl.commands._output import err_console
+
+        done = sum(1 for r in outcome.records if r.error_kind != "cancelled")
+        err_console.print(f"interrupted: {done} finished requests kept in the report")
+        raise typer.Exit(130)
+    if reason:
+        raise EndpointError(
+            f"the run stopped early: {reason}",
+            hint="finished requests are in the report; see `kimictl ps` and `kimictl logs`",
+        )
+
+
+def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:
+    import asyncio
+    import signal
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kimictl.commands._output import err_console
+    from kimictl.runtime.benchreport import resolve_models, run_bench
+
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+        transient=False,
+    )
+    state: dict[str, Any] = {"task": None}
+
+    def on_point(t: LoadTarget, p: LoadPoint, r: int) -> None:
+        rep = f" repeat {r + 1}/{cfg.repeat}" if cfg.repeat > 1 else ""
+        state["task"] = progress.add_task(
+            f"{t.name} {p.label}{rep}", total=cfg.num_prompts, failed=0
+        )
+
+    def on_record(rec: Any) -> None:
+        task = state["task"]
+        if rec.warmup or task is None:
+            return
+        progress.advance(task)
+        if not rec.ok and rec.error_kind != "cancelled":
+            progress.update(task, failed=progress.tasks[task].fields["failed"] + 1)
+
+    async def main() -> BenchOutcome:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGINT, stop.set)
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+        targets = await resolve_models(cfg.targets)
+        from dataclasses import replace
+
+        with progress:
+            return await run_bench(
+                replace(cfg, targets=tuple(targets)),
+                stop=stop,
+                on_record=on_record,
+                on_point=on_point,
+            )
+
+    return asyncio.run(main())
+
+
+def _write(
+    outcome: BenchOutcome, json_out: str | None, csv_out: Path | None, plot: Path | None
+) -> None:
+    import orjson
+
+    from kimictl.commands._output import err_console
+    from kimictl.runtime.benchreport import write_csv, write_plots
+
+    if json_out:
+        data = orjson.dumps(
+            outcome.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+        )
+        if json_out == "-":
+            import sys
+
+            sys.stdout.write(data.decode() + "\n")
+        else:
+            p = Path(json_out)
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_bytes(data + b"\n")
+            tmp.replace(p)
+            err_console.print(f"wrote {p}")
+    if csv_out:
+        err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")
+    if plot:
+        for p in write_plots(outcome.summaries, outcome.records, plot):
+            err_console.print(f"wrote {p}")
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+_ROWS: tuple[tuple[str, Any, int], ...] = (
+    ("completed / failed", lambda s: f"{s['completed']} / {s['failed']}", 0),
+    ("duration s", lambda s: s["duration"], 1),
+    ("requests/s", lambda s: s["request_throughput"], 2),
+    ("output tokens/s", lambda s: s["output_throughput"], 1),
+    ("output tokens/s/GPU", lambda s: s["kimictl"]["output_throughput_per_gpu"], 1),
+    (
+        "interactivity p10 (slow tail) tok/s/user",
+        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p10_slow_tail"],
+        1,
+    ),
+    (
+        "interactivity p50 tok/s/user",
+        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p50"],
+        1,
+    ),
+    (
+        "interactivity p90 (fast tail) tok/s/user",
+        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p90_fast_tail"],
+        1,
+    ),
+    ("TTFT mean / p99 ms", lambda s: f"{_f(s['mean_ttft_ms'])} / {_f(s['p99_ttft_ms'])}", 0),
+    (
+        "TPOT mean / median / p90 ms",
+        lambda s: (
+            f"{_f(s['mean_tpot_ms'], 2)} / {_f(s['median_tpot_ms'], 2)} / {_f(s['p90_tpot_ms'], 2)}"
+        ),
+        0,
+    ),
+    ("ITL mean / p99 ms", lambda s: f"{_f(s['mean_itl_ms'], 2)} / {_f(s['p99_itl_ms'], 2)}", 0),
+    ("E2E latency mean / p90 ms", lambda s: f"{_f(s['mean_e2el_ms'])} / {_f(s['p90_e2el_ms'])}", 0),
+    ("goodput requests/s (SLO)", lambda s: s["request_goodput"], 2),
+    ("SLO met", lambda s: (s["kimictl"].get("slo") or {}).get("met"), 0),
+    (
+        "errors",
+        lambda s: ", ".join(f"{k} {v}" for k, v in s["kimictl"]["errors_by_kind"].items()) or "-",
+        0,
+    ),
+    ("server: tokens/s", lambda s: (s["kimictl"]["server_view"] or {}).get("tokens_per_s"), 1),
+    ("server: TPOT p50 / p90 ms", lambda s: _sv_pair(s, "tpot_p50_ms", "tpot_p90_ms"), 0),
+    ("server: TTFT p50 / p99 ms", lambda s: _sv_pair(s, "ttft_p50_ms", "ttft_p99_ms"), 0),
+    ("spec acceptance length / rate", lambda s: _spec(s), 0),
+)
+
+
+def _sv_pair(s: dict[str, Any], a: str, b: str) -> str:
+    sv = s["kimictl"]["server_view"]
+    if not sv:
+        return "-"
+    return f"{_f(sv.get(a), 2)} / {_f(sv.get(b), 2)}"
+
+
+def _spec(s: dict[str, Any]) -> str:
+    if s["spec_decode_acceptance_length"] is None:
+        return "- (no speculation)"
+    return f"{s['spec_decode_acceptance_length']:.2f} / {s['spec_decode_acceptance_rate']:.2f}"
+
+
+def _render(outcome: BenchOutcome) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    summaries = outcome.summaries
+    if not summaries:
+        console.print("no measured request finished")
+        return
+    table = Table(
+        title="kimictl bench (client view; server view from /metrics deltas)", title_justify="left"
+    )
+    table.add_column("metric")
+    for s in summaries:
+        k = s["kimictl"]
+        rep = f" #{k['repeat'] + 1}" if any(x["kimictl"]["repeat"] for x in summaries) else ""
+        table.add_column(f"{k['target']}\n{k['point']}{rep}", justify="right")
+    for label, get, digits in _ROWS:
+        table.add_row(label, *(_f(get(s), digits) for s in summaries))
+    console.print(table)
+    if outcome.ab:
+        _render_ab(outcome)
+    console.print(
+        "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 is the slow tail "
+        "(= 1000 / TPOT p90 ms), p90 the fast tail.[/dim]"
+    )
+
+
+def _render_ab(outcome: BenchOutcome) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    assert outcome.ab is not None
+    a = outcome.summaries[0]["kimictl"]["target"]
+    names = [s["kimictl"]["target"] for s in outcome.summaries]
+    b = next((n for n in names if n != a), a)
+    for point in dict.fromkeys(r["point"] for r in outcome.ab):
+        rows = [r for r in outcome.ab if r["point"] == point]
+        table = Table(
+            title=f"A/B at {point}: {a} vs {b} (ratio {a}/{b}, 95% bootstrap CI)",
+            title_justify="left",
+        )
+        for col in ("metric", a, b, "ratio", "95% CI", "better"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        verdict = None
+        for r in rows:
+            ci = r["ci95"]
+            better = r["better"] or "-"
+            color = "green" if r["better"] == a else ("red" if r["better"] == b else "")
+            table.add_row(
+                r["metric"],
+                _f(r[a], 2),
+                _f(r[b], 2),
+                "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+                "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}",
+                f"[{color}]{better}[/]" if color else better,
+            )
+            if "verdict" in r:
+                verdict = r["verdict"]
+        console.print(table)
+        if verdict:
+            said = verdict if verdict == "no significant difference" else f"{a} is {verdict}"
+            console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")
