@@ -30,6 +30,8 @@ _P2P_STATUS = {
     5: "not_supported",
     6: "unknown",
 }
+# nvmlNvlinkVersion_t -> NVLink generation.
+_NVLINK_VERSIONS = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0", 8: "6.0"}
 _REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
 # Bit -> name of nvmlClocksEventReasons (nvidia-smi -q -d PERFORMANCE names them the same way).
 _THROTTLE_BITS = {
@@ -149,11 +151,10 @@ def _nvlinks(handle: Any) -> list[NvLinkInfo] | Unavailable:
             first_error = first_error or state
             break
         active = bool(state)
-        version = (
-            _query("nvmlDeviceGetNvLinkVersion", handle, link)
-            if active
-            else Unavailable("link inactive")
-        )
+        version: Any = Unavailable("link inactive")
+        if active:
+            raw = _query("nvmlDeviceGetNvLinkVersion", handle, link)
+            version = raw if isinstance(raw, Unavailable) else _NVLINK_VERSIONS.get(raw, str(raw))
         remote_bus: Any = Unavailable("link inactive")
         remote_type: Any = Unavailable("link inactive")
         if active:

@@ -77,7 +77,7 @@ class NvLinkInfo:
 
     link: int
     active: bool | Unavailable
-    version: int | Unavailable = Unavailable("not read")
+    version: str | Unavailable = Unavailable("not read")  # NVLink generation, "5.0"
     remote_pci_bus_id: str | Unavailable = Unavailable("not read")
     remote_device_type: str | Unavailable = Unavailable("not read")  # gpu | switch | ibmnpu
 
@@ -89,7 +89,7 @@ class NvLinkInfo:
         return cls(
             link=int(raw["link"]),
             active=_load(raw.get("active"), bool),
-            version=_load(raw.get("version"), int),
+            version=_load(raw.get("version"), str),
             remote_pci_bus_id=_load(raw.get("remote_pci_bus_id"), str),
             remote_device_type=_load(raw.get("remote_device_type"), str),
         )

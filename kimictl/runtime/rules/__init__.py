@@ -64,30 +64,30 @@ def evaluate(
     """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment."""
     from kimictl.runtime.rules.hardware import hardware_checks, stack_checks
 
+    deployment = _deployment_checks() if spec is not None else None
     checks: list[Check] = []
     if hw is not None:
-        checks.extend(hardware_checks(hw, spec))
+        # With the deployment rules present they count the GPUs the spec needs (k3.gpu_count).
+        checks.extend(hardware_checks(hw, spec if deployment is None else None))
     if stack is not None:
         checks.extend(stack_checks(stack, hw))
     if spec is None:
         checks.append(no_deployment_check())
-    else:
-        deployment = _deployment_checks()
-        if deployment is None:
-            checks.append(
-                Check(
-                    "deployment.rules",
-                    Section.DEPLOYMENT,
-                    Status.UNKNOWN,
-                    "Deployment rules are not installed in this kimictl build.",
-                )
+    elif deployment is None:
+        checks.append(
+            Check(
+                "deployment.rules",
+                Section.DEPLOYMENT,
+                Status.UNKNOWN,
+                "Deployment rules are not installed in this kimictl build.",
             )
-        else:
-            found = list(deployment(spec, hw))
-            ids = {c.id for c in found if c.status is not Status.UNKNOWN}
-            drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
-            checks = [c for c in checks if c.id not in drop]
-            checks.extend(found)
+        )
+    else:
+        found = list(deployment(spec, hw))
+        ids = {c.id for c in found if c.status is not Status.UNKNOWN}
+        drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
+        checks = [c for c in checks if c.id not in drop]
+        checks.extend(found)
     order = list(Section)
     return sorted(checks, key=lambda c: order.index(c.section))
 

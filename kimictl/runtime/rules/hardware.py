@@ -57,6 +57,18 @@ def _list(items: list[str], limit: int = 6) -> str:
     return ", ".join(items[:limit]) + f" and {len(items) - limit} more"
 
 
+def _gpus_where(items: list[tuple[NodeReport, GpuInfo]], multi: bool, limit: int = 6) -> str:
+    """ "tray01 GPU 1; tray02 GPUs 0, 1, 2, 3" - one entry per node, GPU indices grouped."""
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for node, gpu in items:
+        by_node[node.hostname].append(gpu.index)
+    parts = []
+    for host, indices in by_node.items():
+        gpus = f"GPU {indices[0]}" if len(indices) == 1 else f"GPUs {', '.join(map(str, indices))}"
+        parts.append(f"{host} {gpus}" if multi else gpus)
+    return _list(parts, limit)
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split("."):
@@ -308,7 +320,7 @@ def _nvlink_check(hw: HardwareReport) -> Check | None:
     gpus = [(n, g) for n in hw.nodes for g in n.gpus if g.lost is None]
     if not gpus:
         return None
-    down: list[str] = []
+    down: list[tuple[NodeReport, GpuInfo]] = []
     unknown: list[str] = []
     counts: set[int] = set()
     for node, gpu in gpus:
@@ -316,7 +328,7 @@ def _nvlink_check(hw: HardwareReport) -> Check | None:
         if isinstance(active, Unavailable):
             unknown.append(f"{_where(node, gpu, multi)}: {active.reason}")
         elif active == 0:
-            down.append(_where(node, gpu, multi))
+            down.append((node, gpu))
         else:
             counts.add(active)
     if down:
@@ -324,7 +336,7 @@ def _nvlink_check(hw: HardwareReport) -> Check | None:
             "fabric.nvlink",
             F,
             Status.FAIL,
-            f"No active NVLink on {_list(down)}.",
+            f"No active NVLink on {_gpus_where(down, multi)}.",
             "Check the NVLink cabling/trays and `nvidia-smi nvlink --status`; a tray with links "
             "down cannot join the TP group.",
         )
@@ -342,7 +354,10 @@ def _p2p_check(hw: HardwareReport) -> Check | None:
     for node in hw.nodes:
         if isinstance(node.p2p, Unavailable):
             continue
+        lost = {g.index for g in node.gpus if g.lost is not None}
         for pair in node.p2p:
+            if pair.a in lost or pair.b in lost:
+                continue  # reported once, by hw.gpu_count
             pairs += 1
             if pair.status != "ok":
                 prefix = f"{node.hostname} " if len(hw.nodes) > 1 else ""
@@ -366,10 +381,10 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
     if not gpus:
         return []
     checks: list[Check] = []
-    not_done: list[str] = []
     unsupported: list[str] = []
     unknown: list[str] = []
     cliques: dict[tuple[str, int], list[str]] = defaultdict(list)
+    pending: dict[str, list[tuple[NodeReport, GpuInfo]]] = defaultdict(list)
     for node, gpu in gpus:
         fabric = gpu.fabric
         where = _where(node, gpu, multi)
@@ -382,11 +397,12 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
         if fabric.state == "not_supported":
             unsupported.append(where)
         elif fabric.state != "completed" or fabric.status != "success":
-            not_done.append(f"{where} (state {fabric.state}, status {fabric.status})")
+            pending[f"state {fabric.state}, status {fabric.status}"].append((node, gpu))
         else:
             cliques[(fabric.cluster_uuid, fabric.clique_id)].append(
                 node.hostname if multi else f"GPU {gpu.index}"
             )
+    not_done = [f"{_gpus_where(items, multi)} ({why})" for why, items in pending.items()]
     if not_done:
         checks.append(
             Check(
@@ -468,18 +484,18 @@ def _multicast_check(hw: HardwareReport) -> Check | None:
     gpus = [(n, g) for n in hw.nodes for g in n.gpus if g.lost is None]
     if not gpus:
         return None
-    off = [_where(n, g, multi) for n, g in gpus if g.multicast_supported is False]
+    off_gpus = [(n, g) for n, g in gpus if g.multicast_supported is False]
     unknown = [
         f"{_where(n, g, multi)}: {g.multicast_supported.reason}"
         for n, g in gpus
         if isinstance(g.multicast_supported, Unavailable)
     ]
-    if off:
+    if off_gpus:
         return Check(
             "fabric.multicast",
             F,
             Status.FAIL,
-            f"Multicast (NVLS) not supported on {_list(off)}: vLLM will raise "
+            f"Multicast (NVLS) not supported on {_gpus_where(off_gpus, multi)}: vLLM will raise "
             f'"{MULTICAST_ERRORS[0]}".',
             "Multicast needs NVSwitch/NVLink-fabric GPUs with fabric manager running and a driver "
             ">= 530; on GB300 check `systemctl status nvidia-imex` and that fabric state is "
