@@ -103,10 +103,13 @@ def require_installed() -> None:
         )
 
 
-def server_env(run_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a CPU vLLM server whose caches, sockets and temp files stay in run_dir."""
+def server_env(
+    run_dir: Path, base: dict[str, str] | None = None, *, create: bool = True
+) -> dict[str, str]:
+    """Environment for a CPU vLLM server whose caches, sockets and temp files stay in run_dir
+    (created unless `create` is False: planning a launch writes nothing)."""
     env = dict(os.environ if base is None else base)
-    for name in ("cache", "inductor", "tmp"):
+    for name in ("cache", "inductor", "tmp") if create else ():
         (run_dir / name).mkdir(parents=True, exist_ok=True)
     env.update(
         {

@@ -218,10 +218,9 @@ def plan_launch(
     if runtime == "cpu":
         if not spec.enforce_eager:
             spec = spec.with_(enforce_eager=True)  # torch.compile's cache never reloads on CPU
-        env.update(cpu_runtime.server_env(run_dir, base={}))
+        env.update(cpu_runtime.server_env(run_dir, base={}, create=False))
         executable = str(cpu_runtime.venv_dir() / "bin" / "vllm")
     else:
-        (run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(run_dir / "tmp")
         executable = "vllm"
     env.update(spec.to_env())
@@ -322,9 +321,8 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
     check_port_free(plan.host, plan.port)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **plan.env}
-    if plan.runtime == "cpu":
-        for sub in ("cache", "inductor", "tmp"):
-            (plan.run_dir / sub).mkdir(exist_ok=True)
+    for sub in ("cache", "inductor", "tmp") if plan.runtime == "cpu" else ("tmp",):
+        (plan.run_dir / sub).mkdir(exist_ok=True)
     with plan.log_path.open("ab") as log:
         try:
             process = subprocess.Popen(

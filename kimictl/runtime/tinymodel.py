@@ -30,7 +30,7 @@ def model_dir(seed: int = 0, perturb: str | None = None) -> Path:
 
 
 def build(seed: int = 0, perturb: str | None = None, *, force: bool = False) -> Path:
-    """Build (or reuse) the model folder; built in a temp folder and renamed, so never half-written."""
+    """Build (or reuse) the model folder; built in a temp folder and renamed: never half-written."""
     if perturb is not None and not _PERTURB.match(perturb):
         raise InputError(
             f"unknown perturbation {perturb!r}; allowed: scale:EPS (last layer x (1+EPS)) "
@@ -56,7 +56,7 @@ def build(seed: int = 0, perturb: str | None = None, *, force: bool = False) -> 
 
 
 def resolve_model(name: str) -> Path | str:
-    """`@tiny-k2` (optionally `@tiny-k2?seed=N&perturb=S`) -> a built folder; anything else as is."""
+    """`@tiny-k2` (optionally `@tiny-k2?seed=N&perturb=S`) -> a built folder; others as they are."""
     if not name.startswith(TINY_MODEL):
         return name
     seed, perturb = 0, None
@@ -68,5 +68,7 @@ def resolve_model(name: str) -> Path | str:
         elif key == "perturb":
             perturb = value
         else:
-            raise InputError(f"unknown tiny-model option {part!r} in {name!r}; allowed: seed=N, perturb=S")
+            raise InputError(
+                f"unknown tiny-model option {part!r} in {name!r}; allowed: seed=N, perturb=S"
+            )
     return build(seed, perturb)
