@@ -241,7 +241,7 @@ def test_b300_tp16_is_outside_one_nvlink_domain() -> None:
 
 
 def test_gpus_that_hold_no_replica_are_an_input_error() -> None:
-    with pytest.raises(InputError, match="--gpus 12"):
+    with pytest.raises(InputError, match="12 GPU\\(s\\) .* a multiple of 8 GPUs"):
         search(SearchInputs(system=GB300, gpus=12))
 
 

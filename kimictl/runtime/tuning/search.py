@@ -249,8 +249,8 @@ def search(inputs: SearchInputs) -> SearchResult:
     tps = [tp for tp in k3.ALLOWED_TP if inputs.gpus % tp == 0]
     if not tps:
         raise InputError(
-            f"--gpus {inputs.gpus} cannot hold whole TP8 or TP16 replicas; allowed: a multiple of "
-            f"{min(k3.ALLOWED_TP)} (replicas = gpus / TP)."
+            f"{inputs.gpus} GPU(s) (from --gpus or the snapshot) cannot hold whole TP8 or TP16 "
+            f"replicas; allowed: a multiple of {min(k3.ALLOWED_TP)} GPUs (replicas = gpus / TP)."
         )
     rate = inputs.acceptance_rate()
     notes: list[str] = []
@@ -426,6 +426,8 @@ def _explain(
         "grid": f"the search limit ({MAX_NUM_SEQS_GRID[-1]})",
         "load": f"the requested concurrency ({inputs.concurrency} over {replicas} replica(s))",
     }[bound]
+    if bound == "slo" and capacity == fast_limit:
+        bound_text += f" (request {capacity + 1} pushes the step past 64 tokens, off the fast path)"
     why.append(f"max-num-seqs {capacity} per replica ({replicas} replica(s)) bound by {bound_text}")
     why.append(
         f"at concurrency {inputs.concurrency} ({load} per replica) "
