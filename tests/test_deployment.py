@@ -109,6 +109,14 @@ def test_unrecognised_flags_are_reported_and_kept_in_order():
     ]
 
 
+def test_underscore_flag_spelling_is_accepted():
+    spec = parse_vllm_command(
+        "vllm serve m --tensor_parallel_size 8 --additional_config.decode_backend auto"
+    ).spec
+    assert spec.tensor_parallel_size == 8
+    assert spec.additional_config == {"decode_backend": "auto"}
+
+
 def test_no_prefix_negates_switches():
     spec = parse_vllm_command("vllm serve m --enforce-eager --no-enforce-eager --enable-lora").spec
     assert spec.enforce_eager is False and spec.enable_lora is True
@@ -148,6 +156,7 @@ def test_host_defaults_to_loopback_and_renders():
         ("vllm bench serve m", "Expected `vllm serve MODEL ...`"),
         ("vllm serve m 'unclosed", "unclosed quote"),
         ("vllm serve m other", "only one model"),
+        ("python -m vllm.entrypoints.openai.api_server --model m", "write it as `vllm serve"),
     ],
 )
 def test_bad_input_is_one_clear_input_error(text, needle):

@@ -27,6 +27,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import InputError
@@ -426,6 +427,10 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             got = rest[1] if len(rest) > 1 else "nothing"
             raise InputError(f"Expected `vllm serve MODEL ...`, got `vllm {got}`.")
         rest = rest[2:]
+    elif rest and Path(rest[0]).name.startswith("python"):
+        raise InputError(
+            f"Cannot read a `{' '.join(rest[:3])}` launch; write it as `vllm serve MODEL ...`.",
+        )
     elif rest and not rest[0].startswith("-") and not _looks_like_model_first(rest):
         raise InputError(
             f"Expected a `vllm serve MODEL ...` command line, got {rest[0]!r} as the program.",
@@ -452,6 +457,9 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             )
         flag, has_inline, inline = token.partition("=")
         inline_value: str | None = inline if has_inline else None
+        if flag.startswith("--"):  # vLLM accepts --tensor_parallel_size for --tensor-parallel-size
+            name, dot, path_part = flag.partition(".")
+            flag = name.replace("_", "-") + dot + path_part
 
         # -O3 (optimization level glued to the flag)
         if re.fullmatch(r"-O\d+", flag) and inline_value is None:
