@@ -71,6 +71,13 @@ def tune(
         str | None,
         typer.Option("--measure", help="Sweep concurrency against a live server (URL or run id)."),
     ] = None,
+    base_profile: Annotated[
+        str | None,
+        typer.Option("--profile", help="With --measure URL --write: the profile the server runs."),
+    ] = None,
+    max_concurrency: Annotated[
+        int, typer.Option("--max-concurrency", help="With --measure: the sweep's highest load.")
+    ] = 64,
     check: Annotated[
         tuple[Path, str] | None,
         typer.Option(
@@ -87,7 +94,9 @@ def tune(
         _check(check[0], check[1], json_out)
         return
     if measure is not None:
-        _measure(measure, slo, context, output_len, write, force, json_out)
+        _measure(
+            measure, slo, context, output_len, write, force, json_out, base_profile, max_concurrency
+        )
         return
     from kimictl.runtime.tuning import service
 
@@ -290,27 +299,59 @@ def _measure(
     write: Path | None,
     force: bool,
     json_out: bool,
+    base_profile: str | None,
+    max_concurrency: int,
 ) -> None:
     if slo is None:
         raise InputError("--measure needs --slo, e.g. --slo 'interactivity_p10>=20'.")
-    from kimictl.runtime.tuning import measure, service
+    from kimictl.runtime.tuning.measure import measure, write_measured
+    from kimictl.runtime.tuning.service import parse_tokens
 
-    result = measure.measure(
+    result = measure(
         target,
         slo_text=slo,
-        context=service.parse_tokens(context, flag="--context"),
-        output_len=service.parse_tokens(output_len, flag="--output-len"),
+        context=parse_tokens(context, flag="--context"),
+        output_len=parse_tokens(output_len, flag="--output-len"),
+        max_concurrency=max_concurrency,
         progress=None if json_out else console.print,
     )
     written = None
     if write is not None:
-        written = measure.write_measured(result, write, overwrite=force)
+        written = write_measured(result, write, base_profile=base_profile, overwrite=force)
     if json_out:
         doc = result.to_json()
         if written is not None:
             doc["written"] = str(written)
         emit_json(doc)
         return
-    measure.render(result, console)
+    from rich.table import Table
+
+    table = Table(title=f"measured: {result.url} ({result.model}), SLO '{result.slo}'")
+    for column in (
+        "concurrency",
+        "SLO",
+        "p10 tok/s/user",
+        "p50 tok/s/user",
+        "tok/s",
+        "p99 TTFT ms",
+    ):
+        table.add_column(column, justify="right")
+    for point in result.points:
+        table.add_row(
+            str(point.concurrency),
+            "[green]met[/green]" if point.met else "[red]broken[/red]",
+            _num(point.interactivity_p10),
+            _num(point.interactivity_p50),
+            _num(point.output_throughput),
+            _num(point.ttft_p99_ms),
+        )
+    console.print(table)
+    console.print(
+        f"[bold]largest concurrency meeting the SLO: {result.best}[/bold] ({result.limit_reason})"
+    )
     if written is not None:
-        console.print(f"profile written: {written}")
+        console.print(f"profile written: {written} (max-num-seqs {result.best})")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"

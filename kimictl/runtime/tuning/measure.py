@@ -1,0 +1,271 @@
+"""Measured tuning: sweep concurrency against a live server, find the largest load meeting an SLO.
+
+Each point is one closed-loop bench run (kimictl.runtime.benchreport.run_bench, the same engine as
+`kimictl bench`) with fixed-length random prompts. Concurrency doubles until the SLO breaks (or
+`max_concurrency`), then bisects between the last load that met it and the first that did not.
+The answer is written into a profile as max-num-seqs, with the measured points as provenance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kimictl.runtime.errors import EndpointError, InputError
+
+__all__ = ["MeasuredPoint", "MeasureResult", "measure", "write_measured"]
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    concurrency: int
+    met: bool
+    completed: int
+    failed: int
+    interactivity_p10: float | None
+    interactivity_p50: float | None
+    output_throughput: float
+    ttft_p99_ms: float | None
+    acceptance_length: float | None
+    terms: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "slo_met": self.met,
+            "completed": self.completed,
+            "failed": self.failed,
+            "interactivity_p10": _r(self.interactivity_p10),
+            "interactivity_p50": _r(self.interactivity_p50),
+            "output_throughput": _r(self.output_throughput),
+            "ttft_p99_ms": _r(self.ttft_p99_ms),
+            "spec_decode_acceptance_length": _r(self.acceptance_length),
+            "terms": self.terms,
+        }
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    target: str
+    url: str
+    model: str
+    run_id: str | None
+    profile: str | None
+    slo: str
+    context: int
+    output_len: int
+    points: list[MeasuredPoint]
+    best: int  # largest concurrency that met the SLO; 0 when none did
+    limit_reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "url": self.url,
+            "model": self.model,
+            "run_id": self.run_id,
+            "profile": self.profile,
+            "slo": self.slo,
+            "context": self.context,
+            "output_len": self.output_len,
+            "points": [p.to_json() for p in self.points],
+            "max_concurrency_meeting_slo": self.best,
+            "why": self.limit_reason,
+        }
+
+
+def _point_from(summary: dict[str, Any], concurrency: int) -> MeasuredPoint:
+    kim = summary.get("kimictl") or {}
+    inter = kim.get("interactivity_tok_s_per_user") or {}
+    slo = kim.get("slo") or {}
+    return MeasuredPoint(
+        concurrency=concurrency,
+        met=bool(slo.get("met")) and summary.get("failed", 0) == 0,
+        completed=int(summary.get("completed", 0)),
+        failed=int(summary.get("failed", 0)),
+        interactivity_p10=inter.get("p10_slow_tail"),
+        interactivity_p50=inter.get("p50"),
+        output_throughput=float(summary.get("output_throughput") or 0.0),
+        ttft_p99_ms=summary.get("p99_ttft_ms"),
+        acceptance_length=summary.get("spec_decode_acceptance_length"),
+        terms=list(slo.get("terms") or []),
+    )
+
+
+def measure(
+    target_text: str,
+    *,
+    slo_text: str,
+    context: int,
+    output_len: int,
+    max_concurrency: int = 64,
+    prompts_per_point: int | None = None,
+    progress: Callable[[str], Any] | None = None,
+) -> MeasureResult:
+    """Sweep concurrency on a live endpoint (URL, NAME=URL or run id) and find the SLO's limit."""
+    from kimictl.runtime.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.runs import resolve_target
+    from kimictl.runtime.slo import parse_slo
+    from kimictl.runtime.workloads import LengthDist, RandomWorkload
+
+    if max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}.")
+    slo = parse_slo(slo_text)
+    found = resolve_target(target_text)
+    profile = None
+    if found.run_id is not None:
+        from kimictl.runtime.runs import get_run
+
+        profile = get_run(found.run_id).profile
+    api_key = os.environ.get("VLLM_API_KEY")
+    target = LoadTarget(
+        name=found.name, url=found.url, model=found.model or "", api_key=api_key, gpus=found.gpus
+    )
+    try:
+        target = asyncio.run(resolve_models([target]))[0]
+    except OSError as exc:  # pragma: no cover - resolve_models maps its own errors
+        raise EndpointError(f"cannot reach {found.url}: {exc}") from exc
+    workload: Any = RandomWorkload(  # satisfies benchreport's Workload protocol
+        input_len=LengthDist("fixed", context), output_len=LengthDist("fixed", output_len)
+    )
+    results: dict[int, MeasuredPoint] = {}
+
+    def run_point(concurrency: int) -> MeasuredPoint:
+        if concurrency in results:
+            return results[concurrency]
+        cfg = BenchConfig(
+            targets=(target,),
+            workload=workload,
+            points=(LoadPoint(concurrency=concurrency),),
+            num_prompts=prompts_per_point or max(2 * concurrency, 4),
+            warmup=1,
+            slo=slo,
+            timeout=120.0,
+        )
+        outcome = asyncio.run(run_bench(cfg))
+        if not outcome.summaries:
+            raise EndpointError(
+                f"no request to {target.url} completed at concurrency {concurrency}",
+                hint="check the server with `kimictl ps` / `kimictl logs`",
+            )
+        point = _point_from(outcome.summaries[0], concurrency)
+        if point.completed == 0:
+            raise EndpointError(
+                f"every request to {target.url} failed at concurrency {concurrency}",
+                hint="check the server with `kimictl ps` / `kimictl logs`",
+            )
+        results[concurrency] = point
+        if progress is not None:
+            verdict = "meets" if point.met else "breaks"
+            p10 = point.interactivity_p10
+            progress(
+                f"concurrency {concurrency}: {verdict} the SLO (interactivity p10 "
+                f"{'n/a' if p10 is None else f'{p10:.1f}'} tok/s/user, "
+                f"{point.output_throughput:.1f} tok/s)"
+            )
+        return point
+
+    good, bad = 0, None
+    concurrency = 1
+    while concurrency <= max_concurrency:
+        if run_point(concurrency).met:
+            good = concurrency
+            concurrency *= 2
+        else:
+            bad = concurrency
+            break
+    if bad is not None and good and bad - good > 1:
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if run_point(mid).met else (lo, mid)
+        good, bad = lo, hi
+    if good == 0:
+        reason = f"even one request at a time breaks the SLO '{slo_text}'"
+    elif bad is None:
+        reason = f"the SLO held up to the sweep's limit of {max_concurrency} (--max-concurrency)"
+    else:
+        broken = [t["term"] for t in results[bad].terms if not t.get("met")]
+        reason = f"at concurrency {bad} the SLO breaks" + (
+            f" ({', '.join(broken)})" if broken else ""
+        )
+    return MeasureResult(
+        target=found.name,
+        url=target.url,
+        model=target.model,
+        run_id=found.run_id,
+        profile=profile,
+        slo=slo_text,
+        context=context,
+        output_len=output_len,
+        points=[results[c] for c in sorted(results)],
+        best=good,
+        limit_reason=reason,
+    )
+
+
+def write_measured(
+    result: MeasureResult,
+    path: str | Path,
+    *,
+    base_profile: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write the measured limit as max-num-seqs into a copy of the run's (or given) profile."""
+    from kimictl.runtime.profiles import load_profile
+
+    name = base_profile or result.profile
+    if name is None:
+        raise InputError(
+            f"--write needs a base profile: {result.url} was not launched by kimictl, so its "
+            f"profile is unknown.",
+            hint="pass --profile NAME (the profile the server runs), or measure a run id",
+        )
+    if result.best < 1:
+        raise InputError(
+            f"--write: no concurrency met the SLO '{result.slo}', so there is no limit to write."
+        )
+    base = load_profile(name)
+    spec = base.spec.with_(max_num_seqs=result.best)
+    provenance = {
+        "source": "kimictl tune --measure",
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "base_profile": base.name,
+        "measured_url": result.url,
+        "slo": result.slo,
+        "max_concurrency_meeting_slo": result.best,
+        "why": result.limit_reason,
+        "workload": f"random, {result.context} prompt tokens, {result.output_len} output tokens",
+        "points": [
+            {k: v for k, v in p.to_json().items() if v is not None and k != "terms"}
+            for p in result.points
+        ],
+    }
+    stock = None
+    if base.stock_twin is not None:
+        try:
+            stock = load_profile(base.stock_twin).spec.with_(max_num_seqs=result.best)
+        except InputError:
+            stock = None
+    from kimictl.runtime.tuning.profile import write_spec_pair
+
+    return write_spec_pair(
+        path,
+        spec,
+        stock,
+        provenance,
+        description=f"{base.description or base.name}; max-num-seqs {result.best} measured "
+        f"against the SLO '{result.slo}'",
+        overwrite=overwrite,
+        runtime=base.runtime,
+    )
