@@ -109,6 +109,8 @@ def satisfies(version: str, spec: str) -> bool:
                 ">": have > want,
                 "<": have < want,
             }[op.group(1)]
+            if op.group(1) == "<" and have[0] == want[0] and have[1] < (3, 0) <= want[1]:
+                ok = False  # PEP 440: <V excludes V's own pre-releases
             if not ok:
                 return False
     except ValueError:
