@@ -45,7 +45,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 _TIME_UNITS = {"ms": 1.0, "s": 1000.0, "us": 0.001}
 _TERM = re.compile(
-    r"^\s*([a-z_]+?)(?:_(mean|median|p\d+(?:\.\d+)?))?\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$"
+    r"^\s*([a-z][a-z0-9_]*?)(?:_(mean|median|p\d+(?:\.\d+)?))?\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$"
 )
 _ALLOWED = (
     "METRIC_STAT OP VALUE with METRIC one of ttft, tpot, itl, e2el (ms), interactivity (tok/s) and "
