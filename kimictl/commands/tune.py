@@ -91,7 +91,7 @@ def tune(
     if ctx.invoked_subcommand is not None:
         return
     if check is not None and check[0] is not None:
-        _check(check[0], check[1], json_out)
+        _check(check[0], check[1], json_out, system)
         return
     if measure is not None:
         _measure(
@@ -267,10 +267,10 @@ def _render_predict(result: dict[str, Any]) -> None:
         console.print(f"[yellow]note:[/yellow] {result['specialized_unavailable']}")
 
 
-def _check(bench: Path, profile: str, json_out: bool) -> None:
+def _check(bench: Path, profile: str, json_out: bool, system: str | None) -> None:
     from kimictl.runtime.tuning.reconcile import check_bench
 
-    report = check_bench(bench, profile)
+    report = check_bench(bench, profile, system=system)
     if json_out:
         emit_json(report)
         return
@@ -287,6 +287,12 @@ def _check(bench: Path, profile: str, json_out: bool) -> None:
             f"{row['error']:+.1%}",
         )
     console.print(table)
+    if report["max_abs_error"] is not None:
+        console.print(
+            f"model {report['model_version']} on {report['system']}: largest error "
+            f"{report['max_abs_error']:.1%} ({report['config']['path']} TP{report['config']['tp']} "
+            f"DCP{report['config']['dcp']} draft {report['config']['draft_tokens']})"
+        )
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
 
