@@ -178,7 +178,7 @@ def test_gpu_count_counts_tp_pp_dp_not_dcp():
     one_tray = _report((10, 3), 4, 1)
     check = _by_id(deployment_checks(spec, one_tray))["k3.gpu_count"]
     assert check.status is Status.FAIL and "16 GPUs needed" in check.message
-    assert "4 GPUs on 1 node" in check.message
+    assert "the report has 4 GPUs on 1 node" in check.message
     four_trays = _by_id(deployment_checks(spec, GB300_X16))["k3.gpu_count"]
     assert four_trays.status is Status.PASS
     dp2 = spec.with_(data_parallel_size=2)

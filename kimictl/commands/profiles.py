@@ -71,7 +71,7 @@ def list_(json_out: JsonOpt = False) -> None:
         return
     table = Table(title="Profiles", title_justify="left")
     table.add_column("name", no_wrap=True)
-    table.add_column("runtime")
+    table.add_column("runtime", no_wrap=True)
     table.add_column("shape")
     table.add_column("draft", no_wrap=True)
     table.add_column("decode", no_wrap=True)
@@ -195,7 +195,11 @@ def validate(
                 soft_wrap=True,
             )
             if check.remedy and check.status.value != "pass":
-                console.print(f"          [dim]fix:[/dim] {escape(check.remedy)}", highlight=False)
+                console.print(
+                    f"          [dim]fix:[/dim] {escape(check.remedy)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         if not cpu:
             blocking = sum(1 for c in checks if c.blocking)
             console.print(

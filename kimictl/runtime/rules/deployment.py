@@ -339,7 +339,8 @@ def _gpu_count_check(spec: DeploymentSpec, hw: HardwareReport | None) -> Check:
         cid,
         Section.DEPLOYMENT,
         Status.FAIL,
-        f"{shape} needed, the report has {have} GPUs on {nodes} node(s)",
+        f"{shape} needed, the report has {have} GPU{'' if have == 1 else 's'} "
+        f"on {nodes} node{'' if nodes == 1 else 's'}",
         "add the other nodes' snapshots (--from-snapshot once per node) or lower -tp/-dp",
     )
 
