@@ -85,7 +85,7 @@ def _render(diagnosis: Diagnosis) -> None:
         console.print(f"\n[bold]{section.value}[/bold]")
         if section is Section.HARDWARE:
             for line in _inventory(diagnosis):
-                console.print(f"  {line}", highlight=False)
+                console.print(f"  {line}", highlight=False, soft_wrap=True)
         checks = [c for c in diagnosis.checks if c.section is section]
         if not checks:
             console.print("  [dim]not checked: no usable GPU[/dim]")
@@ -103,7 +103,7 @@ def _render(diagnosis: Diagnosis) -> None:
                     soft_wrap=True,
                 )
     if diagnosis.saved_to is not None:
-        console.print(f"\nSnapshot saved to {diagnosis.saved_to}", highlight=False)
+        console.print(f"\nSnapshot saved to {diagnosis.saved_to}", highlight=False, soft_wrap=True)
     console.print()
     if diagnosis.verdict == "ready":
         console.print("Fast path: [bold green]READY[/]")
