@@ -172,9 +172,11 @@ def test_unparsable_snapshot_file(capsys: pytest.CaptureFixture[str], tmp_path: 
 def test_profile_by_name_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     profiles = pytest.importorskip("kimictl.runtime.profiles")
     names = [p.name for p in profiles.list_profiles()]
-    if "tp8" not in names:
-        pytest.skip(f"no tp8 profile shipped (have {names})")
-    code, out, _ = run(capsys, "--json", *snapshot_args("gb300-tp8-healthy"), "--profile", "tp8")
+    if "k3-tp8-latency" not in names:
+        pytest.skip(f"no k3-tp8-latency profile shipped (have {names})")
+    code, out, _ = run(
+        capsys, "--json", *snapshot_args("gb300-tp8-healthy"), "--profile", "k3-tp8-latency"
+    )
     doc = json.loads(out)
     assert doc["deployment"]["tensor_parallel_size"] == 8
     assert code == (0 if doc["verdict"] == "ready" else 1)
