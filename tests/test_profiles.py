@@ -241,10 +241,16 @@ def test_update_provenance_keeps_comments_order_and_other_bytes(tmp_path):
 def test_update_provenance_adds_section_and_refuses_broken_file(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text('# mine\n[model]\nname = "m"  # keep me\n')
-    update_provenance(path, {"by": "tune", "predicted": {"tok_s": 800.0}})
+    update_provenance(path, {"by": "tune", "predicted": {"tok_s": 800.0, "x": None}, "at": None})
     text = path.read_text()
     assert text.startswith('# mine\n[model]\nname = "m"  # keep me\n')
     assert load_profile(path).provenance == {"by": "tune", "predicted": {"tok_s": 800.0}}
+    update_provenance(path, {"by": None, "hardware": Path("/snap.json"), "sizes": (1, 2)})
+    assert load_profile(path).provenance == {
+        "predicted": {"tok_s": 800.0},
+        "hardware": "/snap.json",
+        "sizes": [1, 2],
+    }
     path.write_text('[model]\nname = "m"\nbogus = 1\n')
     with pytest.raises(InputError, match="bogus"):
         update_provenance(path, {"by": "x"})

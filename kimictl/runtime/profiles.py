@@ -634,7 +634,8 @@ def profile_from_spec(
     if provenance:
         prov = tomlkit.table()
         for key, value in provenance.items():
-            prov.add(key, _inline(value))
+            if value is not None:
+                prov.add(key, _inline(value))
         doc.add("provenance", prov)
     return doc
 
@@ -672,7 +673,8 @@ def write_profile(
 
 
 def update_provenance(path: str | Path, updates: Mapping[str, Any]) -> None:
-    """Set keys in [provenance] (added at the end if missing), keeping comments and key order."""
+    """Set keys in [provenance] (added at the end if missing; a None value removes the key),
+    keeping comments, key order and every other byte of the file."""
     target = Path(path).expanduser()
     document, text = _parse_document(target)
     _validate(target, text, document.unwrap())  # refuse to edit a file that is already wrong
@@ -682,7 +684,11 @@ def update_provenance(path: str | Path, updates: Mapping[str, Any]) -> None:
         document.add("provenance", section)
     assert isinstance(section, Table)
     for key, value in updates.items():
-        section[key] = _inline(value)
+        if value is None:  # None removes the key
+            if key in section:
+                del section[key]
+        else:
+            section[key] = _inline(value)
     _atomic_write(target, tomlkit.dumps(document))
 
 
@@ -705,18 +711,22 @@ def _atomic_write(target: Path, text: str) -> None:
 
 
 def _inline(value: Any) -> Any:
-    """Nested dicts become inline tables so a section stays one flat block."""
-    if isinstance(value, dict):
+    """A TOML value: nested dicts become inline tables (a section stays one flat block), tuples
+    become arrays, None entries inside tables are left out, other objects become strings."""
+    if isinstance(value, Mapping):
         table = tomlkit.inline_table()
         for key, item in value.items():
-            table[key] = _inline(item)
+            if item is not None:
+                table[str(key)] = _inline(item)
         return table
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         array = tomlkit.array()
         for item in value:
             array.append(_inline(item))
         return array
-    return value
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)
 
 
 def _nondefault(value: Any, default: Any) -> Any:
