@@ -16,6 +16,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.timer import Timer
@@ -137,7 +138,8 @@ class MonitorApp(App[None]):
             yield GpuStrip(id="gpus")
         yield Footer()
 
-    def on_mount(self) -> None:
+    def on_ready(self) -> None:
+        # on_ready, not on_mount: the widgets exist before the first round lands
         self._client = httpx.AsyncClient()
         self._update_subtitle()
         self._restart_timer()
@@ -190,7 +192,13 @@ class MonitorApp(App[None]):
 
     def _render_views(self) -> None:
         views = self.views
-        self.query_one(StatusLine).show(views)
+        try:
+            status = self.query_one(StatusLine)
+        except NoMatches:  # another screen (help) is on top, or the app is closing
+            status = None
+        if status is None:
+            return
+        status.show(views)
         ratios = None
         if self.ab is not None:
             by = {v.name: v for v in views}
@@ -226,9 +234,12 @@ class MonitorApp(App[None]):
         self._update_subtitle()
 
     def _step_interval(self, direction: int) -> None:
-        steps = list(INTERVALS_S)
-        idx = min(range(len(steps)), key=lambda i: abs(steps[i] - self.interval))
-        self.interval = steps[max(0, min(len(steps) - 1, idx + direction))]
+        if direction > 0:
+            nxt = [s for s in INTERVALS_S if s > self.interval + 1e-9]
+            self.interval = nxt[0] if nxt else self.interval
+        else:
+            nxt = [s for s in INTERVALS_S if s < self.interval - 1e-9]
+            self.interval = nxt[-1] if nxt else self.interval
         self._restart_timer()
         self._update_subtitle()
 

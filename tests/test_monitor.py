@@ -1,0 +1,333 @@
+"""`kimictl monitor`: the Textual screen (Pilot) and the headless command.
+
+Fast tests drive the app against a real HTTP server that replays /metrics texts recorded from the
+CPU vLLM server (tests/fixtures/metrics), so stopping and restarting it is cheap. Slow tests watch
+the real CPU vLLM server (conftest `cpu_server`) while load runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+
+from kimictl.cli import main
+from kimictl.runtime.gpu_telemetry import GpuTelemetry
+from kimictl.runtime.metrics import EndpointPoller, EndpointStatus
+from kimictl.tui.app import HelpScreen, MonitorApp
+from kimictl.tui.widgets import FiguresTable, HistoryChart, StatusLine
+
+FIX = Path(__file__).parent / "fixtures" / "metrics"
+
+
+def no_gpus() -> GpuTelemetry:
+    return GpuTelemetry(time.time(), (), "test: no GPU")
+
+
+def rendered(widget: Any, width: int = 160) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
+    console.print(widget.content if hasattr(widget, "content") else widget.render())
+    return console.export_text()
+
+
+class ReplayServer:
+    """A real HTTP server answering /metrics with recorded captures in turn (then the last one)."""
+
+    def __init__(self, texts: list[str], port: int = 0) -> None:
+        self.texts = texts
+        self.port = port
+        self.served = 0
+        self._httpd: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = outer.texts[min(outer.served, len(outer.texts) - 1)].encode()
+                outer.served += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        assert self._httpd is not None
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def replay() -> Iterator[ReplayServer]:
+    texts = [(FIX / f"load_t{i}.txt").read_text() for i in range(3)]
+    server = ReplayServer(texts)
+    server.start()
+    yield server
+    try:
+        server.stop()
+    except Exception:
+        pass
+
+
+async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.05)
+
+
+def make_app(urls: dict[str, str], **kw: Any) -> MonitorApp:
+    pollers = [EndpointPoller(name, url) for name, url in urls.items()]
+    kw.setdefault("interval", 0.1)
+    return MonitorApp(pollers, gpu_sampler=no_gpus, **kw)
+
+
+# ---- fast: replayed captures over real HTTP
+
+
+async def test_stopped_server_turns_down_keeps_history_and_recovers(replay: ReplayServer) -> None:
+    app = make_app({"a": replay.url})
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_for(pilot, lambda: bool(app.views) and app.views[0].stats is not None)
+        before = app.views[0].stats
+        assert before is not None and before.tokens_per_s and before.tokens_per_s > 0
+        replay.stop()
+        await wait_for(pilot, lambda: app.views[0].status is EndpointStatus.DOWN)
+        view = app.views[0]
+        assert view.reason == "connection refused or host unreachable"
+        assert view.stale_since is not None and view.stats is not None  # history kept
+        status = rendered(app.query_one(StatusLine))
+        assert "DOWN" in status and "stale since" in status
+        assert "(stale)" in rendered(app.query_one(FiguresTable))
+        replay.start()  # same port
+        await wait_for(pilot, lambda: app.views[0].status is EndpointStatus.UP)
+        assert app.views[0].stale_since is None
+        assert "UP" in rendered(app.query_one(StatusLine))
+
+
+async def test_ab_ratio_column_and_chart_with_slo(replay: ReplayServer) -> None:
+    app = make_app({"tuned": replay.url, "stock": replay.url}, slo_interactivity=20.0)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_for(pilot, lambda: bool(app.views) and len(app.views[0].history) >= 2)
+        table = rendered(app.query_one(FiguresTable))
+        assert "tuned/stock" in table
+        assert "interactivity p10 (slow tail)" in table
+        chart = app.query_one("#int-0", HistoryChart)
+        assert chart.slo == 20.0
+        assert "SLO 20" in rendered(chart, width=70)
+        assert "SLO interactivity p10 >= 20" in app.sub_title
+
+
+async def test_keys_pause_window_interval_help_export(replay: ReplayServer, tmp_path: Path) -> None:
+    record = tmp_path / "rec.jsonl"
+    app = make_app({"a": replay.url}, export_dir=tmp_path, record=record)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_for(pilot, lambda: app.rounds >= 2)
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in app.sub_title
+        await pilot.pause(0.2)  # a round in flight may still land
+        frozen = app.rounds
+        await pilot.pause(0.5)
+        assert app.rounds == frozen
+        await pilot.press("p")
+        await wait_for(pilot, lambda: app.rounds > frozen)
+
+        await pilot.press("w")
+        assert app.window_s == 60.0 and "window 1m" in app.sub_title
+        await pilot.press("w", "w")
+        assert app.window_s == 10.0
+
+        await pilot.press("minus")  # slower: the next step above 0.1 s
+        assert app.interval == 0.25 and "every 0.25s" in app.sub_title
+        await pilot.press("minus")
+        assert app.interval == 0.5
+        await pilot.press("plus")
+        assert app.interval == 0.25
+
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("x")
+        assert not isinstance(app.screen, HelpScreen)
+
+        await pilot.press("e")
+        exported = list(tmp_path.glob("kimictl-monitor-*.json"))
+        assert len(exported) == 1
+        doc = json.loads(exported[0].read_text())
+        assert doc["endpoints"]["a"]["status"] == "UP"
+        assert doc["endpoints"]["a"]["tokens_per_s"] is not None
+    lines = record.read_text().splitlines()
+    assert len(lines) >= 2
+    assert "interactivity_p10" in json.loads(lines[-1])["endpoints"]["a"]
+
+
+# ---- command line
+
+
+def test_bad_inputs_exit_2_with_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (["monitor", "--window", "soon", "http://h"], "--window 'soon' is not a duration"),
+        (["monitor", "--interval", "0", "http://h"], "--interval 0 is out of range"),
+        (["monitor", "--json", "http://h"], "--json needs --once or --no-tui"),
+        (["monitor", "--once", "ftp://h"], "is not a target"),
+        (["monitor", "--once", "a=http://h:1", "a=http://h:2"], "two endpoints are named 'a'"),
+    ]
+    for argv, sentence in cases:
+        assert main(argv) == 2, argv
+        assert sentence in capsys.readouterr().err
+
+
+def test_once_json_against_replayed_server(
+    replay: ReplayServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "monitor",
+                "--once",
+                "--json",
+                "--window",
+                "0.5s",
+                "--interval",
+                "0.1",
+                f"x={replay.url}",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    ep = doc["endpoints"]["x"]
+    assert ep["status"] == "UP" and ep["tokens_per_s"] > 0
+    assert ep["interactivity_p10"] <= ep["interactivity_p50"] <= ep["interactivity_p90"]
+
+
+def test_once_with_nothing_answering_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["monitor", "--once", "--window", "0.3s", f"http://127.0.0.1:{port}"]) == 1
+    captured = capsys.readouterr()
+    assert "connection refused" in captured.out
+    assert "no endpoint answered /metrics" in captured.err
+
+
+def test_help_imports_no_textual() -> None:
+    code = (
+        "import sys; from kimictl.cli import main; "
+        "rc = main(['monitor', '--help']); "
+        "assert 'textual' not in sys.modules and 'pynvml' not in sys.modules, 'heavy import'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--slo-interactivity" in out.stdout
+
+
+# ---- slow: the real CPU vLLM server under load
+
+
+async def _load(url: str, model: str, stop: asyncio.Event) -> int:
+    done = 0
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def worker(i: int) -> None:
+            nonlocal done
+            while not stop.is_set():
+                body = {
+                    "model": model,
+                    "prompt": "hello " * (i + 1),
+                    "max_tokens": 24,
+                    "ignore_eos": True,
+                }
+                await client.post(f"{url}/v1/completions", json=body)
+                done += 1
+
+        await asyncio.gather(*(worker(i) for i in range(2)))
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_live_numbers_appear_and_move(cpu_server: Any) -> None:
+    stop = asyncio.Event()
+    load = asyncio.create_task(_load(cpu_server.url, cpu_server.model, stop))
+    app = make_app({"live": cpu_server.url}, interval=0.5)
+    try:
+        async with app.run_test(size=(140, 50)) as pilot:
+
+            def moving() -> bool:
+                tps = [h.tokens_per_s for h in app.views[0].history if h.tokens_per_s]
+                return len(set(tps)) >= 3
+
+            await wait_for(pilot, lambda: bool(app.views) and moving(), timeout=90)
+            stats = app.views[0].stats
+            assert stats is not None and stats.tokens_per_s and stats.tokens_per_s > 0
+            assert stats.running is not None
+            assert stats.interactivity_p10 is not None and stats.interactivity_p10 > 0
+            table = rendered(app.query_one(FiguresTable))
+            assert f"{stats.tokens_per_s:.1f}" in table
+    finally:
+        stop.set()
+        await load
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_once_json_on_the_real_server(cpu_server: Any) -> None:
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            body = {"model": cpu_server.model, "prompt": "hi", "max_tokens": 16, "ignore_eos": True}
+            httpx.post(f"{cpu_server.url}/v1/completions", json=body, timeout=60)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kimictl",
+                "monitor",
+                "--once",
+                "--json",
+                "--window",
+                "4s",
+                cpu_server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        stop.set()
+        thread.join()
+    assert out.returncode == 0, out.stderr
+    ep = next(iter(json.loads(out.stdout)["endpoints"].values()))
+    assert ep["status"] == "UP" and ep["tokens_per_s"] > 0 and ep["requests_finished"] >= 1
+    assert 3.5 <= ep["window_s"] <= 6
