@@ -1,0 +1,237 @@
+"""`kimictl validate`: may the candidate deployment take traffic? Five checks vs a reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kimictl.commands._output import console, emit_json, err_console
+from kimictl.runtime.errors import CheckFailed, InputError
+
+if TYPE_CHECKING:
+    from kimictl.runtime.evals import CheckResult, ValidationReport
+    from kimictl.runtime.runs import Target
+
+app = typer.Typer(add_completion=False)
+
+CHECK_NAMES = ("greedy", "long_context", "sampling", "structured", "full_context")
+
+
+def _parse_checks(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return CHECK_NAMES
+    chosen = []
+    for part in text.split(","):
+        name = part.strip().replace("-", "_")
+        if not name:
+            continue
+        if name not in CHECK_NAMES:
+            raise InputError(
+                f"--checks {text!r}: unknown check {part.strip()!r}; "
+                f"allowed: {', '.join(CHECK_NAMES)}"
+            )
+        chosen.append(name)
+    if not chosen:
+        raise InputError(f"--checks {text!r} names no check; allowed: {', '.join(CHECK_NAMES)}")
+    return tuple(c for c in CHECK_NAMES if c in chosen)
+
+
+def _targets(candidate: str | None, reference: str | None) -> tuple[Target, Target]:
+    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+
+    if candidate is None and reference is None:
+        pair = latest_ab_pair()
+        if pair is None:
+            raise InputError(
+                "no --candidate/--reference given and no live A/B pair launched by kimictl",
+                hint="start one with `kimictl serve --ab`, or pass --candidate URL --reference URL",
+            )
+        return resolve_target(f"candidate={pair[0].id}"), resolve_target(f"reference={pair[1].id}")
+    if candidate is None or reference is None:
+        missing = "--candidate" if candidate is None else "--reference"
+        raise InputError(
+            f"{missing} is missing: give both --candidate and --reference (URL or run id), "
+            "or neither to use the latest `kimictl serve --ab` pair"
+        )
+    return resolve_target(candidate), resolve_target(reference)
+
+
+def _api_key(path: Path | None) -> str | None:
+    if path is not None:
+        try:
+            return path.read_text().strip() or None
+        except OSError as exc:
+            raise InputError(
+                f"--api-key-file {str(path)!r} cannot be read: {exc.strerror}"
+            ) from exc
+    return os.environ.get("VLLM_API_KEY") or None
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _render_check(check: CheckResult) -> None:
+    from rich.table import Table
+
+    style = "green" if check.passed else "red"
+    console.print(
+        f"\n[bold]{check.name}[/] [{style}]{check.status.value.upper()}[/]  {check.summary}"
+    )
+    for failure in check.failures:
+        console.print(f"  [red]x[/] {failure}")
+    if check.thresholds:
+        console.print(
+            "  thresholds: " + ", ".join(f"{k} {_fmt(v)}" for k, v in check.thresholds.items()),
+            highlight=False,
+        )
+    bands = check.metrics.get("bands")
+    if bands:
+        table = Table(box=None, padding=(0, 2), show_edge=False)
+        for col in ("positions", "count", "mean |dlogprob|", "max |dlogprob|"):
+            table.add_column(col, justify="right")
+        for row in bands:
+            table.add_row(
+                row["band"],
+                str(row["positions"]),
+                f"{row['mean_abs_dlogprob']:.4g}",
+                f"{row['max_abs_dlogprob']:.4g}",
+            )
+        console.print(table)
+    for line in check.evidence:
+        console.print(f"  - {line}", highlight=False)
+
+
+def _render(report: ValidationReport) -> None:
+    from rich.table import Table
+
+    for role, info in (("candidate", report.candidate), ("reference", report.reference)):
+        console.print(
+            f"{role}  {info.name}  {info.url}  model {info.model} "
+            f"(max context {info.max_model_len})",
+            highlight=False,
+        )
+    table = Table(title=f"kimictl validate ({report.mode})", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("numbers")
+    table.add_column("s", justify="right")
+    for check in report.checks:
+        style = "green" if check.passed else "red"
+        table.add_row(
+            check.name,
+            f"[{style}]{check.status.value.upper()}[/]",
+            check.summary,
+            f"{check.seconds:.0f}",
+        )
+    console.print(table)
+    for check in report.checks:
+        _render_check(check)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    verdict = (
+        "[green]PASS[/]: the candidate may take traffic"
+        if report.passed
+        else ("[red]FAIL[/]: the candidate must not take traffic")
+    )
+    console.print(f"\nverdict: {verdict} ({report.seconds:.0f} s)")
+
+
+@app.command()
+def validate(
+    candidate: Annotated[
+        str | None, typer.Option("--candidate", help="Candidate endpoint: URL, NAME=URL or run id.")
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option("--reference", help="Reference (stock) endpoint: URL, NAME=URL or run id."),
+    ] = None,
+    checks: Annotated[
+        str | None,
+        typer.Option("--checks", help=f"Comma-separated subset of: {', '.join(CHECK_NAMES)}."),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer prompts and samples (about 2x faster).")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    gate: Annotated[
+        str | None,
+        typer.Option(
+            "--gate", help="Write verdict, date and evidence into this profile's \\[provenance]."
+        ),
+    ] = None,
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
+    ] = None,
+    save_responses: Annotated[
+        Path | None,
+        typer.Option("--save-responses", help="Also write every raw response to this JSON file."),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option("--api-key-file", help="File holding the API key (else $VLLM_API_KEY)."),
+    ] = None,
+) -> None:
+    """Compare a candidate deployment with a reference serving the same model: greedy agreement,
+    long-context numerics and retrieval, temperature sampling, structured output, full context.
+    Exit 0 when every check passes, 1 when one fails, 2 on bad input."""
+    from kimictl.runtime.evals import Endpoint, Thresholds, provenance_updates, run_validation
+
+    chosen = _parse_checks(checks)
+    limits = Thresholds().with_overrides(threshold or [])
+    profile_path = None
+    if gate is not None:
+        from kimictl.runtime.profiles import load_profile
+
+        profile_path = load_profile(gate).path  # bad profile name: InputError before any request
+    cand_t, ref_t = _targets(candidate, reference)
+    key = _api_key(api_key_file)
+    capture: dict[str, object] | None = {} if save_responses is not None else None
+    with (
+        Endpoint(cand_t.url, name=cand_t.name, model=cand_t.model, api_key=key) as cand_ep,
+        Endpoint(ref_t.url, name=ref_t.name, model=ref_t.model, api_key=key) as ref_ep,
+    ):
+        if json_out:
+            report = run_validation(
+                cand_ep, ref_ep, checks=chosen, quick=quick, thresholds=limits, capture=capture
+            )
+        else:
+            with err_console.status("validating") as status:
+                report = run_validation(
+                    cand_ep,
+                    ref_ep,
+                    checks=chosen,
+                    quick=quick,
+                    thresholds=limits,
+                    capture=capture,
+                    progress=lambda name: status.update(f"validate: running {name}"),
+                )
+    if save_responses is not None:
+        import json
+
+        save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
+    if profile_path is not None:
+        from kimictl.runtime.profiles import update_provenance
+
+        update_provenance(profile_path, provenance_updates(report))
+    if json_out:
+        emit_json(report.to_json())
+    else:
+        _render(report)
+        if profile_path is not None:
+            console.print(
+                f"wrote validation = {report.verdict!r} into {profile_path} \\[provenance]",
+                highlight=False,
+            )
+    if not report.passed:
+        failed = [c.name for c in report.checks if not c.passed]
+        raise CheckFailed(
+            f"validation failed: {', '.join(failed)}",
+            hint="the report above names each threshold and the evidence",
+        )

@@ -1,0 +1,163 @@
+"""A small synchronous client for the vLLM OpenAI-compatible endpoints the checks need.
+
+All prompts are sent as token ids (tokenized once on the reference), so candidate and reference see
+byte-identical inputs and prompt lengths are exact. HTTP and transport errors become
+`EndpointError` here, naming the endpoint, the path and the server's own message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from kimictl.runtime.errors import EndpointError, InputError
+
+__all__ = ["Endpoint", "token_id"]
+
+
+def token_id(token: str) -> int:
+    """'token_id:123' (vLLM's return_tokens_as_token_ids form) -> 123."""
+    if not token.startswith("token_id:"):
+        raise EndpointError(f"expected a token in the form 'token_id:N', got {token!r}")
+    return int(token.split(":", 1)[1])
+
+
+class Endpoint:
+    """One OpenAI-compatible vLLM server: `url` is the base (with or without /v1)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "",
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        if not base.startswith(("http://", "https://")):
+            raise InputError(
+                f"endpoint URL {url!r} must start with http:// or https://",
+                hint="pass e.g. --candidate http://127.0.0.1:8000 or a run id from `kimictl ps`",
+            )
+        self.base = base
+        self.name = name or base
+        key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(
+            base_url=base,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport,
+        )
+        self._model = model
+        self._max_model_len: int | None = None
+        # sequences this client asked for (a request with n=k is k sequences, as vLLM counts them)
+        self.sequences_requested = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.TimeoutException as exc:
+            raise EndpointError(
+                f"{self.name}: {path} timed out ({type(exc).__name__})",
+                hint="is the server overloaded or hung? see `kimictl logs`",
+            ) from exc
+        except httpx.TransportError as exc:
+            raise EndpointError(
+                f"{self.name}: cannot reach {self.base}{path} ({type(exc).__name__}: {exc})",
+                hint="is the server running? `kimictl ps` lists launched servers",
+            ) from exc
+        if response.status_code >= 400:
+            detail = response.text[:300].replace("\n", " ")
+            try:
+                payload = response.json()
+                err = payload.get("error", payload)
+                detail = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+            except ValueError:
+                pass
+            raise EndpointError(
+                f"{self.name}: {path} answered HTTP {response.status_code}: {detail}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EndpointError(
+                f"{self.name}: {path} answered non-JSON: {response.text[:200]!r}"
+            ) from exc
+
+    def _load_model(self) -> None:
+        data = self._request("GET", "/v1/models").get("data") or []
+        if not data:
+            raise EndpointError(f"{self.name}: /v1/models lists no model")
+        card = data[0]
+        if self._model is not None:
+            matches = [c for c in data if c.get("id") == self._model]
+            if not matches:
+                served = ", ".join(str(c.get("id")) for c in data)
+                raise InputError(
+                    f"{self.name} does not serve model {self._model!r} (it serves {served})"
+                )
+            card = matches[0]
+        self._model = str(card["id"])
+        if card.get("max_model_len") is None:
+            raise EndpointError(f"{self.name}: /v1/models gives no max_model_len (is this vLLM?)")
+        self._max_model_len = int(card["max_model_len"])
+
+    @property
+    def model(self) -> str:
+        if self._model is None or self._max_model_len is None:
+            self._load_model()
+        assert self._model is not None
+        return self._model
+
+    @property
+    def max_model_len(self) -> int:
+        if self._max_model_len is None:
+            self._load_model()
+        assert self._max_model_len is not None
+        return self._max_model_len
+
+    def finished_requests(self) -> float | None:
+        """vLLM's cumulative finished-request counter from /metrics; None when unavailable."""
+        from kimictl.runtime.metrics import REQUEST_SUCCESS, parse_prometheus_text
+
+        try:
+            response = self._client.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        samples, _ = parse_prometheus_text(response.text, prefixes=(REQUEST_SUCCESS,))
+        values = [
+            s.value for s in samples if s.name in (REQUEST_SUCCESS, REQUEST_SUCCESS + "_total")
+        ]
+        return sum(values) if values else None
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+        return [int(t) for t in self._request("POST", "/tokenize", body)["tokens"]]
+
+    def complete(self, prompt: list[int], **params: Any) -> dict[str, Any]:
+        """POST /v1/completions with a token-id prompt; returns the response JSON."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "stream": False}
+        body.update(params)
+        self.sequences_requested += int(params.get("n", 1))
+        result: dict[str, Any] = self._request("POST", "/v1/completions", body)
+        if not result.get("choices"):
+            raise EndpointError(f"{self.name}: /v1/completions answered no choices")
+        return result
