@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from kimictl.runtime import runs
-from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.runtime.errors import EndpointError, InputError, KimictlError, LaunchError
 from kimictl.runtime.runs import RunRecord, RunState
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ __all__ = [
     "log_tail",
     "plan_launch",
     "read_phases",
+    "stop_records",
     "stop_run",
     "stop_signals",
     "start",
@@ -380,7 +381,7 @@ PHASES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Resolved architecture"), "reading model config"),
     (re.compile(r"Initializing a V1 LLM engine|EngineCore"), "starting engine"),
     (re.compile(r"Starting to load model|Loading safetensors|Loading weights"), "loading weights"),
-    (re.compile(r"torch\.compile|Compiling a graph|Dynamo bytecode"), "compiling"),
+    (re.compile(r"Compiling a graph|Dynamo bytecode transform|torch\.compile takes"), "compiling"),
     (re.compile(r"KV cache size|Available KV cache memory|init engine"), "allocating KV cache"),
     (
         re.compile(r"Capturing CUDA graph|Capturing cudagraph|Graph capturing"),
@@ -503,17 +504,25 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def health(url: str, *, timeout: float = 2.0) -> int | None:
+def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
     try:
+        if client is not None:
+            return client.get(f"{url}/health", timeout=timeout).status_code
         return httpx.get(f"{url}/health", timeout=timeout).status_code
     except httpx.HTTPError:
         return None
 
 
-def _one_token(plan: LaunchPlan, timeout: float) -> tuple[bool, str]:
+def _client() -> httpx.Client:
+    # One client per wait: a new client per poll builds an SSL context each time (measurable CPU
+    # on a 2-core machine that is also running the server).
+    return httpx.Client(trust_env=False)
+
+
+def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[bool, str]:
     try:
-        reply = httpx.post(
+        reply = client.post(
             f"{plan.url}/v1/completions",
             json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
             headers=_headers(plan.api_key),
@@ -541,6 +550,18 @@ def wait_ready(
 
     LaunchError when one exits or times out; StopRequested when `stop_flag()` turns true. The
     caller stops the launches in both cases (this function only marks records)."""
+    with _client() as client:
+        _wait_ready(launches, client, timeout, on_phase, stop_flag, poll_s)
+
+
+def _wait_ready(
+    launches: list[Launch],
+    client: httpx.Client,
+    timeout: float,
+    on_phase: ProgressFn | None,
+    stop_flag: Callable[[], bool],
+    poll_s: float,
+) -> None:
     pending = list(launches)
     begin = time.monotonic()
     next_probe: dict[str, float] = {}
@@ -559,11 +580,11 @@ def wait_ready(
             if now < next_probe.get(launch.plan.run_id, 0.0):
                 continue
             next_probe[launch.plan.run_id] = now + 1.0
-            if health(launch.plan.url, timeout=2.0) != 200:
+            if health(launch.plan.url, timeout=2.0, client=client) != 200:
                 continue
             if on_phase:
                 on_phase(launch, "first completion", elapsed)
-            ok, detail = _one_token(launch.plan, timeout=60.0)
+            ok, detail = _one_token(launch.plan, 60.0, client)
             if ok:
                 launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
                 if on_phase:
@@ -573,7 +594,7 @@ def wait_ready(
             # A healthy server that fails its first request: dead, or about to be.
             time.sleep(1.0)
             code = launch.returncode()
-            if code is not None or health(launch.plan.url) != 200:
+            if code is not None or health(launch.plan.url, client=client) != 200:
                 raise _startup_failure(
                     launch, code, f"on its first request ({detail}) right after /health said 200"
                 )
@@ -643,11 +664,24 @@ def supervise(
 ) -> None:
     """Watch ready runs until `stop_flag()`; raise EndpointError when an engine dies after ready
     (process gone, or /health not 200 on `failures_to_dead` polls in a row)."""
+    with _client() as client:
+        _supervise(launches, stop_flag, poll_s, failures_to_dead, client)
+
+
+def _supervise(
+    launches: list[Launch],
+    stop_flag: Callable[[], bool],
+    poll_s: float,
+    failures_to_dead: int,
+    client: httpx.Client,
+) -> None:
     bad: dict[str, int] = {}
     while not stop_flag():
         for launch in launches:
             code = launch.returncode()
-            status = None if code is not None else health(launch.plan.url, timeout=poll_s)
+            status = (
+                None if code is not None else health(launch.plan.url, timeout=5.0, client=client)
+            )
             if code is None and status == 200:
                 bad[launch.plan.run_id] = 0
                 continue
@@ -719,6 +753,14 @@ def stop_run(
     if reason:
         changes["reason"] = reason
     return _mark(record, final, **changes)
+
+
+def stop_records(records: list[RunRecord], *, grace: float = STOP_GRACE_S) -> list[RunRecord]:
+    """Stop several runs: SIGTERM them all first, so their grace periods overlap."""
+    for record in records:
+        if runs.is_alive(record):
+            _signal_group(record.pgid, signal.SIGTERM)
+    return [stop_run(record, grace=grace) for record in records]
 
 
 def stop_launches(launches: list[Launch], *, grace: float = STOP_GRACE_S) -> None:
@@ -946,8 +988,15 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             f"--host {host} exposes the server beyond this machine without an API key.",
             hint="pass --api-key-file FILE (or set VLLM_API_KEY), or --insecure to accept it.",
         )
-    port = request.port if request.port is not None else (profile.spec.port or DEFAULT_PORT)
-    ports = [port + i for i in range(len(specs))]
+    if request.port is not None:
+        ports = [request.port + i for i in range(len(specs))]
+    else:  # each profile's own port; a twin on the same port moves up by one
+        ports = []
+        for prof, _ in specs:
+            wanted = prof.spec.port or DEFAULT_PORT
+            while wanted in ports:
+                wanted += 1
+            ports.append(wanted)
     ab_group = f"ab-{os.urandom(2).hex()}" if request.ab else None
 
     checks: list[Any] = []
@@ -962,29 +1011,36 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             notes.append(CPU_GATE_NOTE)
         found = _gate(spec, prof_runtime, host, [run_port], request.for_render)
         checks.extend(found)
-        if any(c.blocking for c in found) and not request.force:
-            continue  # plan nothing that will be refused; the model may not even resolve
-        plan = plan_launch(
-            spec,
-            name=prof.name,
-            profile=prof.name,
-            runtime=prof_runtime,
-            host=host,
-            port=run_port,
-            api_key=api_key,
-            role=role,
-            ab_group=ab_group,
-            nnodes=request.nnodes,
-            node_rank=request.node_rank,
-            master_addr=request.master_addr,
-            ray=request.ray,
-        )
+        try:
+            plan = plan_launch(
+                spec,
+                name=prof.name,
+                profile=prof.name,
+                runtime=prof_runtime,
+                host=host,
+                port=run_port,
+                api_key=api_key,
+                role=role,
+                ab_group=ab_group,
+                nnodes=request.nnodes,
+                node_rank=request.node_rank,
+                master_addr=request.master_addr,
+                ray=request.ray,
+            )
+        except KimictlError:
+            if any(c.blocking for c in found):
+                continue  # the gate already says why (e.g. no CPU runtime to resolve the model)
+            raise
         if request.ab and prof_runtime == "gpu":
             # Disjoint GPU sets: tuned on the first TPxPPxDP GPUs, stock on the next ones.
             visible = ",".join(str(gpu_offset + i) for i in range(plan.gpus))
             gpu_offset += plan.gpus
             plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": visible})
         plans.append(plan)
+    unique: dict[tuple[str, str], Any] = {}
+    for check in checks:  # an A/B pair shares this machine's hardware and stack findings
+        unique.setdefault((check.id, check.message), check)
+    checks = list(unique.values())
     prepared = Prepared(
         profile=profile.name,
         runtime=runtime,

