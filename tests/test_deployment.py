@@ -241,7 +241,7 @@ def specs(draw) -> DeploymentSpec:
     )
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(specs())
 def test_parse_render_round_trip(spec):
     command = spec.to_command(redact=False)
