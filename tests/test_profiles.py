@@ -380,3 +380,14 @@ def test_cli_show_human_prints_the_launch_command(capsys):
     out = capsys.readouterr().out
     assert "--decode-context-parallel-size 8" in out.replace("\n", "")
     assert "8 of 8 step" in out
+
+
+@pytest.mark.parametrize("name", K3_ALL)
+def test_doctor_says_ready_for_each_shipped_k3_profile_on_gb300(name, capsys):
+    tp = load_profile(name).spec.tensor_parallel_size
+    snaps = sorted((SNAPSHOTS / f"gb300-tp{tp}-healthy").glob("*.json"))
+    args = ["doctor", "--profile", name, "--json"]
+    assert main([*args, *[a for p in snaps for a in ("--from-snapshot", str(p))]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "ready"
+    assert not [c for c in report["checks"] if c["status"] == "fail"]
