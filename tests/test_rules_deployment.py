@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +252,18 @@ def test_coverage_missing_prepared_size_and_eager():
     assert check.status is Status.WARN and "4 of 8 step sizes" in check.message
     eager = fast_path_coverage(spec.spec.with_(enforce_eager=True))
     assert eager.eager and eager.fast_requests == ()
+
+
+NOTES = Path("/work/shared/notes/k3-vllm-facts.md")
+
+
+@pytest.mark.skipif(not NOTES.is_file(), reason="the shared K3 notes are not on this machine")
+def test_reason_strings_are_quoted_exactly_from_the_notes():
+    rows = re.findall(r"^\| (\d+) \|.*\| `([^`]+)` \|$", NOTES.read_text(), flags=re.MULTILINE)
+    assert [(int(n), reason) for n, reason in rows] == [(r.number, r.reason) for r in k3.RULES]
+
+
+def test_rule_table_shape():
+    assert [r.number for r in k3.RULES] == list(range(1, 19))
+    assert len({r.id for r in k3.RULES}) == 18
+    assert k3.PREPARED_TOKEN_BATCHES == (*range(1, 9), 16, 32, 64)
