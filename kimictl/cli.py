@@ -12,33 +12,73 @@ import sys
 import traceback
 from typing import Any
 
-import click
+import typer
+
+# Typer 0.29 vendors its own click; errors are caught through the same copy its commands raise.
+from typer._click import core, exceptions, formatting
+from typer.core import TyperGroup
 
 from kimictl import __version__
 from kimictl.runtime.errors import KimictlError
 
 # name -> (module, attribute holding a typer.Typer, one-line help). Order is the help order.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "doctor": ("kimictl.commands.doctor", "app", "Check GPUs, fabric, stack and flags against the K3 fast path."),
-    "kernels": ("kimictl.commands.kernels", "app", "Build, install, verify and bench the decode kernels."),
-    "tune": ("kimictl.commands.tune", "app", "Pick TP/DCP/draft/batch profiles from a model or measurements."),
-    "profiles": ("kimictl.commands.profiles", "app", "List, show, validate and diff deployment profiles."),
-    "serve": ("kimictl.commands.serve", "app", "Launch vLLM with a profile (one node, many, or an A/B pair)."),
+    "doctor": (
+        "kimictl.commands.doctor",
+        "app",
+        "Check GPUs, fabric, stack and flags against the K3 fast path.",
+    ),
+    "kernels": (
+        "kimictl.commands.kernels",
+        "app",
+        "Build, install, verify and bench the decode kernels.",
+    ),
+    "tune": (
+        "kimictl.commands.tune",
+        "app",
+        "Pick TP/DCP/draft/batch profiles from a model or measurements.",
+    ),
+    "profiles": (
+        "kimictl.commands.profiles",
+        "app",
+        "List, show, validate and diff deployment profiles.",
+    ),
+    "serve": (
+        "kimictl.commands.serve",
+        "app",
+        "Launch vLLM with a profile (one node, many, or an A/B pair).",
+    ),
     "ps": ("kimictl.commands.runs", "ps_app", "List servers kimictl launched."),
     "stop": ("kimictl.commands.runs", "stop_app", "Stop servers kimictl launched."),
     "logs": ("kimictl.commands.runs", "logs_app", "Show a launched server's log."),
-    "setup": ("kimictl.commands.setup", "app", "Prepare local runtimes (the CPU vLLM for the embedded demo)."),
-    "bench": ("kimictl.commands.bench", "app", "Load-test endpoints: throughput, latency, interactivity, A/B."),
-    "monitor": ("kimictl.commands.monitor", "app", "Live TUI of throughput and interactivity, tuned vs stock."),
-    "validate": ("kimictl.commands.validate", "app", "Correctness gate: candidate vs reference endpoint."),
+    "setup": (
+        "kimictl.commands.setup",
+        "app",
+        "Prepare local runtimes (the CPU vLLM for the embedded demo).",
+    ),
+    "bench": (
+        "kimictl.commands.bench",
+        "app",
+        "Load-test endpoints: throughput, latency, interactivity, A/B.",
+    ),
+    "monitor": (
+        "kimictl.commands.monitor",
+        "app",
+        "Live TUI of throughput and interactivity, tuned vs stock.",
+    ),
+    "validate": (
+        "kimictl.commands.validate",
+        "app",
+        "Correctness gate: candidate vs reference endpoint.",
+    ),
 }
 
 
-class _LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
+class _LazyGroup(TyperGroup):
+    def list_commands(self, ctx: core.Context) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: core.Context, cmd_name: str) -> core.Command | None:
         entry = COMMANDS.get(cmd_name)
         if entry is None:
             return None
@@ -50,20 +90,34 @@ class _LazyGroup(click.Group):
         command.name = cmd_name
         return command
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: core.Context, formatter: formatting.HelpFormatter) -> None:
         # Help text from the table: listing commands must not import them.
         with formatter.section("Commands"):
             formatter.write_dl([(name, entry[2]) for name, entry in COMMANDS.items()])
 
 
-@click.group(
+_app = typer.Typer(
     cls=_LazyGroup,
+    rich_markup_mode=None,
+    add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="kimictl: deploy, tune and prove Kimi K3's latency-specialized decode path on vLLM.",
 )
-@click.version_option(__version__, prog_name="kimictl")
-@click.option("--debug", is_flag=True, help="Show tracebacks for unexpected errors.")
-def root(debug: bool) -> None:
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"kimictl {__version__}\n")
+        raise typer.Exit(0)
+
+
+@_app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
     pass
 
 
@@ -77,17 +131,23 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
+        root = typer.main.get_command(_app)
         result: Any = root.main(args=args, prog_name="kimictl", standalone_mode=False)
     except KimictlError as error:
         _print_error(error)
         return error.exit_code
-    except click.exceptions.UsageError as error:
+    except exceptions.NoArgsIsHelpError as error:
         error.show()
         return 2
-    except click.exceptions.ClickException as error:
+    except exceptions.UsageError as error:
+        error.show()
+        return 2
+    except exceptions.ClickException as error:
         error.show()
         return error.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except typer.Exit as error:
+        return int(error.exit_code)
+    except (exceptions.Abort, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         return 130
     except Exception as error:  # the one place an unexpected error is turned into a line
