@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except typer.Exit as error:
         return int(error.exit_code)
-    except (exceptions.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         return 130
     except Exception as error:  # the one place an unexpected error is turned into a line
