@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 
-from kimictl.runtime.errors import InputError
+from kimictl.runtime.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.deployment import DeploymentSpec
@@ -155,5 +154,5 @@ def doctor(
     else:
         _render(diagnosis)
     if diagnosis.verdict != "ready":
-        # click's Exit (not typer's): cli.main runs click with standalone_mode=False.
-        raise click.exceptions.Exit(1)
+        # CheckFailed is exit 1; cli.py prints its one line on stderr (stdout stays the report).
+        raise CheckFailed(f"the K3 fast path is not ready: {diagnosis.blocking} blocking check(s)")
