@@ -55,8 +55,8 @@ def ps(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("ID", "STATE", "HEALTH", "URL", "MODEL", "ROLE", "PID", "AGE"):
-        table.add_column(column, no_wrap=column in ("ID", "URL", "STATE"))
+    for column in ("ID", "STATE", "HEALTH", "URL", "MODEL", "ROLE", "AGE"):
+        table.add_column(column, no_wrap=True)
     now = time.time()
     for r in records:
         state = r.state.value
@@ -67,8 +67,7 @@ def ps(
             "-" if health is None else str(health),
             r.url,
             r.model,
-            (f"{r.role} {r.ab_group}" if r.role else "-"),
-            str(r.pgid),
+            r.role or "-",
             _age(now - r.started_at),
         )
     console.print(table)

@@ -55,6 +55,7 @@ __all__ = [
     "log_tail",
     "plan_launch",
     "read_phases",
+    "run_tmp_dir",
     "stop_records",
     "stop_run",
     "stop_signals",
@@ -204,6 +205,11 @@ def plan_launch(
                 f"model path '{model}' does not exist or is not a folder.",
                 hint="pass --model with a local model folder or a Hugging Face id (org/name).",
             )
+        if not (resolved / "config.json").is_file() and not (resolved / "params.json").is_file():
+            raise InputError(
+                f"model folder '{model}' has no config.json (nor params.json) for vLLM to load.",
+                hint="point --model at the folder holding the checkpoint's config.json.",
+            )
         model = str(resolved.resolve())
     elif runtime == "cpu":
         raise InputError(
@@ -222,8 +228,8 @@ def plan_launch(
         env.update(cpu_runtime.server_env(run_dir, base={}, create=False))
         executable = str(cpu_runtime.venv_dir() / "bin" / "vllm")
     else:
-        env["TMPDIR"] = str(run_dir / "tmp")
         executable = "vllm"
+    env["TMPDIR"] = str(run_tmp_dir(run_dir, run_id))
     env.update(spec.to_env())
     if api_key:
         env["VLLM_API_KEY"] = api_key
@@ -260,6 +266,21 @@ def plan_launch(
         ab_group=ab_group,
         other_nodes=other_nodes,
     )
+
+
+# Linux limits a unix socket path to 107 bytes; vLLM names its ZMQ sockets with a 36-character
+# uuid inside TMPDIR. A run folder too deep for that gets a short per-run folder in /tmp instead.
+_SOCKET_PATH_MAX = 107 - 1 - 36 - 8
+
+
+def run_tmp_dir(run_dir: Path, run_id: str) -> Path:
+    """The run's private TMPDIR: `<run_dir>/tmp`, or `/tmp/kimictl-<id>` when that is too long."""
+    inside = run_dir / "tmp"
+    if len(str(inside)) <= _SOCKET_PATH_MAX:
+        return inside
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"kimictl-{run_id}"
 
 
 # ---------------------------------------------------------------- ports
@@ -322,8 +343,10 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
     check_port_free(plan.host, plan.port)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **plan.env}
-    for sub in ("cache", "inductor", "tmp") if plan.runtime == "cpu" else ("tmp",):
+    for sub in ("cache", "inductor") if plan.runtime == "cpu" else ():
         (plan.run_dir / sub).mkdir(exist_ok=True)
+    if "TMPDIR" in plan.env:
+        Path(plan.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     with plan.log_path.open("ab") as log:
         try:
             process = subprocess.Popen(
@@ -366,7 +389,7 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
         runtime=plan.runtime,
         start_ticks=runs.process_start_ticks(process.pid),
         supervisor_pid=os.getpid(),
-        extra={"env": plan.redacted_env(), "detach": detach},
+        extra={"env": plan.redacted_env(), "detach": detach, "tmp_dir": plan.env.get("TMPDIR")},
     )
     runs.write_record(record)
     return Launch(plan=plan, record=record, process=process)
@@ -446,9 +469,13 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(
             r"(does not appear to have a file named config\.json|HFValidationError|"
-            r"Repo id must be|No such file or directory|is not a local folder)"
+            r"Repo id must be|Invalid repository ID or local directory|is not a local folder)"
         ),
         "the model path or id cannot be read (offline, or the folder is missing files)",
+    ),
+    (
+        re.compile(r"(Unrecognized model|does not recognize this architecture|model type `)"),
+        "the model's config.json names an architecture this vLLM/transformers cannot load",
     ),
     (
         re.compile(r"(ModuleNotFoundError|ImportError|PackageNotFoundError)"),
@@ -717,9 +744,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _clean_run_dir(run_dir: Path) -> None:
+def _clean_run_dir(run_dir: Path, tmp_dir: str | None) -> None:
     """Remove the run's temp folder and any socket file left in the run folder."""
-    shutil.rmtree(run_dir / "tmp", ignore_errors=True)
+    for folder in {run_dir / "tmp", *([Path(tmp_dir)] if tmp_dir else [])}:
+        shutil.rmtree(folder, ignore_errors=True)
     for path in run_dir.rglob("*"):
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(path.lstat().st_mode):
@@ -748,7 +776,7 @@ def stop_run(
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait()
-    _clean_run_dir(Path(record.run_dir))
+    _clean_run_dir(Path(record.run_dir), record.extra.get("tmp_dir"))
     changes: dict[str, Any] = {"exit_code": code, "supervisor_pid": None}
     if reason:
         changes["reason"] = reason

@@ -1,0 +1,329 @@
+"""Launcher: plans, ports, start-up phases, readiness, supervision, stop, causes of failure.
+
+Fast tests drive a stand-in server (tests/fixtures/launcher/fake_vllm.py: a real process with a
+real HTTP server that prints vLLM's own log lines); the real vLLM CPU server is in test_serve.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kimictl.runtime import launcher, runs
+from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.runtime.launcher import LaunchPlan
+from kimictl.runtime.runs import RunState
+
+FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
+REAL_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_cpu_startup.log"
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KIMICTL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    return tmp_path / "state"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fake_plan(mode: str, *, port: int | None = None, env: dict[str, str] | None = None):
+    port = port or free_port()
+    run_id = runs.new_run_id(f"fake-{mode}")
+    run_dir = runs.run_dir_for(run_id)
+    return LaunchPlan(
+        run_id=run_id,
+        name=f"fake-{mode}",
+        profile=None,
+        runtime="gpu",
+        argv=[sys.executable, str(FAKE), str(port), mode],
+        env={"TMPDIR": str(launcher.run_tmp_dir(run_dir, run_id)), **(env or {})},
+        host="127.0.0.1",
+        port=port,
+        model="fake",
+        gpus=0,
+        run_dir=run_dir,
+    )
+
+
+def group_gone(pgid: int) -> bool:
+    """No live (non-zombie) process left in the group: an unreaped zombie is dead already."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return False
+    return True
+
+
+def sockets_under(folder: Path) -> list[Path]:
+    import stat
+
+    return [p for p in folder.rglob("*") if stat.S_ISSOCK(p.lstat().st_mode)]
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+def test_phases_from_a_real_vllm_cpu_log():
+    # The log of a real `vllm serve` (vllm-cpu 0.32.0, tiny model, --enforce-eager).
+    phases = launcher.read_phases(REAL_LOG.read_text())
+    assert phases == [
+        "starting API server",
+        "reading model config",
+        "starting engine",
+        "loading weights",
+        "allocating KV cache",
+        "API up, warming",
+    ]
+    # "Enforce eager set, disabling torch.compile" must not read as a compile phase.
+    assert "compiling" not in phases
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "expected"),
+    [
+        (
+            "ValueError: Kimi K3 specialized decode does not support TP other than 8/16",
+            1,
+            "refused this deployment: TP other than 8/16",
+        ),
+        ("OSError: [Errno 98] Address already in use", 1, "port was taken"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", 1, "out of memory"),
+        ("Value error, Invalid repository ID or local directory specified: '/x'", 1, "model path"),
+        ("vllm serve: error: unrecognized arguments: --bogus", 2, "flag this vLLM version"),
+        ("ModuleNotFoundError: No module named 'vllm._C'", 1, "install is broken"),
+        ("Head dimension 96 is not supported by MLA", 1, "576"),
+        ("nothing useful", -9, "SIGKILL"),
+        ("nothing useful", -11, "SIGSEGV"),
+        ("nothing useful", 1, "not recognised"),
+    ],
+)
+def test_likely_cause(line, code, expected):
+    assert expected in launcher.likely_cause(["INFO start", line, "INFO end"], code)
+
+
+def test_tmp_dir_is_short_enough_for_unix_sockets(tmp_path):
+    deep = tmp_path / ("d" * 80) / "runs" / "cpu-demo-1234"
+    chosen = launcher.run_tmp_dir(deep, "cpu-demo-1234")
+    assert len(str(chosen / ("x" * 36))) <= 107
+    shallow = Path("/s/runs/cpu-demo-1234")
+    assert launcher.run_tmp_dir(shallow, "cpu-demo-1234") == shallow / "tmp"
+
+
+def test_redaction_of_argv_and_env(tmp_path):
+    plan = fake_plan("ok", env={"VLLM_API_KEY": "s3cret", "HF_TOKEN": "hf_x"})
+    plan = LaunchPlan(**{**plan.__dict__, "argv": [*plan.argv, "--api-key", "k2", "--api-key=k3"]})
+    shown = repr(plan.to_json())
+    assert "s3cret" not in shown and "hf_x" not in shown and "k2" not in shown and "k3" not in shown
+    assert plan.redacted_env()["VLLM_API_KEY"] == "***"
+
+
+def test_port_in_use_is_refused_before_launch():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(InputError, match=f"port {port} on 127.0.0.1 is already in use"):
+            launcher.check_port_free("127.0.0.1", port)
+        plan = fake_plan("ok", port=port)
+        with pytest.raises(InputError, match="already in use"):
+            launcher.start(plan)
+        assert not plan.run_dir.exists()  # nothing started, nothing recorded
+    launcher.check_port_free("127.0.0.1", port)  # free again once closed
+
+
+def test_api_key_sources(tmp_path, monkeypatch):
+    key = tmp_path / "key"
+    key.write_text("abc123\n")
+    assert launcher.read_api_key(key) == "abc123"
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert launcher.read_api_key(None) == "from-env"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(InputError, match="is empty"):
+        launcher.read_api_key(tmp_path / "empty")
+    with pytest.raises(InputError, match="cannot read"):
+        launcher.read_api_key(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------- real processes, fake server
+
+
+def test_ready_then_stop_cleans_group_and_sockets():
+    plan = fake_plan("ok")
+    launch = launcher.start(plan)
+    seen: list[str] = []
+    launcher.wait_ready([launch], timeout=30, on_phase=lambda _l, p, _t: seen.append(p))
+    assert launch.record.state is RunState.READY
+    assert runs.get_run(plan.run_id).state is RunState.READY
+    assert seen[-2:] == ["first completion", "ready"] and "loading weights" in seen
+    tmp = Path(plan.env["TMPDIR"])
+    assert sockets_under(tmp), "the stand-in creates a socket file like vLLM"
+    record = launcher.stop_run(launch.record, process=launch.process, grace=5)
+    assert record.state is RunState.STOPPED
+    assert group_gone(record.pgid)
+    assert sockets_under(plan.run_dir) == [] and not tmp.exists()
+    assert runs.list_runs() == []
+
+
+def test_exit_during_startup_reports_code_tail_and_cause():
+    plan = fake_plan("exit")
+    launch = launcher.start(plan)
+    with pytest.raises(LaunchError) as info:
+        launcher.wait_ready([launch], timeout=30)
+    message = info.value.message
+    assert "exited during start-up with exit code 3" in message
+    assert "refused this deployment: TP other than 8/16" in message
+    assert "Resolved architecture" in message  # the log tail is in the message
+    assert runs.get_run(plan.run_id).state is RunState.FAILED
+    launcher.stop_run(launch.record, process=launch.process, grace=1)
+
+
+def test_healthy_server_dying_on_first_request_is_not_ready():
+    plan = fake_plan("first-fails")
+    launch = launcher.start(plan)
+    with pytest.raises(LaunchError, match="on its first request") as info:
+        launcher.wait_ready([launch], timeout=30)
+    assert "576" in info.value.message  # the MLA head-dimension cause
+    launcher.stop_run(launch.record, process=launch.process, grace=1)
+
+
+def test_engine_sick_after_ready_is_reported():
+    plan = fake_plan("sick-after")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    with pytest.raises(EndpointError, match="died after it was ready: /health answered 503"):
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
+    assert runs.get_run(plan.run_id).state is RunState.FAILED
+    launcher.stop_run(launch.record, process=launch.process, grace=2)
+    assert group_gone(launch.record.pgid)
+
+
+def test_engine_process_gone_after_ready_is_reported():
+    plan = fake_plan("ok")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    os.killpg(launch.record.pgid, signal.SIGKILL)
+    with pytest.raises(EndpointError, match="exited with code -9"):
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
+    launcher.stop_run(launch.record, process=launch.process, grace=1)
+
+
+def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():
+    plan = fake_plan("ignore-term")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    begin = time.monotonic()
+    record = launcher.stop_run(launch.record, process=launch.process, grace=1.0)
+    took = time.monotonic() - begin
+    assert group_gone(record.pgid), "the child that ignores SIGTERM must be gone too"
+    assert 1.0 <= took < 10
+    assert record.exit_code == -signal.SIGKILL
+
+
+def test_api_key_reaches_the_server_by_environment_only():
+    plan = fake_plan("ok", env={"VLLM_API_KEY": "k-123"})
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)  # the one-token probe sends the key
+    assert "k-123" not in (plan.run_dir / "run.json").read_text()
+    assert "k-123" not in " ".join(Path(f"/proc/{launch.record.pgid}/cmdline").read_text())
+    launcher.stop_run(launch.record, process=launch.process, grace=2)
+
+
+def test_stop_from_elsewhere_is_not_reported_as_a_death():
+    plan = fake_plan("ok")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    other = runs.get_run(plan.run_id)
+    launcher.stop_run(other, grace=2)  # what `kimictl stop ID` does from another shell
+    launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)  # returns, no raise
+    launch.process.wait(timeout=5)
+
+
+def test_foreground_children_die_with_a_killed_kimictl(tmp_path):
+    """PR_SET_PDEATHSIG: SIGKILL the supervising process; its server must not outlive it, and the
+    record must say what happened."""
+    port = free_port()
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            from test_launcher import fake_plan
+            from kimictl.runtime import launcher
+            launch = launcher.start(fake_plan("ok", port={port}))
+            print(launch.record.id, launch.record.pgid, flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    run_id, pgid = parent.stdout.readline().split()
+    assert not group_gone(int(pgid))
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while not group_gone(int(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_gone(int(pgid))
+    record = runs.get_run(run_id)
+    assert record.state is RunState.STOPPED
+    assert "exited and the server ended with it" in (record.reason or "")
+
+
+def test_run_serve_stops_everything_on_signal():
+    """The foreground path: ready, then SIGTERM to kimictl -> both servers stopped, exit clean."""
+    plans = [fake_plan("ok"), fake_plan("ok")]
+    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
+    ready: list[list[runs.RunRecord]] = []
+
+    def on_ready(records):
+        ready.append(records)
+        os.kill(os.getpid(), signal.SIGTERM)  # as if the user pressed Ctrl-C now
+
+    records = launcher.run_serve(prepared, detach=False, on_ready=on_ready, grace=5)
+    assert len(ready) == 1 and {r.state for r in ready[0]} == {RunState.READY}
+    assert [r.state for r in records] == [RunState.STOPPED, RunState.STOPPED]
+    assert all(group_gone(r.pgid) for r in records)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_run_serve_ab_pair_starts_whole_or_not_at_all():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        plans = [fake_plan("ok"), fake_plan("ok", port=busy.getsockname()[1])]
+        prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
+        with pytest.raises(InputError, match="already in use"):
+            launcher.run_serve(prepared, detach=True)
+    assert runs.list_runs(include_finished=True) == []
+
+
+def test_detached_run_survives_and_is_recorded():
+    plan = fake_plan("ok")
+    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = launcher.run_serve(prepared, detach=True)
+    try:
+        assert record.state is RunState.READY and record.supervisor_pid is None
+        assert runs.resolve_target(record.id).url == plan.url
+        assert launcher.health(plan.url) == 200
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert group_gone(record.pgid)
