@@ -143,7 +143,6 @@ def test_save_snapshot_writes_a_loadable_report(
         (["--vllm-args", "  "], "--vllm-args"),
         (["--profile", "x", "--vllm-args", "vllm serve m"], "--profile and --vllm-args"),
         (["--bogus"], "--bogus"),
-        ),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(
