@@ -89,6 +89,9 @@ def _driver_checks(hw: HardwareReport) -> list[Check]:
             f"{n.hostname}: {n.no_driver_reason}" if multi else str(n.no_driver_reason)
             for n in no_driver
         )
+        prefix = "no NVIDIA driver: "
+        if not multi and names.startswith(prefix):
+            names = f"no NVIDIA driver ({names[len(prefix) :]})"
         checks.append(
             Check(
                 "hw.driver",
@@ -200,7 +203,8 @@ def _gpu_count_check(hw: HardwareReport, spec: DeploymentSpec | None) -> Check:
         )
     where = f" on {len(hw.nodes)} nodes" if multi else ""
     need = f", deployment needs {needed}" if needed is not None else ""
-    return Check("hw.gpu_count", H, Status.PASS, f"{len(usable)} GPUs{where}{need}.")
+    noun = "GPU" if len(usable) == 1 else "GPUs"
+    return Check("hw.gpu_count", H, Status.PASS, f"{len(usable)} {noun}{where}{need}.")
 
 
 def _compute_capability_check(hw: HardwareReport) -> Check:
@@ -463,7 +467,7 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
                 f"The TP group spans {len(cliques)} NVLink cliques ({groups}); all TP ranks must "
                 "share one NVLink domain.",
                 "Place every node of the TP group in one NVLink partition (same cluster UUID and "
-                "clique id), or set VLLM_KIMI_K3_GEMM_AR=0 and accept the slower path.",
+                "clique id): the specialized path's multicast buffers span the whole TP group.",
             )
         )
     elif len(cliques) == 1:
@@ -497,9 +501,9 @@ def _multicast_check(hw: HardwareReport) -> Check | None:
             Status.FAIL,
             f"Multicast (NVLS) not supported on {_gpus_where(off_gpus, multi)}: vLLM will raise "
             f'"{MULTICAST_ERRORS[0]}".',
-            "Multicast needs NVSwitch/NVLink-fabric GPUs with fabric manager running and a driver "
-            ">= 530; on GB300 check `systemctl status nvidia-imex` and that fabric state is "
-            "completed.",
+            "Multicast needs GPUs joined by NVLink switches (NVSwitch, GB300 NVL72) with the "
+            "fabric registered: check the Fabric block of `nvidia-smi -q` (State Completed) and that "
+            "nvidia-fabricmanager / nvidia-imex run. A PCIe or VM-passthrough GPU has none.",
         )
     if unknown:
         return Check(
