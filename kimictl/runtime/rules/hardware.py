@@ -502,8 +502,8 @@ def _multicast_check(hw: HardwareReport) -> Check | None:
             f"Multicast (NVLS) not supported on {_gpus_where(off_gpus, multi)}: vLLM will raise "
             f'"{MULTICAST_ERRORS[0]}".',
             "Multicast needs GPUs joined by NVLink switches (NVSwitch, GB300 NVL72) with the "
-            "fabric registered: check the Fabric block of `nvidia-smi -q` (State Completed) and that "
-            "nvidia-fabricmanager / nvidia-imex run. A PCIe or VM-passthrough GPU has none.",
+            "fabric registered: check the Fabric block of `nvidia-smi -q` (State Completed) and "
+            "that nvidia-fabricmanager / nvidia-imex run. A PCIe or VM-passthrough GPU has none.",
         )
     if unknown:
         return Check(
