@@ -271,7 +271,6 @@ async def _load(url: str, model: str, stop: asyncio.Event) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
 async def test_live_numbers_appear_and_move(cpu_server: Any) -> None:
     stop = asyncio.Event()
     load = asyncio.create_task(_load(cpu_server.url, cpu_server.model, stop))
@@ -296,7 +295,6 @@ async def test_live_numbers_appear_and_move(cpu_server: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
 def test_once_json_on_the_real_server(cpu_server: Any) -> None:
     stop = threading.Event()
 

@@ -320,7 +320,16 @@ class MetricsSnapshot:
         }
 
 
-_SNAPSHOT_PREFIXES = ("vllm:", _PROCESS_START)
+# Only the samples a snapshot uses get parsed (vLLM exposes ~900 lines; about 130 are needed).
+_SNAPSHOT_PREFIXES = (
+    _PROCESS_START,
+    *(g + "{" for g in GAUGES),
+    *(g + " " for g in GAUGES),
+    *(c + "_total" for c in (*COUNTERS, SPEC_ACCEPTED_PER_POS)),
+    *(h + "_bucket" for h in HISTOGRAMS),
+    *(h + "_count" for h in HISTOGRAMS),
+    *(h + "_sum" for h in HISTOGRAMS),
+)
 
 
 def snapshot_from_text(

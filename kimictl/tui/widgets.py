@@ -6,7 +6,6 @@ import time
 from collections.abc import Sequence
 
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
@@ -46,18 +45,31 @@ def status_text(view: EndpointView, style: str) -> Text:
     return text
 
 
-class StatusLine(Static):
+class _Fed(Static):
+    """A Static that re-lays out only when its line count changes (layout is the costly part)."""
+
+    _lines = -1
+
+    def feed(self, content: RenderableType, lines: int) -> None:
+        self.update(content, layout=lines != self._lines)
+        self._lines = lines
+
+
+class StatusLine(_Fed):
     """UP/DOWN lines, one per endpoint."""
 
     def show(self, views: Sequence[EndpointView]) -> None:
         lines = Text("\n").join(
             status_text(v, SERIES_STYLES[i % len(SERIES_STYLES)]) for i, v in enumerate(views)
         )
-        self.update(lines)
+        self.feed(lines, len(views))
 
 
-class FiguresTable(Static):
-    """Rows = figures, one column per endpoint, plus the A/B ratio column when there is a pair."""
+class FiguresTable(_Fed):
+    """Rows = figures, one column per endpoint, plus the A/B ratio column when there is a pair.
+
+    Drawn as plain fixed-width lines (a rich Table costs ~10x more to lay out every second).
+    """
 
     def show(
         self,
@@ -66,29 +78,38 @@ class FiguresTable(Static):
         ab: tuple[str, str] | None,
         window_label: str,
     ) -> None:
-        table = Table(expand=True, box=None, padding=(0, 1), header_style="bold")
-        table.add_column(f"window {window_label}", style="dim", no_wrap=True)
+        label_w = max(len(r.label) for r in ROWS) + 2
+        heads: list[tuple[str, str]] = []
         for i, v in enumerate(views):
-            head = Text(v.name, style=f"bold {SERIES_STYLES[i % len(SERIES_STYLES)]}")
-            if v.stale_since is not None:
-                head.append(" (stale)", style="yellow")
-            table.add_column(head, justify="right", no_wrap=True)
-        if ab is not None and ratios is not None:
-            table.add_column(f"{ab[0]}/{ab[1]}", justify="right", no_wrap=True)
+            stale = " (stale)" if v.stale_since is not None else ""
+            heads.append((v.name + stale, f"bold {SERIES_STYLES[i % len(SERIES_STYLES)]}"))
+        show_ratio = ab is not None and ratios is not None
+        if show_ratio:
+            assert ab is not None
+            heads.append((f"{ab[0]}/{ab[1]}", "bold"))
+        col_w = max(12, *(len(h) + 2 for h, _ in heads))
+        lines = [
+            Text.assemble(
+                (f"window {window_label}".ljust(label_w), "bold"),
+                *((h.rjust(col_w), st) for h, st in heads),
+            )
+        ]
         for row in ROWS:
-            cells: list[RenderableType] = []
+            parts: list[tuple[str, str]] = [(row.label.ljust(label_w), "")]
             for v in views:
                 value = getattr(v.stats, row.key, None) if v.stats is not None else None
-                cells.append(Text(fmt(row, value), style="dim" if v.stale_since else ""))
-            if ab is not None and ratios is not None:
+                parts.append((fmt(row, value).rjust(col_w), "dim" if v.stale_since else ""))
+            if show_ratio:
+                assert ratios is not None
                 ratio = ratios.get(row.key)
                 style = ""
                 if ratio is not None and abs(ratio - 1.0) > 0.02:
                     better = (ratio > 1.0) == HIGHER_IS_BETTER[row.key]
                     style = "bold green" if better else "bold red"
-                cells.append(Text(fmt_ratio(ratio) if row.key in HIGHER_IS_BETTER else "", style))
-            table.add_row(row.label, *cells)
-        self.update(table)
+                cell = fmt_ratio(ratio) if row.key in HIGHER_IS_BETTER else ""
+                parts.append((cell.rjust(col_w), style))
+            lines.append(Text.assemble(*parts))
+        self.feed(Text("\n").join(lines), len(lines))
 
 
 class HistoryChart(Widget):
@@ -130,34 +151,40 @@ class HistoryChart(Widget):
         if self.slo is not None and self.slo <= self.ymax:
             slo_row = min(rows - 1, int(self.slo / self.ymax * rows))  # 0 = bottom row
         lines = [title]
+        blank_style = "yellow"
         for r in range(rows - 1, -1, -1):
-            line = Text()
-            if pad > 0:
-                line.append(("┄" if r == slo_row else " ") * pad, style="yellow")
+            blank = "┄" if r == slo_row else " "
+            # one (text, style) run per change of style: few segments, cheap to draw
+            runs: list[tuple[str, str]] = []
+            cells = [(blank, blank_style)] * pad
             for v in data:
                 if v is None:
-                    line.append("┄" if r == slo_row else " ", style="yellow")
+                    cells.append((blank, blank_style))
                     continue
-                eighths = v / self.ymax * rows * 8 - r * 8
-                idx = int(max(0, min(8, round(eighths))))
+                idx = int(max(0, min(8, round(v / self.ymax * rows * 8 - r * 8))))
+                if idx == 0:
+                    cells.append((blank, blank_style))
+                    continue
                 style = self.series_style
                 if self.slo is not None:
                     style = "green" if v >= self.slo else "red"
-                if idx == 0:
-                    line.append("┄" if r == slo_row else " ", style="yellow")
+                cells.append((_BLOCKS[idx], style))
+            for ch, st in cells:
+                if runs and runs[-1][1] == st:
+                    runs[-1] = (runs[-1][0] + ch, st)
                 else:
-                    line.append(_BLOCKS[idx], style=style)
-            lines.append(line)
+                    runs.append((ch, st))
+            lines.append(Text.assemble(*runs))
         return Text("\n").join(lines)
 
 
-class GpuStrip(Static):
+class GpuStrip(_Fed):
     def show(self, telemetry: GpuTelemetry | None) -> None:
         if telemetry is None:
-            self.update("")
+            self.feed("", 0)
             return
         if not telemetry.gpus:
-            self.update(Text(f"GPUs: none here ({telemetry.reason})", style="dim"))
+            self.feed(Text(f"GPUs: none here ({telemetry.reason})", style="dim"), 1)
             return
         parts = []
         for g in telemetry.gpus:
@@ -170,4 +197,4 @@ class GpuStrip(Static):
                 f"GPU{g.index} {g.util_percent or 0:.0f}% {mem} "
                 f"{g.power_w or 0:.0f}W {g.sm_clock_mhz or 0:.0f}MHz"
             )
-        self.update(Text("  ".join(parts)))
+        self.feed(Text("  ".join(parts)), len(parts))
