@@ -1,0 +1,121 @@
+"""One device call: link, verify and time kimictl's decode kernels against cuBLAS on the lent H200.
+
+Run on the device (see ../shared/notes/cutedsl-aot.md), after `kimictl kernels build --arch sm_90a`
+here, carrying kimictl/kernels/_build:
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 \
+        python3 benchmarks/kernels_h200.py --out $OUT
+
+Writes under --out: verify.json (also the test fixture), bench.json (every row, the summary, the
+dispatch table, the layer chains), link.txt, and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never multicast on the lent machines
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", type=Path, default=ROOT / "kimictl" / "kernels" / "_build")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--quick", action="store_true", help="verify only 2 shapes, bench 3 shapes")
+    ap.add_argument("--skip-bench", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    from kimictl.kernels.bench import bench
+    from kimictl.kernels.dispatch import K3_GEMM_SHAPES
+    from kimictl.kernels.harness import LinkError, arch_of, link, open_library
+    from kimictl.kernels.verify import VERIFY_SHAPES, verify
+
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+         "--format=csv,noheader"], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    print("gpu:", smi.stdout.strip(), "| torch", torch.__version__, flush=True)
+    arch = arch_of(torch.cuda.get_device_capability())
+    arch_dir = args.build_dir / str(arch)
+    manifest = json.loads((arch_dir / "manifest.json").read_text())
+    print(f"build: {arch} dsl {manifest['dsl_version']} src {manifest['source_hash']} "
+          f"{len(manifest['kernels'])} kernels", flush=True)  # fmt: skip
+
+    t = time.perf_counter()
+    prebuilt = arch_dir / "libkimictl_kernels.prebuilt.so"
+    try:
+        so = link(arch_dir)
+        note = f"linked {so} on this machine in {time.perf_counter() - t:.2f} s"
+    except LinkError as exc:  # fall back to the library linked on the build machine
+        if not prebuilt.is_file():
+            raise
+        shutil.copy2(prebuilt, arch_dir / "libkimictl_kernels.so")
+        note = f"link failed here ({exc}); using the prebuilt library"
+    (args.out / "link.txt").write_text(note + "\n")
+    print("link:", note, flush=True)
+    lib = open_library(arch_dir)
+
+    t = time.perf_counter()
+    shapes = VERIFY_SHAPES[:2] if args.quick else VERIFY_SHAPES
+    log = (args.out / "verify_log.jsonl").open("w")
+
+    def on_check(c: Any) -> None:
+        log.write(json.dumps(asdict(c)) + "\n")
+        log.flush()
+        if not c.ok:
+            print("  FAILED", asdict(c), flush=True)
+
+    report = verify(lib, shapes=shapes, on_check=on_check)
+    log.close()
+    vj = report.to_json()
+    vj["manifest"] = {k: manifest[k] for k in ("arch", "dsl_version", "source_hash")}
+    vj["seconds"] = round(time.perf_counter() - t, 1)
+    (args.out / "verify.json").write_text(json.dumps(vj, indent=1))
+    print(f"verify: {'PASS' if report.ok else 'FAIL'} {len(report.checks)} checks, worst rel err "
+          f"{report.worst_rel_err:.2e}, {vj['seconds']} s", flush=True)  # fmt: skip
+    if args.skip_bench:
+        return 0 if report.ok else 1
+
+    shapes_b = K3_GEMM_SHAPES[:3] if args.quick else K3_GEMM_SHAPES
+    br = bench(lib, shapes=shapes_b, log=lambda s: print(s, flush=True))
+    bj = br.to_json()
+    (args.out / "bench.json").write_text(json.dumps(bj, indent=1))
+    s = bj["summary"]
+    print(f"\nbench {br.seconds:.0f} s on {br.device}")
+    print(f"{'shape':22s} {'MB':>6s} {'M':>3s} {'cuBLAS us':>9s} {'TB/s':>5s} {'best us':>8s} "
+          f"{'TB/s':>5s} {'x':>5s}  dispatched")  # fmt: skip
+    for p in s["points"]:
+        if p["m"] not in (1, 2, 4, 8, 16, 64):
+            continue
+        bk = p["best_kernel_us"]
+        print(f"{p['shape']:22s} {p['mb']:6.1f} {p['m']:3d} {p['cublas_us']:9.2f} "
+              f"{p['cublas_tbps']:5.2f} {bk:8.2f} {p['best_kernel_tbps'] or 0:5.2f} "
+              f"{p['speedup']:5.2f}  {p['dispatched']}")  # fmt: skip
+    for c in bj["chains"]:
+        print(f"chain M={c['m']}: cuBLAS {c['cublas_us']:.1f} us ({c['cublas_tbps']:.2f} TB/s), "
+              f"dispatched {c['dispatched_us']:.1f} us ({c['dispatched_tbps']:.2f} TB/s), "
+              f"x{c['speedup']:.2f}")  # fmt: skip
+    print(
+        f"geomean dispatched speedup (issue grid): {s['geomean_speedup_dispatched']:.3f}; "
+        f"best kernel M<=8: {s['geomean_speedup_best_kernel_m_le_8']:.3f}"
+    )
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""`kimictl kernels`: build, install, verify and bench the decode kernels.
+
+Thin: options in, one call into kimictl.kernels, rich or --json out. The DSL, torch and NVML are
+imported inside the commands so `kimictl kernels --help` stays light.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kimictl.commands._output import console, emit_json, err_console
+from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
+
+app = typer.Typer(
+    help="Build, install, verify and bench the decode kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+ARCH_CHOICES = ("sm_90a", "sm_100a", "sm_103a")
+ARCH_HELP = "sm_90a (H100/H200), sm_100a (B200), sm_103a (GB300)."
+OUT_HELP = "Output folder (default: kimictl/kernels/_build)."
+STACK_HELP = "Check/install vLLM 0.33.0's pinned kernel stack instead of the kernels."
+DRY_HELP = "With --stack: report what would be installed, install nothing."
+FROM_HELP = "Folder holding a `kimictl kernels build` output."
+NO_BENCH_HELP = "Skip bench (then no dispatch table is written)."
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+
+
+@app.command()
+def build(
+    arch: Annotated[str, typer.Option("--arch", help=ARCH_HELP)],
+    out: Annotated[Path | None, typer.Option("--out", help=OUT_HELP)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compile every kernel variant ahead of time (no GPU needed) and export objects + manifest."""
+    if arch not in ARCH_CHOICES:
+        raise InputError(f"--arch {arch!r} is not supported; allowed: {', '.join(ARCH_CHOICES)}")
+    from kimictl.kernels.build import build as run_build
+    from kimictl.kernels.build import dsl_version
+
+    if dsl_version() is None:
+        raise Unsupported(
+            "building needs the CuTe DSL compiler, which is not installed",
+            hint='pip install "nvidia-cutlass-dsl[cu13]==4.8.0" (or kimictl[build])',
+        )
+
+    def progress(i: int, n: int, name: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]\\[{i + 1}/{n}] {name}[/dim]", highlight=False)
+
+    result = run_build(arch, out, progress=progress)
+    if json_out:
+        emit_json(result.to_json())
+        return
+    console.print(
+        f"built {len(result.kernels)} kernels for {arch} ({result.reused} reused) in "
+        f"{result.seconds:.1f} s -> {result.out_dir}"
+    )
+
+
+@app.command()
+def install(
+    stack: Annotated[bool, typer.Option("--stack", help=STACK_HELP)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_HELP)] = False,
+    source: Annotated[Path | None, typer.Option("--from", help=FROM_HELP)] = None,
+    no_bench: Annotated[bool, typer.Option("--no-bench", help=NO_BENCH_HELP)] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Install the kernels on this GPU node (link, verify, bench, record the dispatch table)."""
+    if dry_run and not stack:
+        raise InputError(
+            "--dry-run applies to --stack only; use `kimictl kernels install --stack --dry-run`"
+        )
+    if stack:
+        _install_stack(dry_run=dry_run, json_out=json_out)
+        return
+    if source is not None and not source.is_dir():
+        raise InputError(f"--from {source}: no such folder")
+    from kimictl.kernels.node import install_kernels
+
+    report = install_kernels(source=source, run_bench=not no_bench)
+    if json_out:
+        emit_json(report.to_json())
+        return
+    v = report.verify
+    console.print(f"installed {report.arch} kernels to {report.installed_to}")
+    console.print(
+        f"verify: PASS, {v['checks']} checks, worst relative error {v['worst_rel_err']:.2e}"
+    )
+    if report.bench_summary:
+        console.print(
+            f"bench: geomean speedup of dispatched vs cuBLAS "
+            f"{report.bench_summary['geomean_speedup_dispatched']:.2f}x; table {report.table_path}"
+        )
+
+
+def _install_stack(*, dry_run: bool, json_out: bool) -> None:
+    from kimictl.kernels.node import plan_stack
+    from kimictl.runtime.hardware import probe_local
+    from kimictl.runtime.stack import probe_stack
+
+    hw = probe_local(include_stack=False)
+    node = hw.nodes[0] if hw.nodes else None
+    driver: Any = node.cuda_driver_version if node else None
+    plan = plan_stack(probe_stack(), driver)
+    if json_out:
+        emit_json({"dry_run": dry_run, **plan.to_json()})
+    else:
+        _render_plan(plan)
+    if not plan.driver_ok:
+        raise Unsupported(
+            f"cannot install the kernel stack: {plan.driver_reason}",
+            hint="install an NVIDIA driver supporting CUDA 13 (R580 or newer) on the GPU node",
+        )
+    if plan.pip_argv is None:
+        return
+    if dry_run:
+        raise CheckFailed(
+            f"{sum(p['status'] != 'ok' for p in plan.packages)} kernel-stack package(s) differ "
+            "from vLLM 0.33.0's pins",
+            hint="run without --dry-run to install them",
+        )
+    proc = subprocess.run(plan.pip_argv, check=False)
+    if proc.returncode != 0:
+        raise CheckFailed(f"pip install exited with {proc.returncode}")
+    after = plan_stack(probe_stack(), driver)
+    if after.pip_argv is not None:
+        raise CheckFailed("pins still differ after pip install: " + ", ".join(
+            p["name"] for p in after.packages if p["status"] != "ok"))  # fmt: skip
+    if not json_out:
+        console.print("kernel stack now matches vLLM 0.33.0's pins")
+
+
+def _render_plan(plan: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title="vLLM 0.33.0 kernel stack", title_justify="left")
+    for col in ("package", "pinned", "installed", "status"):
+        t.add_column(col)
+    for p in plan.packages:
+        style = "green" if p["status"] == "ok" else "red"
+        t.add_row(p["name"], p["spec"], p["installed"] or "-", f"[{style}]{p['status']}[/{style}]")
+    console.print(t)
+    console.print(("driver: " if plan.driver_ok else "[red]driver:[/red] ") + plan.driver_reason)
+    if plan.pip_argv:
+        console.print("would run: " + " ".join(plan.pip_argv[1:]), highlight=False)
+
+
+@app.command()
+def verify(json_out: JsonOpt = False) -> None:
+    """Prove the installed kernels on this GPU against an fp64 reference (exit 1 on any failure)."""
+    from kimictl.kernels.node import open_node_library, require_gpu
+    from kimictl.kernels.verify import verify as run_verify
+
+    _torch, arch = require_gpu("verify")
+    report = run_verify(open_node_library(arch))
+    vj = report.to_json()
+    if json_out:
+        emit_json(vj)
+    else:
+        _render_verify(vj)
+    if not report.ok:
+        raise CheckFailed(
+            f"{len(vj['failed'])} of {vj['checks']} kernel checks failed on {report.device}"
+        )
+
+
+def _render_verify(vj: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"kernel verify on {vj['device']} ({vj['arch']})", title_justify="left")
+    for col in ("kernel", "checks", "worst rel err", "unwritten", "graph == eager", "result"):
+        t.add_column(col)
+    by: dict[str, list[dict[str, Any]]] = {}
+    for c in vj["results"]:
+        by.setdefault(c["name"], []).append(c)
+    for name, cs in by.items():
+        ok = all(c["ok"] for c in cs)
+        t.add_row(
+            name,
+            str(len(cs)),
+            f"{max(c['rel_err'] for c in cs):.2e}",
+            str(sum(c["unwritten"] for c in cs)),
+            "yes" if all(c["graph_identical"] for c in cs) else "NO",
+            "[green]PASS[/green]" if ok else "[red]FAIL[/red]",
+        )
+    console.print(t)
+    verdict = "PASS" if vj["ok"] else "FAIL"
+    console.print(
+        f"{verdict}: {vj['checks']} checks, worst relative error {vj['worst_rel_err']:.2e} "
+        f"(limit {vj['rel_tol']:.0e}), shapes N x K {vj['shapes']}"
+    )
+
+
+@app.command()
+def bench(json_out: JsonOpt = False) -> None:
+    """Time every kernel and cuBLAS on K3's shapes at M = 1..8, 16, 32, 64 (CUDA-graph replay)."""
+    from kimictl.kernels.bench import bench as run_bench
+    from kimictl.kernels.node import open_node_library, require_gpu
+
+    _torch, arch = require_gpu("bench")
+    report = run_bench(open_node_library(arch))
+    if json_out:
+        emit_json(report.to_json())
+        return
+    from rich.table import Table
+
+    s = report.summary()
+    t = Table(title=f"decode GEMMs on {report.device}: us per GEMM", title_justify="left")
+    for col in (
+        "shape",
+        "MB",
+        "M",
+        "cuBLAS us",
+        "TB/s",
+        "best kimictl us",
+        "TB/s",
+        "dispatched",
+        "x",
+    ):
+        t.add_column(col, justify="right")
+    for p in s["points"]:
+        t.add_row(
+            p["shape"], f"{p['mb']:.1f}", str(p["m"]), f"{p['cublas_us']:.2f}",
+            f"{p['cublas_tbps']:.2f}",
+            f"{p['best_kernel_us']:.2f}" if p["best_kernel_tbps"] else "-",
+            f"{p['best_kernel_tbps']:.2f}" if p["best_kernel_tbps"] else "-",
+            p["dispatched"], f"{p['speedup']:.2f}",
+        )  # fmt: skip
+    console.print(t)
+    console.print(f"geomean speedup, dispatched vs cuBLAS: {s['geomean_speedup_dispatched']:.2f}x")

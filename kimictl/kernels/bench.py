@@ -1,0 +1,247 @@
+"""Timing of kimictl's kernels against cuBLAS on the node's GPU.
+
+Method (../shared/notes/cutedsl-aot.md): each measurement captures one CUDA graph of back-to-back
+launches, each on its own weight copy, with enough copies (>= ROTATE_BYTES in all) that no launch
+finds its weights in the 60 MB L2; the graph is replayed many times and the median replay divided
+by the launches in it is the time per GEMM. cuBLAS is torch.nn.functional.linear (what vLLM calls
+for an unquantized projection) and torch.addmm for the fused-residual comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+from kimictl.kernels.dispatch import (
+    BENCH_MS,
+    CUBLAS,
+    K3_GEMM_SHAPES,
+    DispatchTable,
+    Measurement,
+    geomean,
+)
+
+__all__ = ["ROTATE_BYTES", "BenchReport", "BenchRow", "bench", "time_graph"]
+
+ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
+MIN_LAUNCHES = 16
+REPLAYS = 25
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    shape: str
+    n: int
+    k: int
+    m: int
+    provider: str  # "cublas", "cublas_addmm" or a kimictl variant name
+    residual: bool
+    us: float
+    tbps: float  # weight bytes / time
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BenchReport:
+    device: str
+    arch: str
+    rows: list[BenchRow]
+    table: DispatchTable
+    chains: list[dict[str, Any]]
+    seconds: float
+
+    def summary(self, ms: tuple[int, ...] = BENCH_MS) -> dict[str, Any]:
+        """Dispatched speedup over cuBLAS per grid point and its geometric mean."""
+        points: list[dict[str, Any]] = []
+        for name, n, k in K3_GEMM_SHAPES:
+            for m in ms:
+                c = self.table.choose(n, k, m)
+                if c.cublas_us is None:
+                    continue
+                best_kernel = min(
+                    (r.us for r in self.rows if (r.n, r.k, r.m) == (n, k, m) and not r.residual
+                     and r.provider not in (CUBLAS, "cublas_addmm")),
+                    default=float("nan"),
+                )  # fmt: skip
+                points.append(
+                    {
+                        "shape": name,
+                        "n": n,
+                        "k": k,
+                        "m": m,
+                        "mb": round(n * k * 2 / 1e6, 1),
+                        "cublas_us": c.cublas_us,
+                        "cublas_tbps": n * k * 2 / c.cublas_us / 1e6,
+                        "best_kernel_us": best_kernel,
+                        "best_kernel_tbps": n * k * 2 / best_kernel / 1e6
+                        if best_kernel == best_kernel
+                        else None,
+                        "dispatched": c.name,
+                        "dispatched_us": c.us,
+                        "speedup": c.speedup,
+                    }
+                )
+        return {
+            "points": points,
+            "geomean_speedup_dispatched": geomean([p["speedup"] for p in points if p["speedup"]]),
+            "geomean_speedup_best_kernel_m_le_8": geomean(
+                [
+                    p["cublas_us"] / p["best_kernel_us"]
+                    for p in points
+                    if p["m"] <= 8 and p["best_kernel_us"] == p["best_kernel_us"]
+                ]
+            ),  # fmt: skip
+            "slower_than_cublas": [p for p in points if p["speedup"] and p["speedup"] < 1.0],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "arch": self.arch,
+            "seconds": round(self.seconds, 1),
+            "rows": [r.to_json() for r in self.rows],
+            "chains": self.chains,
+            "summary": self.summary(),
+            "dispatch_table": self.table.to_json(),
+        }
+
+
+def time_graph(launches: list[Callable[[], Any]], *, replays: int = REPLAYS) -> float:
+    """Microseconds per launch: median over graph replays of the captured launch sequence."""
+    import torch
+
+    for f in launches[:2]:
+        f()  # eager warm-up: handles, workspaces, module load
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for f in launches:
+            f()
+    for _ in range(3):
+        graph.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(replays)]  # fmt: skip
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in events)
+    return ms * 1e3 / len(launches)
+
+
+def _copies(n: int, k: int) -> int:
+    return max(1, min(64, math.ceil(ROTATE_BYTES / (n * k * 2))))
+
+
+def bench(
+    lib: Any,
+    *,
+    shapes: tuple[tuple[str, int, int], ...] = K3_GEMM_SHAPES,
+    ms: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64),
+    chain_ms: tuple[int, ...] = (1, 8),
+    log: Callable[[str], None] | None = None,
+) -> BenchReport:
+    import torch
+    import torch.nn.functional as F
+
+    from kimictl.kernels.harness import arch_of
+
+    t0 = time.perf_counter()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    table = DispatchTable(props.name, str(arch_of(torch.cuda.get_device_capability())))
+    rows: list[BenchRow] = []
+    by_m: dict[tuple[int, bool], list[str]] = {}
+    for name in lib.names:
+        e = lib.entry(name)
+        by_m.setdefault((int(e["m"]), bool(e["residual"])), []).append(name)
+
+    for shape, n, k in shapes:
+        copies = _copies(n, k)
+        ws = [torch.randn((n, k), device=dev).to(torch.bfloat16) for _ in range(copies)]
+        order = [ws[i % copies] for i in range(max(copies, MIN_LAUNCHES))]  # rotated weights
+        for m in ms:
+            x = torch.randn((m, k), device=dev).to(torch.bfloat16)
+            r = torch.randn((m, n), device=dev).to(torch.bfloat16)
+            y = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
+            kb = n * k * 2 / 1e3  # weight kB: TB/s = kB / us / 1e3
+
+            cublas_us = time_graph([partial(F.linear, x, w) for w in order])
+            rows.append(BenchRow(shape, n, k, m, CUBLAS, False, cublas_us, kb / cublas_us / 1e3))
+            kernels: dict[str, float] = {}
+            for name in by_m.get((m, False), []):
+                us = time_graph([partial(lib.launch, name, x, w, y, y) for w in order])
+                rows.append(BenchRow(shape, n, k, m, name, False, us, kb / us / 1e3))
+                kernels[name] = us
+            table.add(Measurement(n, k, m, cublas_us, kernels))
+            if by_m.get((m, True)):
+                addmm_us = time_graph([partial(torch.addmm, r, x, w.t()) for w in order])
+                rows.append(
+                    BenchRow(shape, n, k, m, "cublas_addmm", True, addmm_us, kb / addmm_us / 1e3)
+                )
+                res_kernels: dict[str, float] = {}
+                for name in by_m[(m, True)]:
+                    us = time_graph([partial(lib.launch, name, x, w, y, r) for w in order])
+                    rows.append(BenchRow(shape, n, k, m, name, True, us, kb / us / 1e3))
+                    res_kernels[name] = us
+                table.add(Measurement(n, k, m, addmm_us, res_kernels, residual=True))
+            if log:
+                c = table.choose(n, k, m)
+                log(f"{shape:22s} M={m:2d} cuBLAS {cublas_us:7.2f} us  best {c.name} {c.us} us")
+        del ws, order
+        torch.cuda.empty_cache()
+
+    chains = [_chain(lib, table, m, shapes) for m in chain_ms if (m, False) in by_m]
+    return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
+
+
+def _chain(
+    lib: Any, table: DispatchTable, m: int, shapes: tuple[tuple[str, int, int], ...]
+) -> dict[str, Any]:
+    """A layer's projections back to back (lm_head excluded): cuBLAS-only vs dispatched."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    layer = [(s, n, k) for s, n, k in shapes if s != "lm_head"]
+    ws = {s: torch.randn((n, k), device=dev).to(torch.bfloat16) for s, n, k in layer}
+    xs = {s: torch.randn((m, k), device=dev).to(torch.bfloat16) for s, n, k in layer}
+    ys = {s: torch.empty((m, n), device=dev, dtype=torch.bfloat16) for s, n, k in layer}
+    total_bytes = sum(n * k * 2 for _, n, k in layer)
+
+    def cub(s: str) -> Callable[[], Any]:
+        return partial(F.linear, xs[s], ws[s])
+
+    def dispatched(s: str, n: int, k: int) -> Callable[[], Any]:
+        c = table.choose(n, k, m)
+        if c.provider == CUBLAS:
+            return cub(s)
+        return partial(lib.launch, c.name, xs[s], ws[s], ys[s], ys[s])
+
+    reps = 4  # the layer repeated so replays see a steady state
+    cub_us = time_graph([cub(s) for _ in range(reps) for s, _, _ in layer]) * len(layer)
+    dis_us = time_graph([dispatched(s, n, k) for _ in range(reps) for s, n, k in layer]) * len(
+        layer
+    )
+    torch.cuda.empty_cache()
+    return {
+        "m": m,
+        "shapes": [s for s, _, _ in layer],
+        "mb": round(total_bytes / 1e6, 1),
+        "cublas_us": cub_us,
+        "dispatched_us": dis_us,
+        "cublas_tbps": total_bytes / cub_us / 1e6,
+        "dispatched_tbps": total_bytes / dis_us / 1e6,
+        "speedup": cub_us / dis_us,
+        "choices": {s: table.choose(n, k, m).name for s, n, k in layer},
+    }

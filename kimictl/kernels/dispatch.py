@@ -1,0 +1,152 @@
+"""Per-shape choice between kimictl's kernels and cuBLAS, from the node's measured table.
+
+The rule is deliberately dull: for an (N, K, M[, residual]) point, take the fastest measured
+kimictl variant only if it was measured strictly faster than cuBLAS on this node; otherwise, and
+for every point nobody measured, cuBLAS. Nothing is extrapolated from other shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "K3_GEMM_SHAPES",
+    "BENCH_MS",
+    "Choice",
+    "DispatchTable",
+    "Measurement",
+    "geomean",
+]
+
+# (name, N, K) per GPU, TP8 unless the name says otherwise (issue 7)
+K3_GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
+    ("fused_qkv_a", 2112, 7168),
+    ("kda_in_tp8", 12448, 7168),
+    ("kda_in_tp16", 6288, 7168),
+    ("mla_q_b", 2304, 1536),
+    ("o_proj", 7168, 1536),
+    ("moe_latent_down", 3584, 7168),
+    ("moe_latent_down_tp8", 448, 7168),
+    ("moe_latent_up", 7168, 3584),
+    ("shared_gate_up", 1536, 7168),
+    ("shared_down", 7168, 768),
+    ("router", 896, 7168),
+    ("lm_head", 20480, 7168),
+)
+BENCH_MS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+CUBLAS = "cublas"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One grid point: cuBLAS's time and each kimictl variant's, microseconds per GEMM."""
+
+    n: int
+    k: int
+    m: int
+    cublas_us: float
+    kernels: dict[str, float] = field(default_factory=dict)
+    residual: bool = False
+
+    @property
+    def key(self) -> tuple[int, int, int, bool]:
+        return (self.n, self.k, self.m, self.residual)
+
+
+@dataclass(frozen=True)
+class Choice:
+    provider: str  # "kimictl" | "cublas"
+    name: str  # variant name, or "cublas"
+    us: float | None  # measured time of the choice (None: not measured)
+    cublas_us: float | None
+    reason: str
+
+    @property
+    def speedup(self) -> float | None:
+        if self.us is None or self.cublas_us is None or self.us <= 0:
+            return None
+        return self.cublas_us / self.us
+
+
+@dataclass
+class DispatchTable:
+    device: str
+    arch: str
+    measurements: dict[tuple[int, int, int, bool], Measurement] = field(default_factory=dict)
+    source: str = "measured"
+
+    def add(self, m: Measurement) -> None:
+        self.measurements[m.key] = m
+
+    def choose(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
+        meas = self.measurements.get((n, k, m, residual))
+        if meas is None:
+            return Choice(CUBLAS, CUBLAS, None, None, "not measured on this node: cuBLAS")
+        if not math.isfinite(meas.cublas_us) or meas.cublas_us <= 0:
+            return Choice(CUBLAS, CUBLAS, None, None, "no valid cuBLAS time: cuBLAS")
+        valid = {k_: v for k_, v in meas.kernels.items() if math.isfinite(v) and v > 0}
+        if not valid:
+            return Choice(CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, "no kimictl kernel for M")
+        best = min(valid, key=lambda name: (valid[name], name))
+        if valid[best] < meas.cublas_us:
+            return Choice(
+                "kimictl", best, valid[best], meas.cublas_us, "measured faster than cuBLAS"
+            )
+        return Choice(
+            CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, f"best kimictl ({best}) not faster"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "arch": self.arch,
+            "source": self.source,
+            "entries": [
+                {
+                    "n": m.n,
+                    "k": m.k,
+                    "m": m.m,
+                    "residual": m.residual,
+                    "cublas_us": m.cublas_us,
+                    "kernels": m.kernels,
+                }
+                for m in self.measurements.values()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> DispatchTable:
+        table = cls(str(raw["device"]), str(raw["arch"]), source=str(raw.get("source", "recorded")))
+        for e in raw["entries"]:
+            table.add(
+                Measurement(
+                    int(e["n"]),
+                    int(e["k"]),
+                    int(e["m"]),
+                    float(e["cublas_us"]),
+                    {str(k): float(v) for k, v in e.get("kernels", {}).items()},
+                    bool(e.get("residual", False)),
+                )
+            )
+        return table
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> DispatchTable:
+        return cls.from_json(json.loads(path.read_text()))
+
+
+def geomean(values: list[float]) -> float:
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    if not vals:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))

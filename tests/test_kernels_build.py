@@ -1,0 +1,126 @@
+"""AOT build on a machine with no GPU: sm_90a and sm_100a compile and export objects whose embedded
+cubin targets that arch, a wrapper with one flat entry point per variant, and a manifest naming the
+kernel, arch, DSL version and source hash. Also the pure parts: configs, the analytical default,
+the wrapper generator, the arch map."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from kimictl.kernels import build as kbuild
+from kimictl.kernels.harness import arch_of
+from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M, TILES, WStreamConfig, default_config
+
+# Two variants span the regimes that change the generated code: M=1 one row per CTA, and M=8
+# with four rows, a fused residual and a partial trip; every other variant differs only in
+# constants.
+SMALL = [WStreamConfig(1, 128, 7, 1), WStreamConfig(8, 32, 3, 4, residual=True)]
+
+
+def _embedded_sm(obj: Path) -> int:
+    """SM number of the CUDA ELF (e_machine 190) embedded in an exported host object."""
+    data = obj.read_bytes()
+    i = data.find(b"\x7fELF", 1)
+    while i >= 0:
+        if struct.unpack_from("<H", data, i + 18)[0] == 190:
+            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
+        i = data.find(b"\x7fELF", i + 4)
+    raise AssertionError(f"{obj} holds no cubin")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, kbuild.BuildResult]:
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    out = tmp_path_factory.mktemp("kbuild")
+    return {arch: kbuild.build(arch, out, configs=SMALL) for arch in ("sm_90a", "sm_100a")}
+
+
+@pytest.mark.parametrize(("arch", "sm"), [("sm_90a", 90), ("sm_100a", 100)])
+def test_build_exports_objects_for_the_arch(built, arch: str, sm: int):
+    result = built[arch]
+    manifest = kbuild.read_manifest(result.out_dir)
+    assert manifest is not None
+    assert manifest["arch"] == arch
+    assert manifest["dsl_version"] == kbuild.dsl_version()
+    assert manifest["source_hash"] == kbuild.source_hash()
+    assert [k["name"] for k in manifest["kernels"]] == [c.name for c in SMALL]
+    for entry in manifest["kernels"]:
+        obj = result.out_dir / entry["object"]
+        assert obj.stat().st_size > 1000
+        assert _embedded_sm(obj) == sm
+        assert entry["kernel"] == "wstream_gemm"
+        assert entry["symbol"] == f"kimictl_{entry['name']}"
+    assert manifest["runtime_lib"] == kbuild.RUNTIME_LIB
+    assert (result.out_dir / kbuild.RUNTIME_LIB).is_file()
+
+
+def test_wrapper_has_one_entry_point_per_variant_with_runtime_sizes(built):
+    src = (built["sm_90a"].out_dir / kbuild.WRAPPER).read_text()
+    for cfg in SMALL:
+        assert f'extern "C" int kimictl_{cfg.name}(void* x, void* w, void* y, void* r,' in src
+        # N and K are runtime: W's struct takes both, X's takes K
+        assert f"k_{cfg.name}_Tensor_mW_t t_mW = {{(void*)w, {{n, k}}, {{k}}}};" in src
+    assert f"return {len(SMALL)};" in src
+
+
+def test_rebuild_reuses_objects_until_the_stamp_changes(built, tmp_path: Path):
+    arch_dir = built["sm_90a"].out_dir
+    again = kbuild.build("sm_90a", arch_dir.parent, configs=SMALL)
+    assert again.reused == len(SMALL)
+    (arch_dir / f"{SMALL[0].name}.stamp").write_text("stale")
+    third = kbuild.build("sm_90a", arch_dir.parent, configs=SMALL)
+    assert third.reused == len(SMALL) - 1
+
+
+def test_unknown_arch_is_refused_before_compiling(tmp_path: Path):
+    with pytest.raises(ValueError, match="sm_90a, sm_100a, sm_103a"):
+        kbuild.build("sm_80", tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_wrapper_generator_rejects_a_header_without_tensor_structs():
+    with pytest.raises(RuntimeError, match="lacks tensor structs"):
+        kbuild._wrapper_source(
+            [("wstream_m1_x", "typedef struct { void *data; } k_x_Tensor_mX_t;")]
+        )
+
+
+def test_configs_cover_every_m_with_every_tile_and_validate():
+    for m in range(1, MAX_M + 1):
+        tiles = {(c.threads, c.unroll, c.rows) for c in CONFIGS if c.m == m and not c.residual}
+        assert set(TILES) <= tiles
+    assert len({c.name for c in CONFIGS}) == len(CONFIGS)
+    with pytest.raises(ValueError):
+        WStreamConfig(9, 128, 7, 1)
+    with pytest.raises(ValueError):
+        WStreamConfig(8, 32, 3, 8)  # 64 outputs, 32 threads
+
+
+@pytest.mark.parametrize("k", [7168, 3584, 1536, 768])
+def test_default_config_fits_k3_k_without_idle_lanes(k: int):
+    cfg = default_config(2112, k, 4)
+    assert (k // 8) % (cfg.threads * cfg.unroll) == 0, f"K={k}: {cfg.name} leaves idle lanes"
+
+
+def test_default_residual_config_is_a_built_residual_variant():
+    cfg = default_config(7168, 1536, 3, residual=True)
+    assert cfg.residual and cfg in CONFIGS
+
+
+def test_arch_map():
+    assert arch_of((9, 0)) == "sm_90a"
+    assert arch_of((10, 0)) == "sm_100a"
+    assert arch_of((10, 3)) == "sm_103a"
+    assert arch_of((8, 0)) is None
+
+
+def test_manifest_reader_tolerates_garbage(tmp_path: Path):
+    (tmp_path / kbuild.MANIFEST).write_text("{not json")
+    assert kbuild.read_manifest(tmp_path) is None
+    (tmp_path / kbuild.MANIFEST).write_text(json.dumps({"arch": "sm_90a"}))
+    assert kbuild.read_manifest(tmp_path) == {"arch": "sm_90a"}

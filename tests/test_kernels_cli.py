@@ -1,0 +1,112 @@
+"""`kimictl kernels` on a machine without a GPU: bad input exits 2 with one sentence, GPU commands
+say what they need and exit 1, `--help` imports no heavy module, and the stack plan is computed
+from the real installed packages and A's pins."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kimictl.cli import main
+from kimictl.kernels.node import KERNEL_STACK, plan_stack
+from kimictl.runtime.hardware import Unavailable
+from kimictl.runtime.stack import PINNED, PackageCheck, StackReport
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+no_gpu = pytest.mark.skipif(_has_gpu(), reason="asserts the no-GPU behaviour")
+
+
+def test_help_imports_no_heavy_module():
+    code = (
+        "import sys\n"
+        "from kimictl.cli import main\n"
+        "try:\n    main(['kernels', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('torch', 'cutlass', 'pynvml', 'textual', 'numpy')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "build" in out.stdout and "verify" in out.stdout
+
+
+def test_build_rejects_unknown_arch(capsys):
+    assert main(["kernels", "build", "--arch", "sm_80"]) == 2
+    err = capsys.readouterr().err
+    assert "--arch 'sm_80' is not supported; allowed: sm_90a, sm_100a, sm_103a" in err
+
+
+def test_dry_run_without_stack_is_bad_input(capsys):
+    assert main(["kernels", "install", "--dry-run"]) == 2
+    assert "--dry-run applies to --stack only" in capsys.readouterr().err
+
+
+def test_install_from_missing_folder_is_bad_input(tmp_path, capsys):
+    assert main(["kernels", "install", "--from", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+@no_gpu
+@pytest.mark.parametrize("cmd", ["verify", "bench", "install"])
+def test_gpu_commands_say_what_they_need_and_exit_1(cmd, capsys):
+    assert main(["kernels", cmd]) == 1
+    err = capsys.readouterr().err
+    assert f"`kimictl kernels {cmd}` needs" in err
+    assert "kimictl kernels build" in err  # the hint names what does work here
+
+
+@no_gpu
+def test_stack_dry_run_without_driver_reports_plan_and_exits_1(capsys):
+    assert main(["kernels", "install", "--stack", "--dry-run", "--json"]) == 1
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)
+    assert plan["dry_run"] is True and plan["driver_ok"] is False
+    assert [p["name"] for p in plan["packages"]] == list(KERNEL_STACK)
+    assert "cannot install the kernel stack" in captured.err
+
+
+def _stack(installed: dict[str, str | None]) -> StackReport:
+    checks = []
+    for pin in PINNED:
+        have = installed.get(pin.name)
+        status = "missing" if have is None else ("ok" if have == pin.spec[2:] else "mismatch")
+        checks.append(PackageCheck(pin.name, pin.spec, have, status, "", pin.required))
+    return StackReport("3.12.3", checks, None, Unavailable("no vllm"))
+
+
+PINNED_VERSIONS = {p.name: p.spec[2:] for p in PINNED if p.spec.startswith("==")}
+
+
+def test_plan_is_empty_when_every_kernel_pin_matches():
+    plan = plan_stack(_stack(PINNED_VERSIONS), "13.0")
+    assert plan.ok and plan.pip_argv is None
+    assert all(p["status"] == "ok" for p in plan.packages)
+
+
+def test_plan_installs_only_the_off_pins_with_their_extras():
+    versions = dict(PINNED_VERSIONS, torch="2.11.0")
+    versions.pop("quack-kernels")
+    plan = plan_stack(_stack(versions), "13.0", python="/py")
+    assert plan.pip_argv == ["/py", "-m", "pip", "install", "torch==2.14.0", "quack-kernels==0.6.5"]
+    status = {p["name"]: p["status"] for p in plan.packages}
+    assert status["torch"] == "mismatch" and status["quack-kernels"] == "missing"
+
+
+@pytest.mark.parametrize(
+    ("driver", "ok"), [("12.8", False), ("13.0", True), ("13.1", True), (None, False)]
+)
+def test_driver_must_support_cuda_13(driver, ok):
+    plan = plan_stack(_stack(PINNED_VERSIONS), driver if driver else Unavailable("no NVML"))
+    assert plan.driver_ok is ok
+    if not ok:
+        assert "CUDA 13" in plan.driver_reason or ">= 13.0" in plan.driver_reason
