@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kimictl.commands._output import console, emit_json
-from kimictl.runtime.errors import InputError
+from kimictl.runtime.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
+    from kimictl.runtime.tuning.measure import MeasureResult
     from kimictl.runtime.tuning.search import SearchResult
 
 app = typer.Typer(
@@ -322,14 +323,23 @@ def _measure(
         progress=None if json_out else console.print,
     )
     written = None
-    if write is not None:
+    if write is not None and result.best > 0:  # nothing met the SLO: CheckFailed below
         written = write_measured(result, write, base_profile=base_profile, overwrite=force)
     if json_out:
         doc = result.to_json()
         if written is not None:
             doc["written"] = str(written)
         emit_json(doc)
-        return
+    else:
+        _render_measured(result, written)
+    if result.best == 0:
+        raise CheckFailed(
+            f"no concurrency met the SLO '{result.slo}' on {result.url}: {result.limit_reason}.",
+            hint="relax the SLO, or shorten --context/--output-len to match your workload",
+        )
+
+
+def _render_measured(result: MeasureResult, written: Path | None) -> None:
     from rich.table import Table
 
     table = Table(title=f"measured: {result.url} ({result.model}), SLO '{result.slo}'")

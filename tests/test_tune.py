@@ -1,0 +1,331 @@
+"""`kimictl tune` end to end through the real CLI entry point (kimictl.cli.main)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kimictl.cli import main
+from kimictl.runtime import k3
+from kimictl.runtime.profiles import load_profile
+from kimictl.runtime.rules.base import Status
+from kimictl.runtime.rules.deployment import deployment_checks
+from kimictl.runtime.tuning import model as m
+from kimictl.runtime.tuning.systems import SYSTEMS
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+GB300_16 = ["--system", "gb300", "--gpus", "16"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["tune", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def one_sentence_error(err: str, *fragments: str) -> None:
+    assert "Traceback" not in err and "kimictl bug" not in err
+    first = err.strip().splitlines()[0]
+    assert first.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in first, (fragment, first)
+
+
+# --- model search ---------------------------------------------------------------------------
+
+
+def test_json_has_candidates_pareto_and_a_predicted_choice(capsys) -> None:
+    doc = run_json(capsys, *GB300_16, "--context", "8k", "--output-len", "1k")
+    assert len(doc["candidates"]) == 2 * 2 * 8 * 9 * 2  # TP x DCP x draft x seqs x path
+    assert doc["pareto"] and all(row["fits_memory"] for row in doc["pareto"])
+    choice = doc["choice"]
+    assert set(choice["predicted"]) == {
+        "tokens_per_s",
+        "tokens_per_s_per_user",
+        "tokens_per_s_per_gpu",
+        "step_us",
+    }
+    assert (choice["path"], choice["tensor_parallel_size"], choice["num_speculative_tokens"]) == (
+        "specialized",
+        16,
+        7,
+    )
+    assert choice["predicted"]["tokens_per_s_per_user"] == pytest.approx(840, rel=0.15)
+    assert choice["fallback_share"] == 0.0 and choice["bound_by"] == "fast-path"
+    assert any("ASSUMED" in note for note in doc["notes"])
+    assert {row["figure"] for row in doc["model"]} >= {"one layer, stock (us)"}
+
+
+def test_human_output_shows_frontier_plot_choice_why_and_model_error(capsys) -> None:
+    code, out, err = run(capsys, *GB300_16, "--concurrency", "4", "--slo", "interactivity_p10>=300")
+    assert code == 0, err
+    assert "Pareto frontier" in out and "tokens/s/user" in out
+    assert "choice: specialized TP16" in out
+    assert "bound by the SLO" in out
+    assert "error on the published figures" in out and "(fitted)" in out
+
+
+def test_measured_acceptance_changes_the_answer(capsys) -> None:
+    high = run_json(capsys, *GB300_16, "--draft-acceptance", "6")
+    low = run_json(capsys, *GB300_16, "--draft-acceptance", "1.2@1")
+    assert low["choice"]["num_speculative_tokens"] < high["choice"]["num_speculative_tokens"]
+    assert not any("ASSUMED" in note for note in low["notes"])
+
+
+def test_from_snapshot_reads_system_and_gpu_count(capsys) -> None:
+    trays = sorted((SNAPSHOTS / "gb300-tp16-healthy").glob("*.json"))
+    args = [arg for path in trays for arg in ("--from-snapshot", str(path))]
+    from_snapshot = run_json(capsys, *args)
+    from_flags = run_json(capsys, *GB300_16)
+    assert from_snapshot["inputs"]["gpus"] == 16 and from_snapshot["inputs"]["system"] == "gb300"
+    assert from_snapshot["choice"]["predicted"] == from_flags["choice"]["predicted"]
+    assert from_snapshot["hardware_source"].startswith("snapshot")
+
+
+def test_h200_snapshot_with_one_gpu_is_refused_in_one_sentence(capsys) -> None:
+    code, _, err = run(capsys, "--from-snapshot", str(SNAPSHOTS / "h200-real.json"))
+    assert code == 2
+    one_sentence_error(err, "1 GPU(s)", "a multiple of 8")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["--system", "mi300x", "--gpus", "8"], ["'mi300x'", "gb300, b300, b200, h200"]),
+        (["--system", "gb300"], ["--gpus"]),
+        ([], ["--system", "--from-snapshot"]),
+        (["--system", "gb300", "--gpus", "12"], ["12 GPU(s)"]),
+        ([*GB300_16, "--context", "lots"], ["--context", "'lots'"]),
+        ([*GB300_16, "--context", "2M"], ["maximum context"]),
+        ([*GB300_16, "--output-len", "0"], ["--output-len", "positive"]),
+        ([*GB300_16, "--concurrency", "0"], ["--concurrency"]),
+        ([*GB300_16, "--draft-acceptance", "9"], ["between 1 and 8"]),
+        ([*GB300_16, "--draft-acceptance", "2@9"], ["1 to 7"]),
+        ([*GB300_16, "--draft-acceptance", "six"], ["AL@DRAFT_TOKENS"]),
+        ([*GB300_16, "--slo", "fast please"], ["SLO term"]),
+        ([*GB300_16, "--plot", "/tmp/plot.jpg"], [".png"]),
+        ([*GB300_16, "--write", "/nonexistent-dir/p.toml"], ["does not exist"]),
+        (["--measure", "http://127.0.0.1:9"], ["--slo"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_sentence(capsys, argv: list[str], fragments: list[str]) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    one_sentence_error(err, *fragments)
+
+
+def test_plot_writes_a_png(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "pareto.png"
+    doc = run_json(capsys, *GB300_16, "--plot", str(target))
+    assert doc["plot"] == str(target)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 5000
+
+
+# --- --write ---------------------------------------------------------------------------------
+
+
+def test_write_emits_a_profile_and_stock_twin_that_pass_the_deployment_rules(
+    capsys, tmp_path: Path
+) -> None:
+    target = tmp_path / "tuned.toml"
+    doc = run_json(capsys, *GB300_16, "--concurrency", "2", "--write", str(target))
+    assert doc["written"] == str(target)
+    tuned = load_profile(str(target))
+    twin = load_profile(str(tmp_path / "tuned-stock.toml"))
+    assert tuned.stock_twin == "tuned-stock"
+    assert tuned.spec.tensor_parallel_size == doc["choice"]["tensor_parallel_size"]
+    assert tuned.spec.max_num_seqs == doc["choice"]["max_num_seqs"]
+    assert tuned.spec.num_speculative_tokens == doc["choice"]["num_speculative_tokens"]
+    assert tuned.spec.decode_backend == k3.DECODE_BACKEND_SPECIALIZED
+    assert twin.spec.decode_backend == k3.DECODE_BACKEND_AUTO
+    checks = deployment_checks(tuned.spec, None, model_config=dict(k3.K3_MOE_CONFIG))
+    assert not [c.id for c in checks if c.status is Status.FAIL]
+    prov = tuned.provenance
+    assert prov["model_version"] == m.MODEL_VERSION
+    assert (
+        prov["predicted"]["tokens_per_s_per_user"]
+        == doc["choice"]["predicted"]["tokens_per_s_per_user"]
+    )
+    assert prov["inputs"]["concurrency"] == 2 and prov["why"]
+
+
+def test_write_never_overwrites_without_force(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "p.toml"
+    target.write_text("# mine\n")
+    code, _, err = run(capsys, *GB300_16, "--write", str(target))
+    assert code == 2
+    one_sentence_error(err, "already exists")
+    assert target.read_text() == "# mine\n"
+    code, _, err = run(capsys, *GB300_16, "--write", str(target), "--force")
+    assert code == 0, err
+    assert load_profile(str(target)).spec.tensor_parallel_size == 16
+
+
+def test_h200_write_is_a_stock_profile_without_twin(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "h200.toml"
+    doc = run_json(capsys, "--system", "h200", "--gpus", "16", "--write", str(target))
+    assert doc["choice"]["path"] == "stock"
+    assert load_profile(str(target)).spec.decode_backend == k3.DECODE_BACKEND_AUTO
+    assert not (tmp_path / "h200-stock.toml").exists()
+
+
+# --- predict ---------------------------------------------------------------------------------
+
+
+def test_predict_gives_both_paths_and_the_speedup(capsys) -> None:
+    doc = run_json(
+        capsys, "predict", *GB300_16, "--tp", "16", "--batch", "1", "--draft-tokens", "7",
+        "--draft-acceptance", "6",
+    )  # fmt: skip
+    spec, stock = doc["specialized"], doc["stock"]
+    for side in (spec, stock):
+        assert {"tokens_per_s", "tokens_per_s_per_user", "tokens_per_s_per_gpu", "step_us"} <= set(
+            side
+        )
+    assert spec["tokens_per_s_per_user"] == pytest.approx(840, rel=0.15)
+    assert doc["speedup"] == pytest.approx(
+        spec["tokens_per_s_per_user"] / stock["tokens_per_s_per_user"], rel=1e-3
+    )
+    assert doc["acceptance_length"] == pytest.approx(6.0, rel=1e-3)
+
+
+def test_predict_at_batch_64_with_drafts_is_all_stock(capsys) -> None:
+    doc = run_json(
+        capsys, "predict", "--system", "gb300", "--gpus", "8", "--tp", "8", "--batch", "64",
+        "--draft-tokens", "7", "--draft-acceptance", "6",
+    )  # fmt: skip
+    assert doc["specialized"]["detail"]["fallback_share"] == 1.0
+    assert doc["speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["--tp", "4"], ["--tp 4", "8 or 16"]),
+        (["--tp", "8", "--dcp", "4"], ["--dcp 4"]),
+        (["--tp", "16", "--gpus", "8"], ["--gpus 8"]),
+        (["--tp", "8", "--draft-tokens", "8"], ["--draft-tokens 8", "0 to 7"]),
+        (["--tp", "8", "--batch", "0"], ["--batch"]),
+    ],
+)
+def test_predict_bad_input_exits_2(capsys, argv: list[str], fragments: list[str]) -> None:
+    base = ["predict", "--system", "gb300"]
+    if "--gpus" not in argv:
+        base += ["--gpus", "16"]
+    code, out, err = run(capsys, *base, *argv)
+    assert code == 2, (out, err)
+    one_sentence_error(err, *fragments)
+
+
+# --- --check ---------------------------------------------------------------------------------
+
+
+def _bench_file(tmp_path: Path, **overrides: object) -> Path:
+    doc = {
+        "max_concurrency": 4,
+        "completed": 40,
+        "failed": 0,
+        "total_input_tokens": 40 * 8000,
+        "total_output_tokens": 40 * 1000,
+        "spec_decode_acceptance_length": 5.0,
+    }
+    doc.update(overrides)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_check_reports_the_models_error_on_each_figure(capsys, tmp_path: Path) -> None:
+    cfg = m.Config(
+        tp=16, batch=4, draft_tokens=7, acceptance=m.acceptance_rate_for(5.0, 7),
+        context=8000, output_len=1000,
+    )  # fmt: skip
+    pred = m.predict(SYSTEMS["gb300"], cfg)
+    # a measurement 25% above the model on throughput, 10% below on interactivity
+    bench = _bench_file(
+        tmp_path,
+        output_throughput=pred.tokens_per_s * 1.25,
+        mean_tpot_ms=1000 / (pred.tokens_per_s_per_user * 0.9),
+        mean_ttft_ms=pred.ttft_ms,
+    )
+    doc = run_json(capsys, "--check", str(bench), "k3-tp16-latency", "--system", "gb300")
+    errors = {row["figure"].split(": ")[-1]: row["error"] for row in doc["figures"]}
+    assert errors["output tokens/s"] == pytest.approx(1 / 1.25 - 1, abs=1e-3)
+    assert errors["tokens/s/user (mean)"] == pytest.approx(1 / 0.9 - 1, abs=1e-3)
+    assert errors["TTFT ms (mean)"] == pytest.approx(0.0, abs=1e-3)
+    assert doc["max_abs_error"] == pytest.approx(0.2, abs=1e-3)
+    assert "measured acceptance length 5.00" in doc["figures"][0]["figure"]
+
+
+def test_check_of_a_cpu_profile_says_the_model_does_not_apply(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "--check", str(_bench_file(tmp_path)), "cpu-demo")
+    assert code == 1
+    one_sentence_error(err, "CPU runtime")
+
+
+def test_check_with_a_missing_bench_file_exits_2(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "--check", str(tmp_path / "nope.json"), "k3-tp16-latency")
+    assert code == 2
+    one_sentence_error(err, "does not exist")
+
+
+def test_check_without_concurrency_exits_2(capsys, tmp_path: Path) -> None:
+    bench = _bench_file(tmp_path, max_concurrency=None, output_throughput=100.0)
+    code, _, err = run(capsys, "--check", str(bench), "k3-tp16-latency", "--system", "gb300")
+    assert code == 2
+    one_sentence_error(err, "max_concurrency")
+
+
+# --- import hygiene ---------------------------------------------------------------------------
+
+
+def test_command_module_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, kimictl.commands.tune\n"
+        "heavy = {'matplotlib', 'plotext', 'torch', 'numpy', 'textual', 'httpx'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- measured mode on the real CPU server ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_measure_finds_the_slo_limit_and_writes_it(capsys, cpu_server, tmp_path: Path) -> None:
+    target = tmp_path / "measured.toml"
+    doc = run_json(
+        capsys, "--measure", cpu_server.url, "--slo", "interactivity_p10>=0.5",
+        "--context", "32", "--output-len", "8", "--max-concurrency", "2",
+        "--write", str(target), "--profile", "cpu-demo",
+    )  # fmt: skip
+    assert [p["concurrency"] for p in doc["points"]] == [1, 2]
+    assert all(p["slo_met"] and p["completed"] >= 4 for p in doc["points"])
+    assert doc["max_concurrency_meeting_slo"] == 2
+    assert "sweep's limit of 2" in doc["why"]
+    written = load_profile(str(target))
+    assert written.spec.max_num_seqs == 2 and written.runtime == "cpu"
+    assert written.provenance["slo"] == "interactivity_p10>=0.5"
+    assert written.provenance["measured_url"] == cpu_server.url
+
+
+@pytest.mark.slow
+def test_measure_with_an_slo_nothing_meets_exits_1(capsys, cpu_server) -> None:
+    code, out, err = run(
+        capsys, "--measure", cpu_server.url, "--slo", "interactivity_p10>=100000",
+        "--context", "32", "--output-len", "8", "--max-concurrency", "4",
+    )  # fmt: skip
+    assert code == 1
+    assert "concurrency 1: breaks the SLO" in out
+    one_sentence_error(err, "no concurrency", "interactivity_p10>=100000")
