@@ -134,7 +134,9 @@ class MonitorApp(App[None]):
                     style = SERIES_STYLES[i % len(SERIES_STYLES)]
                     with Vertical(classes="chart-column"):
                         yield HistoryChart(f"{p.name} tokens/s", style, id=f"tps-{i}")
-                        yield HistoryChart(f"{p.name} interactivity p10", style, id=f"int-{i}")
+                        yield HistoryChart(
+                            f"{p.name} interactivity p10 (tok/s/user)", style, id=f"int-{i}"
+                        )
             yield GpuStrip(id="gpus")
         yield Footer()
 
@@ -198,7 +200,7 @@ class MonitorApp(App[None]):
             status = None
         if status is None:
             return
-        status.show(views)
+        status.show(views, self.slo)
         ratios = None
         if self.ab is not None:
             by = {v.name: v for v in views}

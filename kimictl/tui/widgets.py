@@ -24,7 +24,7 @@ def _clock(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%H:%M:%S", time.localtime(ts))
 
 
-def status_text(view: EndpointView, style: str) -> Text:
+def status_text(view: EndpointView, style: str, slo: float | None = None) -> Text:
     text = Text()
     text.append(f"■ {view.name} ", style=f"bold {style}")
     if view.status is EndpointStatus.UP:
@@ -39,6 +39,14 @@ def status_text(view: EndpointView, style: str) -> Text:
     if view.stale_since is not None:
         text.append(f" · stale since {_clock(view.stale_since)}", style="bold yellow")
     stats = view.stats
+    if stats is not None and stats.tokens_per_s is not None:
+        # the live operating point: throughput at the slow-tail interactivity
+        p10 = stats.interactivity_p10
+        text.append(f"  {stats.tokens_per_s:.1f} tok/s", style="bold")
+        text.append(" @ p10 " + ("-" if p10 is None else f"{p10:.1f}") + " tok/s/user")
+        if slo is not None and p10 is not None:
+            ok = p10 >= slo
+            text.append(" SLO met" if ok else " SLO missed", style="green" if ok else "bold red")
     if stats is not None and stats.resets:
         text.append(" · restarted in window", style="yellow")
     text.append(f"  {view.url}", style="dim")
@@ -58,9 +66,9 @@ class _Fed(Static):
 class StatusLine(_Fed):
     """UP/DOWN lines, one per endpoint."""
 
-    def show(self, views: Sequence[EndpointView]) -> None:
+    def show(self, views: Sequence[EndpointView], slo: float | None = None) -> None:
         lines = Text("\n").join(
-            status_text(v, SERIES_STYLES[i % len(SERIES_STYLES)]) for i, v in enumerate(views)
+            status_text(v, SERIES_STYLES[i % len(SERIES_STYLES)], slo) for i, v in enumerate(views)
         )
         self.feed(lines, len(views))
 
