@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from typing import Any
 
@@ -182,9 +183,9 @@ def to_yaml(value: Any, indent: int = 0) -> str:
         out = []
         for key, item in value.items():
             if isinstance(item, dict | list) and item:
-                out.append(f"{pad}{key}:\n{to_yaml(item, indent + 1)}")
+                out.append(f"{pad}{_key(key)}:\n{to_yaml(item, indent + 1)}")
             else:
-                out.append(f"{pad}{key}: {_scalar(item)}\n")
+                out.append(f"{pad}{_key(key)}: {_scalar(item)}\n")
         return "".join(out)
     if isinstance(value, list):
         if not value:
@@ -200,9 +201,40 @@ def to_yaml(value: Any, indent: int = 0) -> str:
     return pad + _scalar(value) + "\n"
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+# Words YAML 1.1 parsers read as booleans or null when bare.
+_RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"}
+
+
+def _key(key: Any) -> str:
+    text = str(key)
+    if _PLAIN_KEY.match(text) and text.lower() not in _RESERVED:
+        return text
+    return _quote(text)
+
+
+def _quote(text: str) -> str:
+    """A YAML double-quoted scalar: printable ASCII as is, everything else escaped by code point."""
+    out = ['"']
+    for char in text:
+        code = ord(char)
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, bool) or value is None or isinstance(value, int | float):
         return json.dumps(value)
     if isinstance(value, dict | list):
         return json.dumps(value)
-    return json.dumps(str(value))
+    return _quote(str(value))
