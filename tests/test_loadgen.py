@@ -4,6 +4,7 @@ timeouts, a dead server, stop events, keep-alive pooling, open-loop arrivals."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import socket
 import time
@@ -313,3 +314,27 @@ def test_payload_asks_for_usage_and_exact_lengths() -> None:
         _payload(LoadTarget("t", "http://x", "m"), RequestSpec("hi", 1, 3), True, False)
     )
     assert chat["messages"] == [{"role": "user", "content": "hi"}] and "ignore_eos" not in chat
+
+
+async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
+    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+
+    w = AgenticWorkload(AGENTIC_PRESETS["small"])
+    recs = await run_load(
+        [LoadTarget("t", emitter, "ok")],
+        w,
+        points=[LoadPoint(rate=50.0)],  # arrivals much faster than sessions end
+        num_prompts=12,
+        seed=2,
+    )
+    assert all(r.ok for r in recs)
+    by_session: dict[int, int] = {}
+    for r in recs:
+        by_session[r.session] = by_session.get(r.session, 0) + 1
+    expected = {}
+    for s in itertools.islice(w.sessions(2), len(by_session)):
+        expected[s.id] = s.num_requests
+    # every started session ran all its turns (sub-agents included); the last one may overshoot
+    assert by_session == expected
+    last = max(expected.values())
+    assert 12 <= len(recs) < 12 + last and any(r.turn > 0 for r in recs)

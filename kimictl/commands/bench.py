@@ -284,8 +284,8 @@ def bench(
         from kimictl.commands._output import err_console
 
         done = sum(1 for r in outcome.records if r.error_kind != "cancelled")
-        err_console.print(f"interrupted: {done} finished requests kept in the report")
-        raise typer.Exit(130)
+        err_console.print(f"{done} finished requests kept in the report")
+        raise KeyboardInterrupt  # cli.py prints "interrupted" and exits 130
     if reason:
         raise EndpointError(
             f"the run stopped early: {reason}",
@@ -394,17 +394,17 @@ _ROWS: tuple[tuple[str, Any, int], ...] = (
     ("output tokens/s", lambda s: s["output_throughput"], 1),
     ("output tokens/s/GPU", lambda s: s["kimictl"]["output_throughput_per_gpu"], 1),
     (
-        "interactivity p10 (slow tail) tok/s/user",
+        "tok/s/user p10 (slow tail)",
         lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p10_slow_tail"],
         1,
     ),
     (
-        "interactivity p50 tok/s/user",
+        "tok/s/user p50",
         lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p50"],
         1,
     ),
     (
-        "interactivity p90 (fast tail) tok/s/user",
+        "tok/s/user p90 (fast tail)",
         lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p90_fast_tail"],
         1,
     ),
@@ -428,7 +428,7 @@ _ROWS: tuple[tuple[str, Any, int], ...] = (
     ("server: tokens/s", lambda s: (s["kimictl"]["server_view"] or {}).get("tokens_per_s"), 1),
     ("server: TPOT p50 / p90 ms", lambda s: _sv_pair(s, "tpot_p50_ms", "tpot_p90_ms"), 0),
     ("server: TTFT p50 / p99 ms", lambda s: _sv_pair(s, "ttft_p50_ms", "ttft_p99_ms"), 0),
-    ("spec acceptance length / rate", lambda s: _spec(s), 0),
+    ("spec accept. length / rate", lambda s: _spec(s), 0),
 )
 
 
@@ -457,7 +457,7 @@ def _render(outcome: BenchOutcome) -> None:
     table = Table(
         title="kimictl bench (client view; server view from /metrics deltas)", title_justify="left"
     )
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for s in summaries:
         k = s["kimictl"]
         rep = f" #{k['repeat'] + 1}" if any(x["kimictl"]["repeat"] for x in summaries) else ""
@@ -468,7 +468,7 @@ def _render(outcome: BenchOutcome) -> None:
     if outcome.ab:
         _render_ab(outcome)
     console.print(
-        "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 is the slow tail "
+        "[dim]tok/s/user = interactivity = 1/TPOT per request; p10 is the slow tail "
         "(= 1000 / TPOT p90 ms), p90 the fast tail.[/dim]"
     )
 

@@ -567,6 +567,7 @@ class _PointRun:
         self.on_record = on_record
         self.rng = rng
         self.issued = 0
+        self.reserved = 0
         self.inflight = 0
         self.max_inflight = 0
         self.connect_failures = 0
@@ -576,11 +577,26 @@ class _PointRun:
         self.last: float = 0.0
 
     def _exhausted(self) -> bool:
+        """No further request, even inside a running session: stopped, aborted or out of time."""
         if self.stop.is_set() or self.abort:
             return True
-        if self.budget is not None and self.issued >= self.budget:
-            return True
         return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def _can_start(self) -> bool:
+        """No new session once the started ones account for the request budget. Started sessions
+        run to their end (a multi-turn run may issue up to one session more than the budget),
+        so new sessions cannot eat the budget with first turns."""
+        if self.budget is not None and self.reserved >= self.budget:
+            return False
+        return not self._exhausted()
+
+    def _next_session(self) -> Session | None:
+        try:
+            sess = next(self.sessions)
+        except StopIteration:
+            return None
+        self.reserved += sess.num_requests
+        return sess
 
     async def _request(self, spec: RequestSpec, session: int, turn: int) -> None:
         rec = RequestRecord(
@@ -665,10 +681,9 @@ class _PointRun:
 
     async def _closed(self, workers: int) -> None:
         async def worker() -> None:
-            while not self._exhausted():
-                try:
-                    sess = next(self.sessions)
-                except StopIteration:
+            while self._can_start():
+                sess = self._next_session()
+                if sess is None:
                     return
                 await self._session(sess)
 
@@ -689,10 +704,9 @@ class _PointRun:
 
         t_start = time.perf_counter()
         due = 0.0
-        while not self._exhausted():
-            try:
-                sess = next(self.sessions)
-            except StopIteration:
+        while self._can_start():
+            sess = self._next_session()
+            if sess is None:
                 break
             if sess.at is not None:  # replay: the trace's own clock
                 due = sess.at
