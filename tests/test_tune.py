@@ -329,3 +329,16 @@ def test_measure_with_an_slo_nothing_meets_exits_1(capsys, cpu_server) -> None:
     assert code == 1
     assert "concurrency 1: breaks the SLO" in out
     one_sentence_error(err, "no concurrency", "interactivity_p10>=100000")
+
+
+def test_model_card_lists_sources_errors_and_a_calibration_that_reproduces_the_stored_fit(
+    capsys,
+) -> None:
+    doc = run_json(capsys, "model", "--calibrate")
+    assert all(p["source"] for p in doc["parameters"].values())
+    fitted = {name for name, p in doc["parameters"].items() if p["fitted"]}
+    assert set(doc["calibration"]) == fitted and len(fitted) == 3
+    assert all(abs(row["drift"]) < 0.01 for row in doc["calibration"].values())
+    kinds = {row["in_sample"] for row in doc["published_figures"]}
+    assert kinds == {True, False}
+    assert all(abs(row["error"]) <= 0.15 for row in doc["published_figures"])

@@ -371,3 +371,45 @@ def _render_measured(result: MeasureResult, written: Path | None) -> None:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
+
+
+@app.command("model")
+def model_cmd(
+    calibrate: Annotated[
+        bool, typer.Option("--calibrate", help="Refit the fitted parameters and compare.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The model's parameters (with sources) and its error on each published figure."""
+    from kimictl.runtime.tuning.service import model_card
+
+    card = model_card(calibrate=calibrate)
+    if json_out:
+        emit_json(card)
+        return
+    from rich.table import Table
+
+    params = Table(title=f"model {card['model_version']}: parameters")
+    for column in ("name", "value", "unit", "source"):
+        params.add_column(column, overflow="fold")
+    for name, param in card["parameters"].items():
+        params.add_row(name, f"{param['value']:g}", param["unit"], param["source"])
+    console.print(params)
+    figures = Table(title="published figures (GB300, k3-vllm-facts.md) vs the model")
+    for column in ("figure", "published", "model", "error", "kind"):
+        figures.add_column(column, justify="left" if column in ("figure", "kind") else "right")
+    for row in card["published_figures"]:
+        figures.add_row(
+            row["figure"],
+            "-".join(f"{v:g}" for v in row["published_range"] or [row["published"]]),
+            f"{row['predicted']:.3f}",
+            f"{row['error']:+.1%}",
+            "fitted to it" if row["in_sample"] else "prediction",
+        )
+    console.print(figures)
+    if calibrate:
+        for name, row in card["calibration"].items():
+            console.print(
+                f"calibrate: {name} stored {row['stored']:g}, refit {row['refit']:.4g} "
+                f"({row['drift']:+.2%})"
+            )

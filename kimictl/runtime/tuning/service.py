@@ -13,6 +13,7 @@ from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     PARAMS,
+    PUBLISHED_SYSTEM,
     Config,
     acceptance_rate_for,
     default_acceptance_rate,
@@ -20,6 +21,7 @@ from kimictl.runtime.tuning.model import (
     published_checks,
     with_path,
 )
+from kimictl.runtime.tuning.model import calibrate as calibrate_params
 from kimictl.runtime.tuning.search import SearchInputs, SearchResult, search
 from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system, system_from_report
 
@@ -210,10 +212,14 @@ def predict_pair(
     }
 
 
-def model_card(system: System | None = None) -> dict[str, Any]:
-    """The model's version, parameters with sources, and its error on the published figures."""
-    system = system or SYSTEMS["gb300"]
-    return {
+def model_card(*, calibrate: bool = False) -> dict[str, Any]:
+    """The model's version, parameters with sources, and its error on the published figures.
+
+    `calibrate`: also refit the fitted parameters from the published figures (calibrate()) and
+    report how far the stored values are from the refit.
+    """
+    system = SYSTEMS[PUBLISHED_SYSTEM]
+    card = {
         "model_version": MODEL_VERSION,
         "parameters": {
             name: {
@@ -224,5 +230,15 @@ def model_card(system: System | None = None) -> dict[str, Any]:
             }
             for name, param in PARAMS.items()
         },
-        "published_figures": [check.to_json() for check in published_checks(SYSTEMS["gb300"])],
+        "published_figures": [check.to_json() for check in published_checks(system)],
     }
+    if calibrate:
+        card["calibration"] = {
+            name: {
+                "stored": PARAMS[name].value,
+                "refit": value,
+                "drift": (PARAMS[name].value - value) / value if value else 0.0,
+            }
+            for name, value in calibrate_params(system).items()
+        }
+    return card
