@@ -890,7 +890,7 @@ def _has_gpu() -> bool:
 
 
 def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
-    """What the CPU runtime needs: its venv, a model it can read offline, free ports."""
+    """What the CPU runtime needs: its venv, a model it can read offline; ports (as warnings)."""
     from kimictl.runtime import cpu_runtime, tinymodel
     from kimictl.runtime.rules.base import Check, Section, Status
 
@@ -931,16 +931,7 @@ def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
                 "cpu.model", Section.DEPLOYMENT, Status.PASS, f"model folder {plan_model} exists."
             )
         )
-    else:
-        checks.append(
-            Check(
-                "cpu.model",
-                Section.DEPLOYMENT,
-                Status.FAIL,
-                f"model {plan_model} is not a local folder (the CPU runtime runs offline).",
-                "--model PATH_TO_FOLDER or --model @tiny-k2",
-            )
-        )
+    # A model that is not there is bad input (exit 2), raised by plan_launch, not a finding.
     for port in ports:
         try:
             check_port_free(host, port)
@@ -950,8 +941,9 @@ def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
                 )
             )
         except InputError as error:
+            # Reported here for --dry-run; the launch itself refuses with an InputError (exit 2).
             checks.append(
-                Check("cpu.port", Section.DEPLOYMENT, Status.FAIL, error.message, error.hint or "")
+                Check("cpu.port", Section.DEPLOYMENT, Status.WARN, error.message, error.hint or "")
             )
     return checks
 
@@ -1055,6 +1047,8 @@ def prepare_serve(request: ServeRequest) -> Prepared:
                 master_addr=request.master_addr,
                 ray=request.ray,
             )
+        except InputError:
+            raise  # bad input first: a missing model folder is the user's to fix, whatever the gate
         except KimictlError:
             if any(c.blocking for c in found):
                 continue  # the gate already says why (e.g. no CPU runtime to resolve the model)
