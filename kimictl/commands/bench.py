@@ -149,7 +149,7 @@ def _points(
     return [LoadPoint(concurrency=c) for c in (conc or [1])]
 
 
-@app.callback(invoke_without_command=True)
+@app.command()
 def bench(
     target: Annotated[
         list[str] | None,
@@ -233,8 +233,7 @@ def bench(
 ) -> None:
     """Send a workload to one or more endpoints and report throughput, latency and interactivity.
 
-    Two targets = an A/B: the identical request sequence goes to both, in turn, and the table shows
-    the ratio A/B of every metric with a 95% bootstrap interval.
+    Two targets make an A/B: the same requests go to both in turn; ratios A/B with 95% CIs.
     """
     from kimictl.runtime.benchreport import BenchConfig
     from kimictl.runtime.slo import parse_slo
