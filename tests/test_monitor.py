@@ -222,6 +222,7 @@ def test_once_json_against_replayed_server(
     )
     doc = json.loads(capsys.readouterr().out)
     ep = doc["endpoints"]["x"]
+    assert ep["window_s"] >= 0.5
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0
     assert ep["interactivity_p10"] <= ep["interactivity_p50"] <= ep["interactivity_p90"]
 
@@ -328,4 +329,4 @@ def test_once_json_on_the_real_server(cpu_server: Any) -> None:
     assert out.returncode == 0, out.stderr
     ep = next(iter(json.loads(out.stdout)["endpoints"].values()))
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0 and ep["requests_finished"] >= 1
-    assert 3.5 <= ep["window_s"] <= 6
+    assert 4.0 <= ep["window_s"] <= 6.0  # a full window, however slow the first scrape

@@ -88,11 +88,15 @@ def _line(doc: dict[str, Any]) -> str:
             parts.append(f"{name} {ep['status']} ({ep['reason'] or 'no data yet'})")
             continue
         tps = ep.get("tokens_per_s")
+        if tps is None:
+            parts.append(f"{name} UP (first scrape; figures from the next one)")
+            continue
         p10 = ep.get("interactivity_p10")
         parts.append(
-            f"{name} {tps or 0:.1f} tok/s, interactivity p10 "
+            f"{name} {tps:.1f} tok/s, interactivity p10 "
             + ("-" if p10 is None else f"{p10:.1f}")
-            + f", running {ep.get('running') or 0:.0f}"
+            + f" tok/s/user, running {ep.get('running') or 0:.0f}"
+            + f", waiting {ep.get('waiting') or 0:.0f}"
         )
     return " | ".join(parts)
 
@@ -162,7 +166,8 @@ def monitor(
                 else:
                     typer.echo(_line(doc))
 
-        run_for = window_s if once else duration
+        # --once: until the scrapes span one window (give up a little after it)
+        run_for = window_s + max(5.0, 3 * interval) if once else duration
         try:
             doc = asyncio.run(
                 metrics.watch(
@@ -172,6 +177,7 @@ def monitor(
                     duration_s=run_for,
                     on_tick=on_tick,
                     gpu_sampler=sample_gpus,
+                    full_window=once,
                 )
             )
         except KeyboardInterrupt:

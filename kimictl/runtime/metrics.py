@@ -767,6 +767,13 @@ class MetricsSeries:
     def latest(self) -> MetricsSnapshot | None:
         return self._raw_last
 
+    @property
+    def span_s(self) -> float:
+        """Seconds between the oldest and the newest kept scrape."""
+        if len(self._points) < 2:
+            return 0.0
+        return self._points[-1][0].monotonic - self._points[0][0].monotonic
+
     def __len__(self) -> int:
         return len(self._points)
 
@@ -1058,9 +1065,13 @@ async def watch(
     duration_s: float | None,
     on_tick: Callable[[dict[str, Any]], None],
     gpu_sampler: Callable[[], Any] | None = None,
+    full_window: bool = False,
 ) -> dict[str, Any]:
     """Headless monitor loop: poll every `interval`, call `on_tick(snapshot)` after each round,
-    stop after `duration_s` (None = until cancelled). Returns the last snapshot."""
+    stop after `duration_s` (None = until cancelled). Returns the last snapshot.
+
+    With `full_window`, stop as soon as every answering endpoint's scrapes span `window_s` (a
+    slow first scrape does not shorten the window), giving up `duration_s` after the start."""
     ab = ab_pair_of([p.name for p in pollers])
     start = time.monotonic()
     last: dict[str, Any] = {}
@@ -1073,6 +1084,10 @@ async def watch(
             last = monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
             on_tick(last)
             tick += 1
+            if full_window:
+                answering = [p for p in pollers if p.series.latest is not None]
+                if answering and all(p.series.span_s >= window_s - 1e-3 for p in answering):
+                    return last
             if duration_s is not None and time.monotonic() - start >= duration_s:
                 return last
             # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
