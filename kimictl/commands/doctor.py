@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -147,10 +149,10 @@ def doctor(
         spec, snapshots=from_snapshot or [], save_snapshot=save_snapshot, unrecognised=unrecognised
     )
     if json_out:
-        from kimictl.commands._output import emit_json
-
+        # Same document emit_json writes, without importing rich (its import is ~15% of the
+        # command's start-up; --json is what scripts and the startup benchmark call).
         payload: dict[str, Any] = diagnosis.to_json()
-        emit_json(payload)
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         _render(diagnosis)
     if diagnosis.verdict != "ready":
