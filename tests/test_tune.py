@@ -342,3 +342,24 @@ def test_model_card_lists_sources_errors_and_a_calibration_that_reproduces_the_s
     kinds = {row["in_sample"] for row in doc["published_figures"]}
     assert kinds == {True, False}
     assert all(abs(row["error"]) <= 0.15 for row in doc["published_figures"])
+
+
+# --- the measured sweep's search, on a known limit -------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3, 5, 8, 13, 40, 64, 100])
+@pytest.mark.parametrize("max_concurrency", [1, 6, 64])
+def test_sweep_finds_the_largest_load_meeting_the_slo(limit: int, max_concurrency: int) -> None:
+    from kimictl.runtime.tuning.measure import sweep
+
+    asked: list[int] = []
+
+    def meets(concurrency: int) -> bool:
+        assert 1 <= concurrency <= max_concurrency
+        asked.append(concurrency)
+        return concurrency <= limit
+
+    good, bad = sweep(meets, max_concurrency)
+    assert good == min(limit, max_concurrency)
+    assert bad == (None if limit >= max_concurrency else good + 1)
+    assert len(asked) == len(set(asked)) <= 2 * max_concurrency.bit_length() + 1

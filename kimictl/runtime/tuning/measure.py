@@ -18,7 +18,7 @@ from typing import Any
 
 from kimictl.runtime.errors import EndpointError, InputError
 
-__all__ = ["MeasuredPoint", "MeasureResult", "measure", "write_measured"]
+__all__ = ["MeasureResult", "MeasuredPoint", "measure", "sweep", "write_measured"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,35 @@ def _point_from(summary: dict[str, Any], concurrency: int) -> MeasuredPoint:
     )
 
 
+def sweep(meets: Callable[[int], bool], max_concurrency: int) -> tuple[int, int | None]:
+    """(largest load that met, smallest that broke or None): double from 1, then bisect.
+
+    Assumes meeting the SLO is monotone in load; every load is asked at most once by the caller's
+    cache, and about log2(limit) + log2(gap) loads are tried.
+    """
+    good, bad = 0, None
+    concurrency = 1
+    while concurrency <= max_concurrency:
+        if meets(concurrency):
+            good = concurrency
+            concurrency *= 2
+        else:
+            bad = concurrency
+            break
+    if good and bad is None and good < max_concurrency:
+        # the doubling overshot the limit: try the limit itself, then bisect below it
+        if meets(max_concurrency):
+            return max_concurrency, None
+        bad = max_concurrency
+    if bad is not None and good and bad - good > 1:
+        lo, hi = good, bad
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+        good, bad = lo, hi
+    return good, bad
+
+
 def measure(
     target_text: str,
     *,
@@ -175,21 +204,7 @@ def measure(
             )
         return point
 
-    good, bad = 0, None
-    concurrency = 1
-    while concurrency <= max_concurrency:
-        if run_point(concurrency).met:
-            good = concurrency
-            concurrency *= 2
-        else:
-            bad = concurrency
-            break
-    if bad is not None and good and bad - good > 1:
-        lo, hi = good, bad
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if run_point(mid).met else (lo, mid)
-        good, bad = lo, hi
+    good, bad = sweep(lambda c: run_point(c).met, max_concurrency)
     if good == 0:
         reason = f"even one request at a time breaks the SLO '{slo_text}'"
     elif bad is None:
