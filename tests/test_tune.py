@@ -116,6 +116,11 @@ def test_h200_snapshot_with_one_gpu_is_refused_in_one_sentence(capsys) -> None:
         ([*GB300_16, "--plot", "/tmp/plot.jpg"], [".png"]),
         ([*GB300_16, "--write", "/nonexistent-dir/p.toml"], ["does not exist"]),
         (["--measure", "http://127.0.0.1:9"], ["--slo"]),
+        (
+            ["--measure", "http://127.0.0.1:9", "--slo", "ttft_p99<=1s", "--max-concurrency", "0"],
+            ["--max-concurrency"],
+        ),
+        (["--measure", "not a url", "--slo", "ttft_p99<=1s"], ["not a url"]),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, argv: list[str], fragments: list[str]) -> None:

@@ -79,6 +79,10 @@ def tune(
     max_concurrency: Annotated[
         int, typer.Option("--max-concurrency", help="With --measure: the sweep's highest load.")
     ] = 64,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option("--num-prompts", help="With --measure: requests per point (2 x load, >= 4)."),
+    ] = None,
     check: Annotated[
         tuple[Path, str] | None,
         typer.Option(
@@ -96,7 +100,16 @@ def tune(
         return
     if measure is not None:
         _measure(
-            measure, slo, context, output_len, write, force, json_out, base_profile, max_concurrency
+            measure,
+            slo,
+            context,
+            output_len,
+            write,
+            force,
+            json_out,
+            base_profile,
+            max_concurrency,
+            num_prompts,
         )
         return
     from kimictl.runtime.tuning import service
@@ -308,6 +321,7 @@ def _measure(
     json_out: bool,
     base_profile: str | None,
     max_concurrency: int,
+    num_prompts: int | None,
 ) -> None:
     if slo is None:
         raise InputError("--measure needs --slo, e.g. --slo 'interactivity_p10>=20'.")
@@ -320,6 +334,7 @@ def _measure(
         context=parse_tokens(context, flag="--context"),
         output_len=parse_tokens(output_len, flag="--output-len"),
         max_concurrency=max_concurrency,
+        prompts_per_point=num_prompts,
         progress=None if json_out else console.print,
     )
     written = None

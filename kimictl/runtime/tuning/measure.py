@@ -149,6 +149,8 @@ def measure(
 
     if max_concurrency < 1:
         raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}.")
+    if prompts_per_point is not None and prompts_per_point < 1:
+        raise InputError(f"--num-prompts must be at least 1, got {prompts_per_point}.")
     slo = parse_slo(slo_text)
     found = resolve_target(target_text)
     profile = None
