@@ -246,7 +246,7 @@ def weight_bytes_per_gpu(tp: int) -> float:
 def expected_distinct_experts(tokens: float) -> float:
     """Expected distinct experts a step's tokens touch, each picking top-16 of 896 independently.
 
-    E * (1 - (1 - k/E)^tokens): 16 for one token, about 120 for 8, 612 for 64.
+    E * (1 - (1 - k/E)^tokens): 16 for one token, about 120 for 8, 613 for 64.
     """
     if tokens <= 0:
         return 0.0
