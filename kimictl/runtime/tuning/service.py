@@ -113,16 +113,31 @@ def resolve_system(
             )
         return found, count, f"snapshot ({', '.join(str(s) for s in snapshots)})"
     if system is None:
-        raise InputError(
-            f"no hardware given; pass --system ({', '.join(SYSTEMS)}) and --gpus N, or "
-            f"--from-snapshot FILE."
-        )
+        return _local_system(gpus)
     found = get_system(system)
     if gpus is None:
         raise InputError(f"--system {system} needs --gpus N (8 or 16 per replica).")
     if gpus <= 0:
         raise InputError(f"--gpus must be a positive number of GPUs, got {gpus}.")
     return found, gpus, "--system"
+
+
+def _local_system(gpus: int | None) -> tuple[System, int, str]:
+    """This machine's GPUs (the doctor's live probe) when no --system or snapshot is given."""
+    from kimictl.runtime.hardware import probe_local
+
+    report = probe_local(include_stack=False)
+    reasons = [node.no_driver_reason for node in report.nodes if node.no_driver_reason]
+    if not report.gpus:
+        why = f" ({reasons[0]})" if reasons else ""
+        raise InputError(
+            f"no hardware given and this machine has no GPU{why}; pass --system "
+            f"({', '.join(SYSTEMS)}) and --gpus N, or --from-snapshot FILE."
+        )
+    found, count = system_from_report(report)
+    if gpus is not None:
+        count = gpus  # this node's GPU model, the whole deployment's GPU count
+    return found, count, f"this machine ({len(report.gpus)} GPU(s) probed)"
 
 
 def run_search(
