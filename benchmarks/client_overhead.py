@@ -131,16 +131,19 @@ async def main():
                 todo.pop()
                 body = {"model": "m", "prompt": [1] * 8, "max_tokens": tokens, "stream": True,
                         "stream_options": {"include_usage": True}}
-                async with client.stream("POST", "/v1/completions", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        d = json.loads(line[6:])
-                        if d.get("choices"):
-                            chunks += 1
-                            time.perf_counter()
-                        elif d.get("usage"):
-                            toks += d["usage"]["completion_tokens"]
+                try:
+                    async with client.stream("POST", "/v1/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            d = json.loads(line[6:])
+                            if d.get("choices"):
+                                chunks += 1
+                                time.perf_counter()
+                            elif d.get("usage"):
+                                toks += d["usage"]["completion_tokens"]
+                except httpx.HTTPError:
+                    failed += 1
         await asyncio.gather(*(worker() for _ in range(streams)))
     return toks, chunks, failed
 c0, t0 = time.process_time(), time.perf_counter()
@@ -177,7 +180,7 @@ def _run_client(
         check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
+        return {"error": out.stderr.strip().splitlines()[-1][:200]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -214,6 +217,7 @@ def main() -> None:
                     str(interval),
                 ],
                 stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
                 text=True,
             )
             try:
@@ -224,6 +228,9 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for name, py, src in clients:
                         r = _run_client(py, src, url, streams, args.tokens, n, tmp)
+                        if "error" in r:
+                            print(f"{name}: failed: {r['error']}")
+                            continue
                         r["us_per_token"] = r["cpu_s"] / max(r["chunks"], 1) * 1e6
                         if name not in best or r["us_per_token"] < best[name]["us_per_token"]:
                             best[name] = r
