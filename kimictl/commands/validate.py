@@ -93,7 +93,7 @@ def _render_check(check: CheckResult) -> None:
     bands = check.metrics.get("bands")
     if bands:
         table = Table(box=None, padding=(0, 2), show_edge=False)
-        for col in ("positions", "count", "mean |dlogprob|", "max |dlogprob|"):
+        for col in ("band (positions)", "tokens", "mean |dlogprob|", "max |dlogprob|"):
             table.add_column(col, justify="right")
         for row in bands:
             table.add_row(
