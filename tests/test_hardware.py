@@ -234,3 +234,136 @@ def test_unreadable_multicast_is_unknown_not_blocking() -> None:
 def test_sections_are_hardware_or_fabric() -> None:
     checks = hardware_checks(scenario("gb300-tp16-healthy"))
     assert {c.section for c in checks} == {Section.HARDWARE, Section.FABRIC}
+
+
+# ----------------------------------------------------------------- more edges of the TP group
+
+
+def test_node_without_driver_in_a_group_is_named() -> None:
+    report = scenario("gb300-tp8-healthy")
+    why = "no NVIDIA driver: libnvidia-ml.so.1 was not found"
+    dead = replace(report.nodes[1], gpus=[], no_driver_reason=why, driver_version=Unavailable(why))
+    checks = hardware_checks(replace(report, nodes=[report.nodes[0], dead]))
+    driver = next(c for c in checks if c.id == "hw.driver")
+    assert driver.status is Status.FAIL and "gb300-r07-tray02" in driver.message
+    assert failing(checks) == {"hw.driver"}  # one cause, one blocking line
+    count = next(c for c in checks if c.id == "hw.gpu_count")
+    assert count.message == "4 GPUs on 1 node with a driver."
+
+
+def test_evaluate_without_deployment_rules_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kimictl.runtime.deployment import parse_vllm_command
+    from kimictl.runtime.rules import evaluate
+
+    spec = parse_vllm_command("vllm serve moonshotai/Kimi-K3 -tp 16").spec
+    monkeypatch.setitem(sys.modules, "kimictl.runtime.rules.deployment", None)
+    checks = evaluate(spec, scenario("gb300-tp8-healthy"), None)
+    rules = next(c for c in checks if c.id == "deployment.rules")
+    assert rules.status is Status.UNKNOWN
+    # Without the deployment rules the hardware rules count the GPUs the spec needs.
+    count = next(c for c in checks if c.id == "hw.gpu_count")
+    assert count.status is Status.FAIL and "needs 16 GPUs" in count.message
+
+
+def test_snapshot_without_recorded_stack_is_unknown(tmp_path: Path) -> None:
+    from kimictl.runtime.rules import diagnose
+
+    report = scenario("gb300-tp8-healthy")
+    paths = []
+    for i, node in enumerate(report.nodes):
+        path = tmp_path / f"n{i}.json"
+        hardware.save_snapshot(HardwareReport([replace(node, stack=None)], "simulated"), path)
+        paths.append(path)
+    result = diagnose(snapshots=paths)
+    recorded = next(c for c in result.checks if c.id == "stack.recorded")
+    assert recorded.status is Status.UNKNOWN
+    assert result.stack is None and result.verdict == "ready"
+
+
+@pytest.mark.gpu
+def test_probe_local_on_a_gpu_node() -> None:
+    report = hardware.probe_local()
+    if not report.has_driver:
+        pytest.skip("no NVIDIA driver here")
+    node = report.nodes[0]
+    assert node.gpus and node.device_count == len(node.gpus)
+    assert all(isinstance(g.uuid, str) and g.uuid.startswith("GPU-") for g in node.gpus)
+    assert isinstance(node.driver_version, str)
+
+
+# --------------------------------------------------------- property: JSON round trip of any report
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_why = st.builds(Unavailable, st.text(min_size=1, max_size=20))
+
+
+def _or_unknown(strategy: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(strategy, _why)
+
+
+_fabric = st.builds(
+    hardware.FabricInfo,
+    st.sampled_from(["not_supported", "not_started", "in_progress", "completed"]),
+    st.sampled_from(["success", "NVML_ERROR_UNKNOWN"]),
+    st.uuids().map(str),
+    st.integers(0, 2**32 - 1),
+)
+_link = st.builds(
+    hardware.NvLinkInfo,
+    st.integers(0, 17),
+    _or_unknown(st.booleans()),
+    _or_unknown(st.sampled_from(["4.0", "5.0"])),
+    _or_unknown(st.text(max_size=16)),
+    _or_unknown(st.sampled_from(["gpu", "switch"])),
+)
+_gpu = st.builds(
+    hardware.GpuInfo,
+    index=st.integers(0, 7),
+    name=_or_unknown(st.text(max_size=20)),
+    uuid=_or_unknown(st.text(max_size=40)),
+    compute_capability=_or_unknown(st.tuples(st.integers(7, 12), st.integers(0, 9))),
+    memory_total_mib=_or_unknown(st.integers(0, 10**6)),
+    mig_mode=_or_unknown(st.booleans()),
+    ecc=_or_unknown(st.booleans()),
+    persistence=_or_unknown(st.booleans()),
+    throttle_reasons=_or_unknown(st.lists(st.sampled_from(["gpu_idle", "hw_slowdown"]))),
+    nvlinks=_or_unknown(st.lists(_link, max_size=3)),
+    fabric=_or_unknown(_fabric),
+    multicast_supported=_or_unknown(st.booleans()),
+    pci_bus_id=_or_unknown(st.text(max_size=16)),
+    lost=st.one_of(st.none(), st.text(max_size=10)),
+)
+_node = st.builds(
+    hardware.NodeReport,
+    hostname=st.text(min_size=1, max_size=12),
+    captured_at=st.just("2026-11-30T00:00:00+00:00"),
+    driver_version=_or_unknown(st.text(max_size=12)),
+    cuda_driver_version=_or_unknown(st.sampled_from(["12.8", "13.0"])),
+    gpus=st.lists(_gpu, max_size=3),
+    p2p=_or_unknown(
+        st.lists(
+            st.builds(
+                hardware.P2PStatus,
+                st.integers(0, 3),
+                st.integers(0, 3),
+                st.sampled_from(["ok", "not_supported"]),
+            ),
+            max_size=3,
+        )
+    ),
+    imex_channels=_or_unknown(st.lists(st.sampled_from(["channel0", "channel1"]), max_size=2)),
+    no_driver_reason=st.one_of(st.none(), st.text(max_size=10)),
+    device_count=_or_unknown(st.integers(0, 8)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_node, min_size=1, max_size=3), st.sampled_from(["live", "recorded", "simulated"]))
+def test_any_report_round_trips_through_json(nodes: list, source: str) -> None:
+    report = HardwareReport(nodes=nodes, source=source)  # type: ignore[arg-type]
+    text = json.dumps(report.to_json())
+    assert HardwareReport.from_json(json.loads(text)) == report

@@ -201,7 +201,10 @@ def _gpu_count_check(hw: HardwareReport, spec: DeploymentSpec | None) -> Check:
             "needs a node reboot) or snapshot every node of the TP group "
             "(--from-snapshot once per node).",
         )
-    where = f" on {len(hw.nodes)} nodes" if multi else ""
+    live = [n for n in hw.nodes if n.no_driver_reason is None]
+    where = f" on {len(live)} nodes" if multi else ""
+    if multi and len(live) < len(hw.nodes):
+        where = f" on {len(live)} node{'s' if len(live) != 1 else ''} with a driver"
     need = f", deployment needs {needed}" if needed is not None else ""
     noun = "GPU" if len(usable) == 1 else "GPUs"
     return Check("hw.gpu_count", H, Status.PASS, f"{len(usable)} {noun}{where}{need}.")
