@@ -367,3 +367,22 @@ def test_any_report_round_trips_through_json(nodes: list, source: str) -> None:
     report = HardwareReport(nodes=nodes, source=source)  # type: ignore[arg-type]
     text = json.dumps(report.to_json())
     assert HardwareReport.from_json(json.loads(text)) == report
+
+
+def test_nvidia_smi_fallback_parses_the_csv_query() -> None:
+    from kimictl.runtime.hardware._smi import parse_smi
+
+    csv = (
+        "0, NVIDIA H200, GPU-36e529ec-00d8-5312-8107-981a2be1110d, 9.0, 143771, [N/A], Enabled, "
+        "Enabled, 00000000:00:06.0, 580.159.04\n"
+        "1, NVIDIA H200, GPU-0000, 9.0, 143771, Disabled, Disabled, Disabled, "
+        "00000000:00:07.0, 580.159.04\n"
+    )
+    q = (SNAPSHOTS / "h200-real.nvidia-smi-q.txt").read_text()
+    driver, gpus = parse_smi(csv, q)
+    assert driver == "580.159.04"
+    assert [g.index for g in gpus] == [0, 1]
+    assert gpus[0].compute_capability == (9, 0) and gpus[0].memory_total_mib == 143771
+    assert isinstance(gpus[0].mig_mode, Unavailable)  # "[N/A]" is not a reading
+    assert gpus[0].ecc is True and gpus[1].ecc is False and gpus[1].mig_mode is False
+    assert isinstance(gpus[0].nvlinks, Unavailable) and "nvidia-smi" in gpus[0].nvlinks.reason

@@ -12,7 +12,7 @@ from typing import Any
 
 from kimictl.runtime.hardware._types import FabricInfo, GpuInfo, Unavailable
 
-__all__ = ["smi_available", "smi_probe"]
+__all__ = ["parse_smi", "smi_available", "smi_probe"]
 
 _FIELDS = [
     "index",
@@ -100,7 +100,12 @@ def smi_probe() -> tuple[str | Unavailable, list[GpuInfo]] | Unavailable:
     if isinstance(out, Unavailable):
         return out
     q = _run(["-q"])
-    fabrics = _fabric_from_q(q) if isinstance(q, str) else []
+    return parse_smi(out, q if isinstance(q, str) else "")
+
+
+def parse_smi(out: str, q: str) -> tuple[str | Unavailable, list[GpuInfo]]:
+    """Parse `--query-gpu=<_FIELDS> --format=csv,noheader,nounits` and `nvidia-smi -q` text."""
+    fabrics = _fabric_from_q(q) if q else []
     driver: str | Unavailable = Unavailable("no GPU listed by nvidia-smi")
     gpus: list[GpuInfo] = []
     for row_index, line in enumerate(r for r in out.splitlines() if r.strip()):
