@@ -7,6 +7,7 @@ back from calibrate(), so a changed shape or parameter that silently breaks them
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -297,3 +298,30 @@ def test_lower_acceptance_means_fewer_draft_tokens_are_worth_it() -> None:
     low = search(SearchInputs(system=GB300, gpus=16, acceptance_length=1.3))
     assert high.choice is not None and low.choice is not None
     assert low.choice.config.draft_tokens < high.choice.config.draft_tokens
+
+
+# --- measured inputs from kimictl's own kernel bench -------------------------------------------
+
+KERNEL_BENCH = Path(__file__).parent.parent / "benchmarks" / "results" / "kernels_h200_bench.json"
+
+
+def test_least_squares_recovers_a_line() -> None:
+    from kimictl.runtime.tuning.calibration import least_squares
+
+    xs = [1.0, 5.0, 30.0, 290.0]
+    assert least_squares(xs, [4.5 + x / 4.0 for x in xs]) == pytest.approx((4.5, 0.25))
+
+
+@pytest.mark.skipif(not KERNEL_BENCH.exists(), reason="no kernels bench result in this checkout")
+def test_hbm_efficiencies_are_the_kernel_bench_fit() -> None:
+    from kimictl.runtime.tuning.calibration import fit_kernel_bench
+
+    fits = fit_kernel_bench(KERNEL_BENCH)
+    for kind in ("stock", "specialized"):
+        assert m.PARAMS[f"hbm_efficiency_{kind}"].value == pytest.approx(
+            fits[kind].efficiency, abs=0.005
+        )
+    # the stock per-kernel overhead fitted on GB300 figures agrees with the H200 cuBLAS intercept
+    assert m.PARAMS["kernel_overhead_us_stock"].value == pytest.approx(
+        fits["stock"].intercept_us, rel=0.10
+    )

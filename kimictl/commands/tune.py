@@ -393,12 +393,18 @@ def model_cmd(
     calibrate: Annotated[
         bool, typer.Option("--calibrate", help="Refit the fitted parameters and compare.")
     ] = False,
+    kernel_bench: Annotated[
+        Path | None,
+        typer.Option(
+            "--kernel-bench", help="Fit HBM efficiency from `kimictl kernels bench` JSON."
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The model's parameters (with sources) and its error on each published figure."""
     from kimictl.runtime.tuning.service import model_card
 
-    card = model_card(calibrate=calibrate)
+    card = model_card(calibrate=calibrate, kernel_bench=kernel_bench)
     if json_out:
         emit_json(card)
         return
@@ -422,6 +428,14 @@ def model_cmd(
             "fitted to it" if row["in_sample"] else "prediction",
         )
     console.print(figures)
+    if kernel_bench is not None:
+        for kind, fit in card["kernel_bench"]["fits"].items():
+            stored = card["kernel_bench"]["compare"][f"hbm_efficiency_{kind}"]["stored"]
+            console.print(
+                f"kernel bench ({kind}, {fit['shapes']} shapes at M=1): t = "
+                f"{fit['intercept_us']:.2f} us + bytes / {fit['tb_s']:.2f} TB/s -> HBM efficiency "
+                f"{fit['efficiency']:.3f} (model uses {stored:g})"
+            )
     if calibrate:
         for name, row in card["calibration"].items():
             console.print(

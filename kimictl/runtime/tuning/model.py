@@ -78,38 +78,40 @@ PARAMS: dict[str, Param] = {
         13, "kernels", "published: one specialized layer runs 13 kernels (k3-vllm-facts.md)"
     ),
     "kernel_overhead_us_stock": Param(
-        4.668,
+        4.700,
         "us/kernel",
         "FITTED so that one TP16 GB300 layer at batch 1 costs the published 130 us in 23 kernels "
-        "(calibrate() step 1). Cross-check: a least-squares fit of t = a + bytes/BW through the "
-        "six cuBLAS M=1 GEMMs measured on the H200 (shared/notes/cutedsl-aot.md) gives a = 4.39 us",
+        "(calibrate() step 1). Cross-check: the intercept of the cuBLAS fit on the H200 "
+        "(calibration.fit_kernel_bench) is 4.54 us",
         fitted=True,
     ),
     "hbm_efficiency_stock": Param(
-        0.80,
+        0.839,
         "of peak",
-        "measured: slope of that cuBLAS fit, 3.86 TB/s of the H200's 4.8 TB/s",
+        "measured: least-squares slope of t = a + bytes/BW through cuBLAS at M=1 on the 12 K3 "
+        "GEMM shapes of `kimictl kernels bench` on the H200 (benchmarks/results/"
+        "kernels_h200_bench.json): 4.03 TB/s of 4.8 (calibration.fit_kernel_bench)",
     ),
     "hbm_efficiency_specialized": Param(
-        0.91,
+        0.961,
         "of peak",
-        "measured: a weight-streaming CuTe DSL GEMM at M=1 reads 4.35-4.4 TB/s of 4.8 on the H200 "
-        "(shared/notes/cutedsl-aot.md)",
+        "measured: the same fit through the best kimictl CuTe DSL weight-streaming kernel per "
+        "shape (same bench file): 4.61 TB/s of 4.8 (calibration.fit_kernel_bench)",
     ),
     "kernel_overhead_us_specialized": Param(
-        4.024,
+        4.082,
         "us/kernel",
         "FITTED so that one TP16 GB300 layer at batch 1 (8k context) costs the published 69 us in "
         "13 kernels (calibrate() step 1)",
         fitted=True,
     ),
     "routing_locality": Param(
-        0.771,
+        0.755,
         "share",
         "FITTED so that batch 1 on 16 GB300 with 7 draft tokens and AL 6 gives the published "
         "840 tokens/s (calibrate() step 2): share of a request's draft tokens that reuse the "
         "experts of the token before them. It absorbs every unmodelled saving of a q > 1 step "
-        "(adjacent-token expert reuse, L2 prefetch); independent routing (0) gives 728 tokens/s",
+        "(adjacent-token expert reuse, L2 prefetch); independent routing (0) gives 735 tokens/s",
         fitted=True,
     ),
     "allreduce_sync_rounds_stock": Param(

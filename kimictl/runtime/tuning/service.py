@@ -227,7 +227,9 @@ def predict_pair(
     }
 
 
-def model_card(*, calibrate: bool = False) -> dict[str, Any]:
+def model_card(
+    *, calibrate: bool = False, kernel_bench: str | Path | None = None
+) -> dict[str, Any]:
     """The model's version, parameters with sources, and its error on the published figures.
 
     `calibrate`: also refit the fitted parameters from the published figures (calibrate()) and
@@ -247,6 +249,21 @@ def model_card(*, calibrate: bool = False) -> dict[str, Any]:
         },
         "published_figures": [check.to_json() for check in published_checks(system)],
     }
+    if kernel_bench is not None:
+        from kimictl.runtime.tuning.calibration import fit_kernel_bench
+
+        fits = fit_kernel_bench(kernel_bench)
+        card["kernel_bench"] = {
+            "file": str(kernel_bench),
+            "fits": {kind: fit.to_json() for kind, fit in fits.items()},
+            "compare": {
+                f"hbm_efficiency_{kind}": {
+                    "stored": PARAMS[f"hbm_efficiency_{kind}"].value,
+                    "measured": round(fit.efficiency, 4),
+                }
+                for kind, fit in fits.items()
+            },
+        }
     if calibrate:
         card["calibration"] = {
             name: {
