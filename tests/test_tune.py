@@ -368,3 +368,16 @@ def test_sweep_finds_the_largest_load_meeting_the_slo(limit: int, max_concurrenc
     assert good == min(limit, max_concurrency)
     assert bad == (None if limit >= max_concurrency else good + 1)
     assert len(asked) == len(set(asked)) <= 2 * max_concurrency.bit_length() + 1
+
+
+def test_tune_help_exits_0_without_heavy_imports() -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from kimictl.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    rc = main(['tune', '--help'])\n"
+        "heavy = {'matplotlib', 'plotext', 'torch', 'numpy', 'textual'}\n"
+        "print(rc, sorted(heavy & set(sys.modules)), '--draft-acceptance' in out.getvalue())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0 [] True"
