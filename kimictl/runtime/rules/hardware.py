@@ -146,7 +146,7 @@ def _driver_checks(hw: HardwareReport) -> list[Check]:
                 "hw.driver_version", H, Status.PASS, f"Driver {', '.join(shown)}: CUDA 13 capable."
             )
         )
-    if multi:
+    if len(nodes) > 1:
         versions: dict[str, list[str]] = defaultdict(list)
         for node in nodes:
             versions[str(node.driver_version)].append(node.hostname)
@@ -629,7 +629,7 @@ def _same_stack_check(hw: HardwareReport) -> Check | None:
             p["name"]: p.get("installed") for p in (raw or {}).get("packages", [])
         }
         for name, version in versions.items():
-            per_pkg[name][str(version)].append(host)
+            per_pkg[name][str(version) if version else "not installed"].append(host)
     differ = {name: v for name, v in per_pkg.items() if len(v) > 1}
     if differ:
         detail = "; ".join(
