@@ -74,6 +74,14 @@ def ps(
     for r in records:
         if r.reason:
             console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
+        health = healths[r.id]
+        if r.state.value == "ready" and health != 200:
+            said = "no answer" if health is None else f"{health}"
+            console.print(
+                f"[bold red]{r.id}: /health {said}: the engine may have died; "
+                f"`kimictl logs {r.id}` shows why, `kimictl stop {r.id}` ends it[/]",
+                highlight=False,
+            )
 
 
 @stop_app.command(

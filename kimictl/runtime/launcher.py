@@ -713,11 +713,19 @@ def _supervise(
                 bad[launch.plan.run_id] = 0
                 continue
             bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
-            if code is None and bad[launch.plan.run_id] < failures_to_dead:
+            # An explicit non-200 counts at once; no answer at all (a busy 2-core machine under
+            # load can miss a 5 s /health) needs three times as many misses in a row.
+            needed = failures_to_dead if status is not None else 3 * failures_to_dead
+            if code is None and bad[launch.plan.run_id] < needed:
                 continue
             if _stopped_elsewhere(launch):
                 return  # `kimictl stop` from another shell: a stop, not a death
-            what = f"exited with code {code}" if code is not None else f"/health answered {status}"
+            if code is not None:
+                what = f"exited with code {code}"
+            elif status is None:
+                what = f"/health did not answer {needed} times in a row"
+            else:
+                what = f"/health answered {status}"
             launch.record = _mark(
                 launch.record,
                 RunState.FAILED,
