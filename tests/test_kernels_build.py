@@ -13,12 +13,17 @@ import pytest
 
 from kimictl.kernels import build as kbuild
 from kimictl.kernels.harness import arch_of
+from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TC_MS, TcStreamConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M, TILES, WStreamConfig, default_config
 
-# Two variants span the regimes that change the generated code: M=1 one row per CTA, and M=8
-# with four rows, a fused residual and a partial trip; every other variant differs only in
-# constants.
-SMALL = [WStreamConfig(1, 128, 7, 1), WStreamConfig(8, 32, 3, 4, residual=True)]
+# Three variants span the regimes that change the generated code: SIMT M=1 one row per CTA, SIMT
+# M=8 with four rows and a fused residual, and the tensor-core kernel with two token tiles; every
+# other variant differs only in constants.
+SMALL = [
+    WStreamConfig(1, 128, 7, 1),
+    WStreamConfig(8, 32, 3, 4, residual=True),
+    TcStreamConfig(16, 4, 2),
+]
 
 
 def _embedded_sm(obj: Path) -> int:
@@ -53,7 +58,7 @@ def test_build_exports_objects_for_the_arch(built, arch: str, sm: int):
         obj = result.out_dir / entry["object"]
         assert obj.stat().st_size > 1000
         assert _embedded_sm(obj) == sm
-        assert entry["kernel"] == "wstream_gemm"
+        assert entry["kernel"] in ("wstream_gemm", "tcstream_gemm")
         assert entry["symbol"] == f"kimictl_{entry['name']}"
     assert manifest["runtime_lib"] == kbuild.RUNTIME_LIB
     assert (result.out_dir / kbuild.RUNTIME_LIB).is_file()
@@ -75,6 +80,10 @@ def test_rebuild_reuses_objects_until_the_stamp_changes(built, tmp_path: Path):
     (arch_dir / f"{SMALL[0].name}.stamp").write_text("stale")
     third = kbuild.build("sm_90a", arch_dir.parent, configs=SMALL)
     assert third.reused == len(SMALL) - 1
+    # each object is keyed by its own kernel's sources
+    assert kbuild.source_hash("wstream_gemm") != kbuild.source_hash("tcstream_gemm")
+    stamps = {(arch_dir / f"{c.name}.stamp").read_text() for c in SMALL}
+    assert len(stamps) == 2
 
 
 def test_unknown_arch_is_refused_before_compiling(tmp_path: Path):
@@ -94,7 +103,8 @@ def test_configs_cover_every_m_with_every_tile_and_validate():
     for m in range(1, MAX_M + 1):
         tiles = {(c.threads, c.unroll, c.rows) for c in CONFIGS if c.m == m and not c.residual}
         assert set(TILES) <= tiles
-    assert len({c.name for c in CONFIGS}) == len(CONFIGS)
+    assert len({c.name for c in kbuild.ALL_CONFIGS}) == len(kbuild.ALL_CONFIGS)
+    assert {c.m for c in TC_CONFIGS} == set(TC_MS)  # every prepared token batch, 1..64
     with pytest.raises(ValueError):
         WStreamConfig(9, 128, 7, 1)
     with pytest.raises(ValueError):

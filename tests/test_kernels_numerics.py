@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.build import source_hash
+from kimictl.kernels.build import ALL_CONFIGS, source_hash
+from kimictl.kernels.tcstream_gemm import TC_MS
 from kimictl.kernels.verify import REL_TOL, VERIFY_SHAPES
-from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "verify_h200.json"
 
@@ -86,9 +86,9 @@ def test_recorded_verify_is_of_the_current_kernel_source(recorded: dict):
 
 def test_recorded_verify_covers_every_variant_m_and_edge_size(recorded: dict):
     results = recorded["results"]
-    assert {c["name"] for c in results} == {c.name for c in CONFIGS}
-    assert {c["m"] for c in results} == set(range(1, MAX_M + 1))
+    assert {c["name"] for c in results} == {c.name for c in ALL_CONFIGS}
+    assert {c["m"] for c in results} == set(TC_MS)  # 1..8, 16, 32, 64
     assert {(c["n"], c["k"]) for c in results} == set(VERIFY_SHAPES)
     assert any(c["residual"] for c in results)
     per = {(c["name"], c["n"], c["k"]) for c in results}
-    assert len(per) == len(CONFIGS) * len(VERIFY_SHAPES)  # every variant on every size
+    assert len(per) == len(ALL_CONFIGS) * len(VERIFY_SHAPES)  # every variant on every size

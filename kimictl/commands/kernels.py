@@ -148,7 +148,7 @@ def _render_plan(plan: Any) -> None:
     console.print(t)
     console.print(("driver: " if plan.driver_ok else "[red]driver:[/red] ") + plan.driver_reason)
     if plan.pip_argv:
-        console.print("would run: " + " ".join(plan.pip_argv[1:]), highlight=False)
+        console.print("would run: python " + " ".join(plan.pip_argv[1:]), highlight=False)
 
 
 @app.command()

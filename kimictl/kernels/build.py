@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TcStreamConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, WStreamConfig
 
 __all__ = [
@@ -42,7 +43,13 @@ DSL_DIST = "nvidia-cutlass-dsl"
 MANIFEST = "manifest.json"
 WRAPPER = "kimictl_kernels.cpp"
 RUNTIME_LIB = "libcuda_dialect_runtime_static.a"
-_SOURCES = ("wstream_gemm.py", "wstream_gemm_dsl.py")  # the kernel sources
+# kernel -> its source files; an object is stale when its own kernel's sources change
+_SOURCES: dict[str, tuple[str, ...]] = {
+    "wstream_gemm": ("wstream_gemm.py", "wstream_gemm_dsl.py"),
+    "tcstream_gemm": ("tcstream_gemm.py", "tcstream_gemm_dsl.py"),
+}
+KernelConfig = WStreamConfig | TcStreamConfig
+ALL_CONFIGS: tuple[KernelConfig, ...] = (*CONFIGS, *TC_CONFIGS)
 
 
 def default_build_dir() -> Path:
@@ -50,12 +57,13 @@ def default_build_dir() -> Path:
     return Path(__file__).resolve().parent / "_build"
 
 
-def source_hash() -> str:
-    """sha256 over the kernel sources' syntax trees: a build is stale when the code changes, not
-    when a comment or the formatting does."""
+def source_hash(kernel: str | None = None) -> str:
+    """sha256 over the kernel sources' syntax trees (one kernel's, or all): a build is stale when
+    the code changes, not when a comment or the formatting does."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for name in _SOURCES:
+    names = _SOURCES[kernel] if kernel else [n for k in sorted(_SOURCES) for n in _SOURCES[k]]
+    for name in names:
         h.update(name.encode())
         h.update(ast.dump(ast.parse((here / name).read_text())).encode())
     return h.hexdigest()[:16]
@@ -186,7 +194,7 @@ def build(
     arch: str,
     out: Path | None = None,
     *,
-    configs: Iterable[WStreamConfig] | None = None,
+    configs: Iterable[KernelConfig] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> BuildResult:
     """Compile and export every variant for `arch` into `out/arch/`. Reuses objects whose manifest
@@ -199,13 +207,19 @@ def build(
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
     import cutlass.cute as cute  # noqa: F401  (fails early if the compiler wheel is missing)
 
+    from kimictl.kernels.tcstream_gemm import _compile_tcstream
     from kimictl.kernels.wstream_gemm import _compile_wstream
 
-    chosen = list(configs if configs is not None else CONFIGS)
+    compilers: dict[str, Callable[[Any, str], Any]] = {
+        "wstream_gemm": _compile_wstream,
+        "tcstream_gemm": _compile_tcstream,
+    }
+    stamps = {kernel: f"{source_hash(kernel)} {version}" for kernel in _SOURCES}
+
+    chosen = list(configs if configs is not None else ALL_CONFIGS)
     arch_dir = (out or default_build_dir()) / arch
     arch_dir.mkdir(parents=True, exist_ok=True)
     src_hash = source_hash()
-    stamp = f"{src_hash} {version}"
     t0 = time.perf_counter()
     kernels: list[dict[str, Any]] = []
     entries: list[tuple[str, str]] = []
@@ -216,11 +230,12 @@ def build(
         if progress:
             progress(i, len(chosen), name)
         side = arch_dir / f"{name}.stamp"  # source hash + DSL version the object was built from
+        stamp = stamps[cfg.kernel]
         if obj.is_file() and hdr.is_file() and side.is_file() and side.read_text() == stamp:
             reused += 1
         else:
             try:
-                compiled = _compile_wstream(cfg, arch)
+                compiled = compilers[cfg.kernel](cfg, arch)
                 compiled.export_to_c(str(arch_dir), name, function_prefix=f"k_{name}")
             except Exception as exc:
                 raise RuntimeError(f"building {name} for {arch} failed: {exc}") from exc
@@ -230,7 +245,8 @@ def build(
         kernels.append(
             {
                 "name": name,
-                "kernel": "wstream_gemm",
+                "kernel": cfg.kernel,
+                "rows": cfg.rows,
                 "symbol": f"kimictl_{name}",
                 "object": obj.name,
                 "sha256": hashlib.sha256(obj.read_bytes()).hexdigest()[:16],

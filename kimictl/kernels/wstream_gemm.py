@@ -42,6 +42,7 @@ class WStreamConfig:
     rows: int  # rows of w per CTA
     residual: bool = False  # y = x @ w^T + r
     pdl: bool = True  # launched with programmatic stream serialization
+    kernel = "wstream_gemm"
 
     def __post_init__(self) -> None:
         if not 1 <= self.m <= MAX_M:

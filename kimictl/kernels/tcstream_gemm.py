@@ -1,0 +1,114 @@
+"""Tensor-core weight-streaming GEMM: y[M, N] = x[M, K] @ w[N, K]^T (+ residual), M = 1..64.
+
+The SIMT kernel (wstream_gemm.py) spends M FMAs per weight element; from M = 4 on that issue
+cost, not HBM, sets its time. Here the warp's `mma.sync.m16n8k16` does the multiply: weights are
+the 16-row A operand, tokens the 8-column B operand (M > 8 uses ceil(M/8) column tiles that share
+each weight fragment), fp32 accumulation in the C fragment.
+
+Loads stay 16 bytes per thread. The sum over K does not care about the order of k, so each
+thread loads 8 contiguous k of its A rows (g and g+8) and of its token g, and the fragment's
+"virtual" k positions {2t, 2t+1, 2t+8, 2t+9} of two consecutive MMAs are mapped onto real k
+kb + 8t + {0..3} and {4..7}: A and B see the same permutation, so the product is unchanged.
+
+One CTA owns 16 rows of w; its warps split K and reduce through shared memory. PDL as in
+wstream_gemm: weight loads first, `griddepcontrol.wait` before x is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TC_CONFIGS", "TC_MS", "TcStreamConfig"]
+
+TC_MS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # token batches K3 prepares
+ROWS = 16  # rows of w per CTA: the MMA's M
+VEC = 8
+
+
+@dataclass(frozen=True)
+class TcStreamConfig:
+    m: int  # tokens, 1..64
+    warps: int  # warps per CTA, all splitting K
+    unroll: int  # 32-k groups per warp per loop trip (2 weight loads + ceil(m/8) x loads each)
+    groups: int = 1  # 16-row groups per warp: each x fragment feeds `groups` MMAs
+    residual: bool = False
+    pdl: bool = True
+    kernel = "tcstream_gemm"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.m <= 64:
+            raise ValueError(f"m must be 1..64, got {self.m}")
+        if not 1 <= self.warps <= 16:
+            raise ValueError(f"warps must be 1..16, got {self.warps}")
+        if self.smem_bytes > 48 * 1024:
+            raise ValueError(f"{self.name}: reduction buffer {self.smem_bytes} B exceeds 48 KiB")
+
+    @property
+    def smem_bytes(self) -> int:
+        """fp32 partial sums of every warp for the CTA's rows x token tiles."""
+        return self.warps * self.rows * 8 * self.n_tiles * 4
+
+    @property
+    def n_tiles(self) -> int:
+        return -(-self.m // 8)
+
+    @property
+    def rows(self) -> int:
+        return ROWS * self.groups
+
+    @property
+    def name(self) -> str:
+        tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
+        return f"tcstream_m{self.m}_w{self.warps}_u{self.unroll}_g{self.groups}{tail}"
+
+
+def _tc_configs() -> tuple[TcStreamConfig, ...]:
+    out: list[TcStreamConfig] = []
+    for m in TC_MS:
+        if m <= 8:
+            # (warps, unroll, groups): 8x2 covers 512 k per trip (K3's K in whole trips); unroll
+            # 4 and 7 put 2x and 3.5x the bytes in flight where N/16 CTAs leave one CTA per SM;
+            # two row groups halve the x loads.
+            tiles: tuple[tuple[int, int, int], ...] = (
+                (8, 2, 1), (8, 4, 1), (4, 4, 1), (8, 7, 1), (4, 4, 2),
+            )  # fmt: skip
+        elif m <= 32:
+            # x traffic from L2 grows with M: more row groups per warp share each x fragment
+            tiles = ((8, 2, 1), (4, 2, 2), (4, 2, 4))
+        else:
+            tiles = ((8, 2, 1), (4, 2, 2))
+        out.extend(TcStreamConfig(m, w, u, g) for w, u, g in tiles)
+    out.extend(TcStreamConfig(m, 8, 4, 1, residual=True) for m in TC_MS if m <= 8)
+    # PDL off: what programmatic launch buys (or costs) inside a chain of different shapes
+    out.extend(TcStreamConfig(8, w, u, 1, pdl=False) for w, u in ((8, 2), (8, 4)))
+    return tuple(out)
+
+
+TC_CONFIGS: tuple[TcStreamConfig, ...] = _tc_configs()
+
+
+def _compile_tcstream(cfg: TcStreamConfig, arch: str = "sm_90a") -> Any:
+    """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16
+
+    from kimictl.kernels.tcstream_gemm_dsl import TcStreamGemm
+
+    n = cute.sym_int()
+    k = cute.sym_int(divisibility=VEC)
+    mX = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
+    )
+    mW = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
+    )
+    mY = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
+    )
+    mR = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
+    )
+    stream = cutlass.runtime.make_fake_stream()
+    return cute.compile(TcStreamGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
