@@ -286,6 +286,9 @@ def test_foreground_children_die_with_a_killed_kimictl(tmp_path):
     record = runs.get_run(run_id)
     assert record.state is RunState.STOPPED
     assert "exited and the server ended with it" in (record.reason or "")
+    tmp = Path(record.extra["tmp_dir"])
+    launcher.stop_run(record)  # what `kimictl stop` does: cleans what the killed one left
+    assert not tmp.exists()
 
 
 def test_run_serve_stops_everything_on_signal():

@@ -254,6 +254,13 @@ def test_ab_detach_ps_bench_stop_end_to_end(_state_dir):
     """The README's main job: serve --ab --detach, bench --ab, stop --all."""
     _require_runtime()
     port = free_port(pair=True)
+    try:
+        _ab_flow(_state_dir, port)
+    finally:  # a failed assertion must not leave two detached servers behind
+        subprocess.run([sys.executable, "-m", "kimictl", "stop", "--all"], capture_output=True)
+
+
+def _ab_flow(_state_dir: Path, port: int) -> None:
     serve = _kimictl("serve", "--ab", "--detach", "--port", str(port), "--timeout", str(STARTUP_S))
     out, err = serve.communicate(timeout=STARTUP_S + 60)
     assert serve.returncode == 0, err[-3000:]
@@ -277,7 +284,7 @@ def test_ab_detach_ps_bench_stop_end_to_end(_state_dir):
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
 
     bench = subprocess.run(
-        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json"],
+        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json", "-"],
         capture_output=True,
         text=True,
         timeout=300,
