@@ -381,3 +381,13 @@ def test_tune_help_exits_0_without_heavy_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0 [] True"
+
+
+def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "b200.toml"
+    args = ["--system", "b200", "--gpus", "8", "--write", str(target), "--json"]
+    code, out, err = run(capsys, *args)
+    assert code == 1
+    assert json.loads(out)["choice"] is None  # the search is still reported
+    one_sentence_error(err, "no configuration fits 8 x b200")
+    assert not target.exists()

@@ -125,7 +125,7 @@ def tune(
         acceptance=service.parse_acceptance(draft_acceptance),
     )
     written = None
-    if write is not None:
+    if write is not None and result.choice is not None:
         from kimictl.runtime.tuning.profile import write_choice
 
         written = write_choice(result, write, overwrite=force, hardware_source=source)
@@ -143,12 +143,24 @@ def tune(
         if png is not None:
             doc["plot"] = str(png)
         emit_json(doc)
+        _fail_if_nothing_fits(result)
         return
     _render_search(result, source)
     if png is not None:
         console.print(f"plot written: {png}")
     if written is not None:
         console.print(f"profile written: {written}")
+    _fail_if_nothing_fits(result)
+
+
+def _fail_if_nothing_fits(result: SearchResult) -> None:
+    if result.choice is None:
+        inp = result.inputs
+        raise CheckFailed(
+            f"no configuration fits {inp.gpus} x {inp.system.name} at context {inp.context}: the "
+            f"weights plus one request's KV cache exceed GPU memory at every TP; nothing written.",
+            hint="use more GPUs per replica (TP16) or a system with more memory per GPU",
+        )
 
 
 def _render_search(result: SearchResult, source: str) -> None:
