@@ -415,3 +415,22 @@ def test_start_stop_cycles_leave_nothing_behind(_state_dir):
 
 def _newest(state: Path) -> dict:
     return max(_records(state), key=lambda r: r["started_at"])
+
+
+def test_logs_follow_ends_when_the_server_stops(_state_dir):
+    from test_launcher import fake_plan
+
+    from kimictl.runtime import launcher, runs
+
+    plan = fake_plan("ok")
+    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = launcher.run_serve(prepared, detach=True)
+    follow = _kimictl("logs", record.id, "-f", "--tail", "0")
+    try:
+        time.sleep(1.5)
+        assert follow.poll() is None  # still following a live server
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+    out, _ = follow.communicate(timeout=20)
+    assert follow.returncode == 0
+    assert "Starting vLLM server on" in out  # the whole log (--tail 0), then it ended by itself
