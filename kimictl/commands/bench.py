@@ -386,62 +386,54 @@ def _f(v: Any, digits: int = 1) -> str:
     return str(v)
 
 
+def _k(key: str) -> Any:
+    return lambda s: s[key]
+
+
+def _i(key: str) -> Any:
+    return lambda s: s["kimictl"]["interactivity_tok_s_per_user"][key]
+
+
+def _sv(key: str) -> Any:
+    return lambda s: (s["kimictl"]["server_view"] or {}).get(key)
+
+
+def _errors(s: dict[str, Any]) -> str:
+    kinds = dict(s["kimictl"]["errors_by_kind"])
+    if s["kimictl"]["cancelled"]:
+        kinds["cancelled"] = s["kimictl"]["cancelled"]
+    return ", ".join(f"{k} {v}" for k, v in kinds.items()) or "-"
+
+
 _ROWS: tuple[tuple[str, Any, int], ...] = (
     ("completed / failed", lambda s: f"{s['completed']} / {s['failed']}", 0),
-    ("duration s", lambda s: s["duration"], 1),
-    ("requests/s", lambda s: s["request_throughput"], 2),
-    ("output tokens/s", lambda s: s["output_throughput"], 1),
+    ("duration s", _k("duration"), 1),
+    ("requests/s", _k("request_throughput"), 2),
+    ("output tokens/s", _k("output_throughput"), 1),
     ("output tokens/s/GPU", lambda s: s["kimictl"]["output_throughput_per_gpu"], 1),
-    (
-        "tok/s/user p10 (slow tail)",
-        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p10_slow_tail"],
-        1,
-    ),
-    (
-        "tok/s/user p50",
-        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p50"],
-        1,
-    ),
-    (
-        "tok/s/user p90 (fast tail)",
-        lambda s: s["kimictl"]["interactivity_tok_s_per_user"]["p90_fast_tail"],
-        1,
-    ),
-    ("TTFT mean / p99 ms", lambda s: f"{_f(s['mean_ttft_ms'])} / {_f(s['p99_ttft_ms'])}", 0),
-    (
-        "TPOT mean / median / p90 ms",
-        lambda s: (
-            f"{_f(s['mean_tpot_ms'], 2)} / {_f(s['median_tpot_ms'], 2)} / {_f(s['p90_tpot_ms'], 2)}"
-        ),
-        0,
-    ),
-    ("ITL mean / p99 ms", lambda s: f"{_f(s['mean_itl_ms'], 2)} / {_f(s['p99_itl_ms'], 2)}", 0),
-    ("E2E latency mean / p90 ms", lambda s: f"{_f(s['mean_e2el_ms'])} / {_f(s['p90_e2el_ms'])}", 0),
-    ("goodput requests/s (SLO)", lambda s: s["request_goodput"], 2),
+    ("tok/s/user p10 (slow tail)", _i("p10_slow_tail"), 1),
+    ("tok/s/user p50", _i("p50"), 1),
+    ("tok/s/user p90 (fast tail)", _i("p90_fast_tail"), 1),
+    ("TTFT mean ms", _k("mean_ttft_ms"), 1),
+    ("TTFT p99 ms", _k("p99_ttft_ms"), 1),
+    ("TPOT mean ms", _k("mean_tpot_ms"), 2),
+    ("TPOT median ms", _k("median_tpot_ms"), 2),
+    ("TPOT p90 ms", _k("p90_tpot_ms"), 2),
+    ("ITL mean ms", _k("mean_itl_ms"), 2),
+    ("ITL p99 ms", _k("p99_itl_ms"), 2),
+    ("E2E latency mean ms", _k("mean_e2el_ms"), 1),
+    ("E2E latency p90 ms", _k("p90_e2el_ms"), 1),
+    ("goodput requests/s (SLO)", _k("request_goodput"), 2),
     ("SLO met", lambda s: (s["kimictl"].get("slo") or {}).get("met"), 0),
-    (
-        "errors",
-        lambda s: ", ".join(f"{k} {v}" for k, v in s["kimictl"]["errors_by_kind"].items()) or "-",
-        0,
-    ),
-    ("server: tokens/s", lambda s: (s["kimictl"]["server_view"] or {}).get("tokens_per_s"), 1),
-    ("server: TPOT p50 / p90 ms", lambda s: _sv_pair(s, "tpot_p50_ms", "tpot_p90_ms"), 0),
-    ("server: TTFT p50 / p99 ms", lambda s: _sv_pair(s, "ttft_p50_ms", "ttft_p99_ms"), 0),
-    ("spec accept. length / rate", lambda s: _spec(s), 0),
+    ("errors", _errors, 0),
+    ("server: output tokens/s", _sv("tokens_per_s"), 1),
+    ("server: TPOT p50 ms", _sv("tpot_p50_ms"), 2),
+    ("server: TPOT p90 ms", _sv("tpot_p90_ms"), 2),
+    ("server: TTFT p50 ms", _sv("ttft_p50_ms"), 1),
+    ("server: TTFT p99 ms", _sv("ttft_p99_ms"), 1),
+    ("spec acceptance length", _k("spec_decode_acceptance_length"), 2),
+    ("spec acceptance rate", _k("spec_decode_acceptance_rate"), 2),
 )
-
-
-def _sv_pair(s: dict[str, Any], a: str, b: str) -> str:
-    sv = s["kimictl"]["server_view"]
-    if not sv:
-        return "-"
-    return f"{_f(sv.get(a), 2)} / {_f(sv.get(b), 2)}"
-
-
-def _spec(s: dict[str, Any]) -> str:
-    if s["spec_decode_acceptance_length"] is None:
-        return "- (no speculation)"
-    return f"{s['spec_decode_acceptance_length']:.2f} / {s['spec_decode_acceptance_rate']:.2f}"
 
 
 def _render(outcome: BenchOutcome) -> None:
@@ -468,7 +460,8 @@ def _render(outcome: BenchOutcome) -> None:
         _render_ab(outcome)
     console.print(
         "[dim]tok/s/user = interactivity = 1/TPOT per request; p10 is the slow tail "
-        "(= 1000 / TPOT p90 ms), p90 the fast tail.[/dim]"
+        "(= 1000 / TPOT p90 ms), p90 the fast tail. server: = /metrics deltas over the point "
+        "(histogram buckets, coarse); '-' = not reported (spec acceptance: no speculation).[/dim]"
     )
 
 
