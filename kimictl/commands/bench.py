@@ -283,8 +283,8 @@ def bench(
         from kimictl.commands._output import err_console
 
         done = sum(1 for r in outcome.records if r.error_kind != "cancelled")
-        err_console.print(f"{done} finished requests kept in the report")
-        raise KeyboardInterrupt  # cli.py prints "interrupted" and exits 130
+        err_console.print(f"interrupted: {done} finished requests kept in the report")
+        raise typer.Exit(130)
     if reason:
         raise EndpointError(
             f"the run stopped early: {reason}",
