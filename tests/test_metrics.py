@@ -4,10 +4,14 @@ from a fresh server with ngram speculation, i.e. a restart relative to `load_*`)
 
 from __future__ import annotations
 
+import asyncio
+import http.server
 import json
 import math
 import random
 import re
+import socket
+import threading
 from pathlib import Path
 
 import httpx
@@ -370,7 +374,7 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
     ok = [httpx.Response(200, text=text(f"load_t{i}")) for i in range(3)]
     refused = httpx.ConnectError("refused")
     responses: list[object] = [ok[0], refused, httpx.Response(503, text="dead"), ok[1], ok[2]]
-    poller = m.EndpointPoller("a", "http://127.0.0.1:1/v1")
+    poller = m.EndpointPoller("a", "http://127.0.0.1:1/v1", keepalive=False)
     async with httpx.AsyncClient(transport=_transport(responses)) as client:
         assert await poller.poll(client, interval=0.01)
         assert poller.status is m.EndpointStatus.UP
@@ -394,7 +398,7 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
 
 
 async def test_poller_skips_while_backing_off() -> None:
-    poller = m.EndpointPoller("a", "http://x")
+    poller = m.EndpointPoller("a", "http://x", keepalive=False)
     async with httpx.AsyncClient(transport=_transport([httpx.ConnectError("x")])) as client:
         await poller.poll(client, interval=5.0)
         # a second poll right away must not hit the server (the transport would fail: empty list)
@@ -433,3 +437,79 @@ def test_monitor_snapshot_has_the_documented_keys_and_ab_ratio() -> None:
         assert key in doc["endpoints"]["tuned"]
     assert doc["ab"]["ratio"]["tokens_per_s"] == pytest.approx(1.0)
     json.dumps(doc, allow_nan=False)
+
+
+# ---- the keep-alive scraper, over real sockets
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "length"
+    body = b""
+    connections: set[tuple[str, int]] = set()
+
+    def do_GET(self) -> None:
+        type(self).connections.add(self.client_address)
+        self.send_response(200)
+        if self.mode == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(self.body), 1000):
+                part = self.body[i : i + 1000]
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(self.body)))
+            self.end_headers()
+            self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["length", "chunked"])
+async def test_keepalive_scrape_reuses_one_connection(mode: str) -> None:
+    handler = type(
+        "H", (_Handler,), {"mode": mode, "body": text("load_t2").encode(), "connections": set()}
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    poller = m.EndpointPoller("a", url)
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(3):
+                assert await poller.poll(client, interval=1.0)
+    finally:
+        poller.close()
+        server.shutdown()
+        server.server_close()
+    latest = poller.series.latest
+    assert latest is not None
+    assert latest.counters == m.snapshot_from_text(text("load_t2")).counters
+    assert len(handler.connections) == 1  # three scrapes, one TCP connection
+
+
+async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(EndpointError, match="connection refused or host unreachable"):
+        await m.scrape_keepalive(
+            m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
+        )
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(EndpointError, match="not HTTP|connection lost"):
+            await m.scrape_keepalive(
+                m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
+            )
+    finally:
+        server.close()

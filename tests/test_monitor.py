@@ -21,13 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
-from rich.console import Console
 
 from kimictl.cli import main
 from kimictl.runtime.gpu_telemetry import GpuTelemetry
 from kimictl.runtime.metrics import EndpointPoller, EndpointStatus
 from kimictl.tui.app import HelpScreen, MonitorApp
-from kimictl.tui.widgets import FiguresTable, HistoryChart, StatusLine
+from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -36,10 +35,9 @@ def no_gpus() -> GpuTelemetry:
     return GpuTelemetry(time.time(), (), "test: no GPU")
 
 
-def rendered(widget: Any, width: int = 160) -> str:
-    console = Console(width=width, record=True, file=open("/dev/null", "w"))
-    console.print(widget.content if hasattr(widget, "content") else widget.render())
-    return console.export_text()
+def rendered(widget: Any) -> str:
+    """The text a widget shows now (what a person reads on the screen)."""
+    return str(widget.plain)
 
 
 class ReplayServer:
@@ -138,9 +136,12 @@ async def test_ab_ratio_column_and_chart_with_slo(replay: ReplayServer) -> None:
         table = rendered(app.query_one(FiguresTable))
         assert "tuned/stock" in table
         assert "interactivity p10 (slow tail)" in table
-        chart = app.query_one("#int-0", HistoryChart)
-        assert chart.slo == 20.0
-        assert "SLO 20" in rendered(chart, width=70)
+        charts = app.query_one(ChartsPanel)
+        assert charts.slo == 20.0
+        await pilot.pause(0.2)  # drawn on the next refresh
+        text = rendered(charts)
+        assert "tuned interactivity p10" in text and "stock tokens/s" in text
+        assert "SLO 20" in text and "┄" in text
         assert "SLO interactivity p10 >= 20" in app.sub_title
 
 
@@ -184,6 +185,19 @@ async def test_keys_pause_window_interval_help_export(replay: ReplayServer, tmp_
     lines = record.read_text().splitlines()
     assert len(lines) >= 2
     assert "interactivity_p10" in json.loads(lines[-1])["endpoints"]["a"]
+
+
+def test_chart_bars_scale_and_colour_against_the_slo() -> None:
+    lines = chart_lines(Series("x", "cyan", [None, 10.0, 50.0, 100.0]), 8, 5, ymax=100.0, slo=40.0)
+    assert len(lines) == 5
+    bars = ["".join(t for t, _ in line) for line in lines[1:]]
+    assert all(len(b) == 8 for b in bars)
+    # newest right; the 100 bar fills every row, the 10 bar only the bottom one
+    assert [b[-1] for b in bars] == ["█"] * 4
+    assert bars[-1][-3] != " " and bars[0][-3] in " ┄"
+    styles = {st for line in lines[1:] for t, st in line if t.strip(" ┄")}
+    assert styles == {"green", "red"}  # 50 and 100 over the SLO, 10 under it
+    assert any("┄" in b for b in bars)
 
 
 # ---- command line

@@ -23,12 +23,14 @@ import bisect
 import math
 import os
 import re
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -332,6 +334,42 @@ _SNAPSHOT_PREFIXES = (
 )
 
 
+_LINE_RE = re.compile(r"([^{\s]+)(?:\{(.*)\})?\s+(\S+)")
+_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class _Fast:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def _wanted_samples(text: str) -> list[_Fast]:
+    """The samples a snapshot needs, parsed with two C-level regex calls per line (the poller's
+    hot path: ~130 of ~900 lines, see benchmarks/RESULTS_monitor.md)."""
+    out: list[_Fast] = []
+    for line in text.splitlines():
+        if not line.startswith(_SNAPSHOT_PREFIXES):
+            continue
+        match = _LINE_RE.match(line)
+        if match is None:
+            continue
+        name, body, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        labels: dict[str, str] = {}
+        if body:
+            for key, val in _PAIR_RE.findall(body):
+                if "\\" in val:
+                    val = _ESCAPE_RE.sub(lambda m: _UNESCAPE[m.group(0)], val)
+                labels[key] = val
+        out.append(_Fast(name, labels, value))
+    return out
+
+
 def snapshot_from_text(
     text: str,
     *,
@@ -343,7 +381,7 @@ def snapshot_from_text(
 
     `model` keeps only samples whose `model_name` label equals it (samples without the label stay).
     """
-    samples, _types = parse_prometheus_text(text, prefixes=_SNAPSHOT_PREFIXES)
+    samples = _wanted_samples(text)
     gauge_sum: dict[str, float] = {}
     gauge_n: dict[str, int] = {}
     counters: dict[str, float] = {}
@@ -365,15 +403,15 @@ def snapshot_from_text(
             process_start = s.value
             continue
         if model is not None:
-            m = s.label("model_name", model)
+            m = s.labels.get("model_name", model)
             if m != model:
                 continue
         if math.isnan(s.value):
             continue
-        engine = s.label("engine")
+        engine = s.labels.get("engine", "")
         if engine:
             engines.add(engine)
-        mn = s.label("model_name")
+        mn = s.labels.get("model_name", "")
         if mn:
             models.add(mn)
         if name in gauge_names:
@@ -384,7 +422,7 @@ def snapshot_from_text(
             counters[fam] = counters.get(fam, 0.0) + s.value
         elif name == per_pos_name:
             try:
-                pos = int(s.label("position", "-1"))
+                pos = int(s.labels.get("position", "-1"))
             except ValueError:
                 continue
             if pos >= 0:
@@ -392,7 +430,7 @@ def snapshot_from_text(
         elif name.endswith("_bucket"):
             fam = name[: -len("_bucket")]
             if fam in hist_names:
-                le = s.label("le")
+                le = s.labels.get("le", "")
                 try:
                     bound = float(le)
                 except ValueError:
@@ -850,6 +888,110 @@ async def scrape(
     return snap
 
 
+class _KeepAliveGet:
+    """A minimal keep-alive HTTP/1.1 GET for plain-http /metrics.
+
+    httpx spends ~3 ms of CPU per 56 KB vLLM scrape; this spends a fraction of that, which keeps
+    a 4-endpoint monitor at 1 Hz inside its CPU budget (benchmarks/RESULTS_monitor.md). It reads
+    Content-Length, chunked, or to-EOF bodies; https endpoints use httpx instead.
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+    async def get(self, timeout: float) -> tuple[int, bytes]:
+        async with asyncio.timeout(timeout):
+            for attempt in (0, 1):
+                fresh = self._writer is None
+                if fresh:
+                    self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+                try:
+                    return await self._exchange()
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    self.close()
+                    if fresh or attempt:  # a reused keep-alive socket may have been closed
+                        raise
+        raise ConnectionError("unreachable")  # pragma: no cover
+
+    async def _exchange(self) -> tuple[int, bytes]:
+        assert self._reader is not None and self._writer is not None
+        extra = "".join(f"{k}: {v}\r\n" for k, v in _api_headers().items())
+        self._writer.write(
+            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Accept: text/plain\r\n{extra}\r\n".encode("latin-1")
+        )
+        await self._writer.drain()
+        status_line = await self._reader.readline()
+        if not status_line:
+            raise ConnectionResetError("closed before answering")
+        version, _, rest = status_line.decode("latin-1").partition(" ")
+        status = int(rest.split(" ", 1)[0])
+        headers: dict[str, str] = {}
+        while True:
+            line = await self._reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            key, _, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
+        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            chunks = []
+            while True:
+                size = int((await self._reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while (await self._reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(await self._reader.readexactly(size))
+                await self._reader.readexactly(2)
+            body = b"".join(chunks)
+        elif "content-length" in headers:
+            body = await self._reader.readexactly(int(headers["content-length"]))
+        else:
+            body = await self._reader.read()
+            keep = False
+        if not keep:
+            self.close()
+        return status, body
+
+
+async def scrape_keepalive(
+    conn: _KeepAliveGet, url: str, *, timeout: float, model: str | None = None
+) -> MetricsSnapshot:
+    """scrape() through a `_KeepAliveGet`: same result and same EndpointError reasons."""
+    try:
+        status, body = await conn.get(timeout)
+    except TimeoutError as exc:
+        conn.close()
+        raise EndpointError(f"{url}: no answer within {timeout:g} s") from exc
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        conn.close()
+        if isinstance(
+            exc, ConnectionRefusedError | socket.gaierror
+        ) or "Connect call failed" in str(exc):
+            raise EndpointError(f"{url}: connection refused or host unreachable") from exc
+        raise EndpointError(f"{url}: connection lost ({type(exc).__name__})") from exc
+    except ValueError as exc:
+        conn.close()
+        raise EndpointError(f"{url}: answered something that is not HTTP") from exc
+    if status != 200:
+        raise EndpointError(f"{url}: HTTP {status}")
+    snap = snapshot_from_text(body.decode("utf-8", "replace"), model=model)
+    if not snap.gauges and not snap.counters and not snap.histograms:
+        raise EndpointError(f"{url}: answered, but with no vllm: metrics (is it a vLLM server?)")
+    return snap
+
+
 class EndpointStatus(StrEnum):
     CONNECTING = "CONNECTING"  # no scrape answered yet
     UP = "UP"
@@ -907,6 +1049,13 @@ class EndpointPoller:
     last_ok_mono: float | None = None
     next_try_mono: float = 0.0
     history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    keepalive: bool = True  # plain-http scrapes through _KeepAliveGet (False: the httpx client)
+    _conn: _KeepAliveGet | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def due(self, now_mono: float) -> bool:
         return now_mono >= self.next_try_mono
@@ -916,10 +1065,16 @@ class EndpointPoller:
         now = time.monotonic()
         if not self.due(now):
             return False
+        timeout = max(0.5, min(interval, 5.0))
         try:
-            snap = await scrape(
-                client, self.url, timeout=max(0.5, min(interval, 5.0)), model=self.model
-            )
+            if self.keepalive and self.url.startswith("http://"):
+                if self._conn is None:
+                    self._conn = _KeepAliveGet(metrics_url(self.url))
+                snap = await scrape_keepalive(
+                    self._conn, metrics_url(self.url), timeout=timeout, model=self.model
+                )
+            else:
+                snap = await scrape(client, self.url, timeout=timeout, model=self.model)
         except EndpointError as exc:
             self.failures += 1
             self.status = EndpointStatus.DOWN
@@ -1072,24 +1227,43 @@ async def watch(
 
     With `full_window`, stop as soon as every answering endpoint's scrapes span `window_s` (a
     slow first scrape does not shorten the window), giving up `duration_s` after the start."""
+    async with httpx.AsyncClient() as client:
+        try:
+            return await _watch_loop(
+                pollers, client, interval, window_s, duration_s, on_tick, gpu_sampler, full_window
+            )
+        finally:
+            for p in pollers:
+                p.close()
+
+
+async def _watch_loop(
+    pollers: Sequence[EndpointPoller],
+    client: httpx.AsyncClient,
+    interval: float,
+    window_s: float,
+    duration_s: float | None,
+    on_tick: Callable[[dict[str, Any]], None],
+    gpu_sampler: Callable[[], Any] | None,
+    full_window: bool,
+) -> dict[str, Any]:
     ab = ab_pair_of([p.name for p in pollers])
     start = time.monotonic()
     last: dict[str, Any] = {}
-    async with httpx.AsyncClient() as client:
-        tick = 0
-        while True:
-            await poll_all(pollers, client, interval=interval)
-            views = [p.view(window_s, interval=interval) for p in pollers]
-            gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
-            last = monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
-            on_tick(last)
-            tick += 1
-            if full_window:
-                answering = [p for p in pollers if p.series.latest is not None]
-                if answering and all(p.series.span_s >= window_s - 1e-3 for p in answering):
-                    return last
-            if duration_s is not None and time.monotonic() - start >= duration_s:
+    tick = 0
+    while True:
+        await poll_all(pollers, client, interval=interval)
+        views = [p.view(window_s, interval=interval) for p in pollers]
+        gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
+        last = monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
+        on_tick(last)
+        tick += 1
+        if full_window:
+            answering = [p for p in pollers if p.series.latest is not None]
+            if answering and all(p.series.span_s >= window_s for p in answering):
                 return last
-            # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
-            next_at = start + tick * interval
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        if duration_s is not None and time.monotonic() - start >= duration_s:
+            return last
+        # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
+        next_at = start + tick * interval
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))

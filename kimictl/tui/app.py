@@ -15,7 +15,7 @@ import httpx
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen
@@ -34,7 +34,14 @@ from kimictl.runtime.metrics import (
     monitor_snapshot,
     poll_all,
 )
-from kimictl.tui.widgets import SERIES_STYLES, FiguresTable, GpuStrip, HistoryChart, StatusLine
+from kimictl.tui.widgets import (
+    SERIES_STYLES,
+    ChartsPanel,
+    FiguresTable,
+    GpuStrip,
+    Series,
+    StatusLine,
+)
 
 __all__ = ["INTERVALS_S", "MetricsUpdated", "MonitorApp"]
 
@@ -129,14 +136,7 @@ class MonitorApp(App[None]):
         with VerticalScroll(id="body"):
             yield StatusLine(id="status")
             yield FiguresTable(id="figures")
-            with Horizontal(id="charts"):
-                for i, p in enumerate(self.pollers):
-                    style = SERIES_STYLES[i % len(SERIES_STYLES)]
-                    with Vertical(classes="chart-column"):
-                        yield HistoryChart(f"{p.name} tokens/s", style, id=f"tps-{i}")
-                        yield HistoryChart(
-                            f"{p.name} interactivity p10 (tok/s/user)", style, id=f"int-{i}"
-                        )
+            yield ChartsPanel(id="charts")
             yield GpuStrip(id="gpus")
         yield Footer()
 
@@ -148,6 +148,8 @@ class MonitorApp(App[None]):
         self.poll_now()
 
     async def on_unmount(self) -> None:
+        for poller in self.pollers:
+            poller.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -213,13 +215,20 @@ class MonitorApp(App[None]):
             for h in v.history:
                 tps_max = max(tps_max, h.tokens_per_s or 0.0)
                 int_max = max(int_max, h.interactivity_p10 or 0.0)
+        tps, inter = [], []
         for i, v in enumerate(views):
-            self.query_one(f"#tps-{i}", HistoryChart).set_data(
-                [h.tokens_per_s for h in v.history], ymax=tps_max * 1.05, slo=None
+            style = SERIES_STYLES[i % len(SERIES_STYLES)]
+            tps.append(Series(f"{v.name} tokens/s", style, [h.tokens_per_s for h in v.history]))
+            inter.append(
+                Series(
+                    f"{v.name} interactivity p10 (tok/s/user)",
+                    style,
+                    [h.interactivity_p10 for h in v.history],
+                )
             )
-            self.query_one(f"#int-{i}", HistoryChart).set_data(
-                [h.interactivity_p10 for h in v.history], ymax=int_max * 1.05, slo=self.slo
-            )
+        self.query_one(ChartsPanel).set_data(
+            [(tps, tps_max * 1.05, None), (inter, int_max * 1.05, self.slo)]
+        )
         self.query_one(GpuStrip).show(self.gpus)
 
     def snapshot(self) -> dict[str, Any]:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from rich.console import RenderableType
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from rich.text import Text
+from textual.geometry import Size
+from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Static
 
 from kimictl.runtime.gpu_telemetry import GpuTelemetry
 from kimictl.runtime.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
 from kimictl.tui.rows import ROWS, fmt, fmt_ratio
 
-__all__ = ["FiguresTable", "GpuStrip", "HistoryChart", "StatusLine"]
+__all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 SERIES_STYLES = ("cyan", "magenta", "yellow", "blue", "green", "red")
@@ -53,17 +56,62 @@ def status_text(view: EndpointView, style: str, slo: float | None = None) -> Tex
     return text
 
 
-class _Fed(Static):
-    """A Static that re-lays out only when its line count changes (layout is the costly part)."""
+class _Lines(Widget):
+    """Lines of rich Text drawn through Textual's Line API, converted to strips once per update.
 
-    _lines = -1
+    Redrawing ~5000 cells every second through Static/Content costs several % of a core; strips
+    built straight from segments cost a fraction of that (benchmarks/RESULTS_monitor.md).
+    """
 
-    def feed(self, content: RenderableType, lines: int) -> None:
-        self.update(content, layout=lines != self._lines)
-        self._lines = lines
+    DEFAULT_CSS = "_Lines { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._text_lines: list[Text] = []
+        self._strips: list[Strip] | None = None
+        self._shape: tuple[int, int] = (-1, -1)
+        self._strips_width = -1
+        self._base_style = RichStyle()
+
+    def feed(self, text: Text | str, lines: int | None = None) -> None:
+        if isinstance(text, str):
+            text = Text(text)
+        new = list(text.split("\n", allow_blank=True)) if text.plain else []
+        # a new layout only when the line count (or, for auto-width widgets, the width) changes
+        auto_width = self.styles.width is not None and self.styles.width.is_auto
+        shape = (len(new), max((t.cell_len for t in new), default=0) if auto_width else 0)
+        self._text_lines = new
+        self._strips = None
+        self.refresh(layout=shape != self._shape)
+        self._shape = shape
+
+    @property
+    def plain(self) -> str:
+        return "\n".join(t.plain for t in self._text_lines)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._text_lines)
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        return max((t.cell_len for t in self._text_lines), default=0)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self._strips is None or self._strips_width != width:
+            console = self.app.console
+            # rich_style walks the ancestors: read it once per update, not once per line
+            base = self._base_style = self.rich_style
+            self._strips = [
+                Strip(list(t.render(console, end=""))).apply_style(base).crop_extend(0, width, base)
+                for t in self._text_lines
+            ]
+            self._strips_width = width
+        if y >= len(self._strips):
+            return Strip.blank(width, self._base_style)
+        return self._strips[y]
 
 
-class StatusLine(_Fed):
+class StatusLine(_Lines):
     """UP/DOWN lines, one per endpoint."""
 
     def show(self, views: Sequence[EndpointView], slo: float | None = None) -> None:
@@ -73,7 +121,7 @@ class StatusLine(_Fed):
         self.feed(lines, len(views))
 
 
-class FiguresTable(_Fed):
+class FiguresTable(_Lines):
     """Rows = figures, one column per endpoint, plus the A/B ratio column when there is a pair.
 
     Drawn as plain fixed-width lines (a rich Table costs ~10x more to lay out every second).
@@ -120,73 +168,158 @@ class FiguresTable(_Fed):
         self.feed(Text("\n").join(lines), len(lines))
 
 
-class HistoryChart(Widget):
-    """A bar chart of one figure over time (newest right), with an optional SLO line.
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One chart: a title, a colour, one value per scrape (newest last)."""
 
-    Each bar is one scrape; its value is the figure over the 10 s before it. Bars under the SLO
-    are red, over it green. The y scale is shared by the app across endpoints (`ymax`).
+    title: str
+    style: str
+    values: Sequence[float | None]
+
+
+Run = tuple[str, str]  # (text, rich style string)
+
+
+def _merge_runs(cells: list[Run]) -> list[Run]:
+    runs: list[Run] = []
+    for ch, st in cells:
+        if runs and runs[-1][1] == st:
+            runs[-1] = (runs[-1][0] + ch, st)
+        else:
+            runs.append((ch, st))
+    return runs
+
+
+def chart_lines(
+    series: Series, width: int, height: int, *, ymax: float, slo: float | None
+) -> list[list[Run]]:
+    """A bar chart as `height` lines of runs: a title line, then bars (one column per scrape,
+    newest right, eighth-block resolution). With an SLO, bars are green at or above it and red
+    under it, and a dotted line marks it."""
+    width = max(8, width)
+    rows = max(1, height - 1)
+    ymax = max(ymax, 1e-9)
+    data = list(series.values)[-width:]
+    now = next((v for v in reversed(data) if v is not None), None)
+    title = f"{series.title} "
+    now_txt = "now " + ("-" if now is None else f"{now:.1f}")
+    extra = f"  max {ymax:.0f}" + (f"  SLO {slo:g}" if slo is not None else "")
+    head: list[Run] = [
+        (title, "bold"),
+        (now_txt, series.style),
+        (extra, "yellow" if slo else "dim"),
+    ]
+    used = len(title) + len(now_txt) + len(extra)
+    if used < width:
+        head.append((" " * (width - used), ""))
+    out = [head]
+    pad = width - len(data)
+    slo_row = None
+    if slo is not None and slo <= ymax:
+        slo_row = min(rows - 1, int(slo / ymax * rows))  # 0 = bottom row
+    scale = rows * 8 / ymax
+    for r in range(rows - 1, -1, -1):
+        blank: Run = ("┄", "yellow") if r == slo_row else (" ", "")
+        cells: list[Run] = [blank] * pad
+        for v in data:
+            idx = 0 if v is None else int(max(0, min(8, round(v * scale - r * 8))))
+            if idx == 0:
+                cells.append(blank)
+            elif slo is None:
+                cells.append((_BLOCKS[idx], series.style))
+            else:
+                cells.append((_BLOCKS[idx], "green" if v is not None and v >= slo else "red"))
+        out.append(_merge_runs(cells))
+    return out
+
+
+class ChartsPanel(Widget):
+    """History charts of every endpoint side by side, in ONE widget drawn from segments.
+
+    Row 1: output tokens/s; row 2: interactivity p10 with the SLO line. Both rows share one y
+    scale across endpoints so columns compare at a glance. (Eight separate chart widgets cost
+    ~3 % of a core at 1 Hz; this costs a fraction: benchmarks/RESULTS_monitor.md.)
     """
 
-    DEFAULT_CSS = "HistoryChart { height: 8; }"
+    DEFAULT_CSS = "ChartsPanel { height: 17; }"
+    CHART_HEIGHT = 8
 
-    def __init__(self, title: str, style: str, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.title = title
-        self.series_style = style
-        self.values: list[float | None] = []
-        self.ymax: float = 1.0
+        self.rows: list[tuple[list[Series], float, float | None]] = []
         self.slo: float | None = None
+        self._strips: list[Strip] | None = None
+        self._built_for: tuple[int, int] = (-1, -1)
+        self._plain: list[str] = []
+        self._style_cache: dict[tuple[RichStyle, str], RichStyle] = {}
 
-    def set_data(self, values: list[float | None], *, ymax: float, slo: float | None) -> None:
-        self.values = values
-        self.ymax = max(ymax, 1e-9)
-        self.slo = slo
+    def set_data(self, rows: list[tuple[list[Series], float, float | None]]) -> None:
+        """rows: (series per endpoint, ymax, slo) for each chart row."""
+        self.rows = rows
+        self.slo = next((slo for _, _, slo in rows if slo is not None), None)
+        self._strips = None
         self.refresh()
 
-    def render(self) -> RenderableType:
-        width = max(8, self.content_size.width)
-        height = max(2, self.content_size.height)
-        rows = height - 1  # the first line is the title
-        data = self.values[-width:]
-        now = next((v for v in reversed(data) if v is not None), None)
-        title = Text(f"{self.title} ", style="bold")
-        title.append("now " + ("-" if now is None else f"{now:.1f}"), style=self.series_style)
-        title.append(f"  max {self.ymax:.0f}", style="dim")
-        if self.slo is not None:
-            title.append(f"  SLO {self.slo:g}", style="yellow")
-        pad = width - len(data)
-        slo_row = None
-        if self.slo is not None and self.slo <= self.ymax:
-            slo_row = min(rows - 1, int(self.slo / self.ymax * rows))  # 0 = bottom row
-        lines = [title]
-        blank_style = "yellow"
-        for r in range(rows - 1, -1, -1):
-            blank = "┄" if r == slo_row else " "
-            # one (text, style) run per change of style: few segments, cheap to draw
-            runs: list[tuple[str, str]] = []
-            cells = [(blank, blank_style)] * pad
-            for v in data:
-                if v is None:
-                    cells.append((blank, blank_style))
-                    continue
-                idx = int(max(0, min(8, round(v / self.ymax * rows * 8 - r * 8))))
-                if idx == 0:
-                    cells.append((blank, blank_style))
-                    continue
-                style = self.series_style
-                if self.slo is not None:
-                    style = "green" if v >= self.slo else "red"
-                cells.append((_BLOCKS[idx], style))
-            for ch, st in cells:
-                if runs and runs[-1][1] == st:
-                    runs[-1] = (runs[-1][0] + ch, st)
-                else:
-                    runs.append((ch, st))
-            lines.append(Text.assemble(*runs))
-        return Text("\n").join(lines)
+    @property
+    def plain(self) -> str:
+        return "\n".join(self._plain)
+
+    def _style(self, base: RichStyle, spec: str) -> RichStyle:
+        key = (base, spec)
+        style = self._style_cache.get(key)
+        if style is None:
+            style = self._style_cache[key] = base + RichStyle.parse(spec) if spec else base
+        return style
+
+    def _build(self, width: int) -> None:
+        base = self.rich_style
+        strips: list[Strip] = []
+        plain: list[str] = []
+        gap = 2
+        for series_list, ymax, slo in self.rows:
+            n = max(1, len(series_list))
+            col_w = max(8, (width - gap * (n - 1)) // n)
+            columns = [
+                chart_lines(s, col_w, self.CHART_HEIGHT, ymax=ymax, slo=slo) for s in series_list
+            ]
+            for y in range(self.CHART_HEIGHT):
+                segments: list[Segment] = []
+                text = []
+                for i, col in enumerate(columns):
+                    if i:
+                        segments.append(Segment(" " * gap, base))
+                        text.append(" " * gap)
+                    cell_used = 0
+                    for run_text, spec in col[y]:
+                        room = col_w - cell_used
+                        if room <= 0:
+                            break
+                        run_text = run_text[:room]
+                        segments.append(Segment(run_text, self._style(base, spec)))
+                        text.append(run_text)
+                        cell_used += len(run_text)
+                    if cell_used < col_w:
+                        segments.append(Segment(" " * (col_w - cell_used), base))
+                        text.append(" " * (col_w - cell_used))
+                strips.append(Strip(segments).crop_extend(0, width, base))
+                plain.append("".join(text))
+            strips.append(Strip.blank(width, base))
+            plain.append("")
+        self._strips = strips
+        self._plain = plain
+        self._built_for = (width, len(self.rows))
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self._strips is None or self._built_for[0] != width:
+            self._build(width)
+        assert self._strips is not None
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(width, self.rich_style)
 
 
-class GpuStrip(_Fed):
+class GpuStrip(_Lines):
     def show(self, telemetry: GpuTelemetry | None) -> None:
         if telemetry is None:
             self.feed("", 0)
