@@ -1,8 +1,10 @@
 """The kimictl root command.
 
-Commands are listed in one table and imported only when invoked, so `kimictl --help` imports no
-command module (and never torch, vllm, cutlass, pynvml or textual). Errors are printed here and
-nowhere else: a `KimictlError` becomes `error:`/`hint:` lines on stderr and its exit code.
+Commands are listed in one table and imported only when invoked. `kimictl`, `kimictl --help` and
+`kimictl --version` are answered from the table without importing Typer at all (it is most of the
+start-up time); any other invocation builds the Typer root and imports just the command named.
+Errors are printed here and nowhere else: a `KimictlError` becomes `error:`/`hint:` lines on stderr
+and its exit code.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ import sys
 import traceback
 from typing import Any
 
-import typer
-
-# Typer 0.29 vendors its own click; errors are caught through the same copy its commands raise.
-from typer._click import core, exceptions, formatting
-from typer.core import TyperGroup
-
 from kimictl import __version__
 from kimictl.runtime.errors import KimictlError
+
+ABOUT = "kimictl: deploy, tune and prove Kimi K3's latency-specialized decode path on vLLM."
+ROOT_OPTIONS = [
+    ("--debug", "Show tracebacks for unexpected errors."),
+    ("--version", "Show the version and exit."),
+    ("-h, --help", "Show this message and exit."),
+]
 
 # name -> (module, attribute holding a typer.Typer, one-line help). Order is the help order.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -74,51 +77,52 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class _LazyGroup(TyperGroup):
-    def list_commands(self, ctx: core.Context) -> list[str]:
-        return list(COMMANDS)
-
-    def get_command(self, ctx: core.Context, cmd_name: str) -> core.Command | None:
-        entry = COMMANDS.get(cmd_name)
-        if entry is None:
-            return None
-        import typer.main
-
-        module_name, attr, _ = entry
-        app = getattr(importlib.import_module(module_name), attr)
-        command = typer.main.get_command(app)
-        command.name = cmd_name
-        return command
-
-    def format_commands(self, ctx: core.Context, formatter: formatting.HelpFormatter) -> None:
-        # Help text from the table: listing commands must not import them.
-        with formatter.section("Commands"):
-            formatter.write_dl([(name, entry[2]) for name, entry in COMMANDS.items()])
+def root_help() -> str:
+    """The root help page, built from the tables above (Typer's root uses it too)."""
+    width = max(len(name) for name in [*COMMANDS, *(o for o, _ in ROOT_OPTIONS)]) + 2
+    lines = ["Usage: kimictl [OPTIONS] COMMAND [ARGS]...", "", f"  {ABOUT}", "", "Options:"]
+    lines += [f"  {opt:<{width}}{text}" for opt, text in ROOT_OPTIONS]
+    lines += ["", "Commands:"]
+    lines += [f"  {name:<{width}}{entry[2]}" for name, entry in COMMANDS.items()]
+    return "\n".join(lines) + "\n"
 
 
-_app = typer.Typer(
-    cls=_LazyGroup,
-    rich_markup_mode=None,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="kimictl: deploy, tune and prove Kimi K3's latency-specialized decode path on vLLM.",
-)
+def _build_root() -> Any:
+    import typer
+    import typer.main
+    from typer.core import TyperGroup
 
+    class LazyGroup(TyperGroup):
+        def list_commands(self, ctx: Any) -> list[str]:
+            return list(COMMANDS)
 
-def _show_version(value: bool) -> None:
-    if value:
-        sys.stdout.write(f"kimictl {__version__}\n")
-        raise typer.Exit(0)
+        def get_command(self, ctx: Any, cmd_name: str) -> Any:
+            entry = COMMANDS.get(cmd_name)
+            if entry is None:
+                return None
+            module_name, attr, _ = entry
+            command = typer.main.get_command(getattr(importlib.import_module(module_name), attr))
+            command.name = cmd_name
+            return command
 
+        def format_help(self, ctx: Any, formatter: Any) -> None:
+            formatter.write(root_help())
 
-@_app.callback()
-def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for unexpected errors."),
-    version: bool = typer.Option(
-        False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
-    ),
-) -> None:
-    pass
+    app = typer.Typer(
+        cls=LazyGroup,
+        rich_markup_mode=None,
+        add_completion=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        help=ABOUT,
+    )
+
+    @app.callback()
+    def _root(
+        debug: bool = typer.Option(False, "--debug", help=ROOT_OPTIONS[0][1]),
+    ) -> None:
+        pass
+
+    return typer.main.get_command(app)
 
 
 def _print_error(error: KimictlError) -> None:
@@ -129,16 +133,22 @@ def _print_error(error: KimictlError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in ([], ["-h"], ["--help"]):
+        sys.stdout.write(root_help())
+        return 0
+    if args == ["--version"]:
+        sys.stdout.write(f"kimictl {__version__}\n")
+        return 0
     debug = "--debug" in args
+    # Typer 0.29 vendors its own click: its exceptions are the ones commands raise.
+    import typer
+    from typer._click import exceptions
+
     try:
-        root = typer.main.get_command(_app)
-        result: Any = root.main(args=args, prog_name="kimictl", standalone_mode=False)
+        result: Any = _build_root().main(args=args, prog_name="kimictl", standalone_mode=False)
     except KimictlError as error:
         _print_error(error)
         return error.exit_code
-    except exceptions.NoArgsIsHelpError as error:
-        error.show()
-        return 2
     except exceptions.UsageError as error:
         error.show()
         return 2
