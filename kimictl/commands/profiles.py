@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 
 if TYPE_CHECKING:
@@ -208,7 +207,7 @@ def validate(
                 else f"Deployment rules: [bold red]FAIL[/] ({blocking} blocking)"
             )
     if result != "ready":
-        raise click.exceptions.Exit(1)
+        raise typer.Exit(1)
 
 
 @app.command(help="Show what differs between two profiles (field by field).")
