@@ -317,9 +317,10 @@ def test_hbm_efficiencies_are_the_kernel_bench_fit() -> None:
     from kimictl.runtime.tuning.calibration import fit_kernel_bench
 
     fits = fit_kernel_bench(KERNEL_BENCH)
+    # 0.03: a re-run of the kernel bench moves these by ~0.02; more means refit (docs/tune.md)
     for kind in ("stock", "specialized"):
         assert m.PARAMS[f"hbm_efficiency_{kind}"].value == pytest.approx(
-            fits[kind].efficiency, abs=0.005
+            fits[kind].efficiency, abs=0.03
         )
     # the stock per-kernel overhead fitted on GB300 figures agrees with the H200 cuBLAS intercept
     assert m.PARAMS["kernel_overhead_us_stock"].value == pytest.approx(

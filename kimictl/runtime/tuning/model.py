@@ -78,40 +78,41 @@ PARAMS: dict[str, Param] = {
         13, "kernels", "published: one specialized layer runs 13 kernels (k3-vllm-facts.md)"
     ),
     "kernel_overhead_us_stock": Param(
-        4.700,
+        4.714,
         "us/kernel",
         "FITTED so that one TP16 GB300 layer at batch 1 costs the published 130 us in 23 kernels "
         "(calibrate() step 1). Cross-check: the intercept of the cuBLAS fit on the H200 "
-        "(calibration.fit_kernel_bench) is 4.54 us",
+        "(calibration.fit_kernel_bench) is 4.65 us",
         fitted=True,
     ),
     "hbm_efficiency_stock": Param(
-        0.839,
+        0.857,
         "of peak",
         "measured: least-squares slope of t = a + bytes/BW through cuBLAS at M=1 on the 12 K3 "
         "GEMM shapes of `kimictl kernels bench` on the H200 (benchmarks/results/"
-        "kernels_h200_bench.json): 4.03 TB/s of 4.8 (calibration.fit_kernel_bench)",
+        "kernels_h200_bench.json, tensor-core run): 4.12 TB/s of 4.8 "
+        "(calibration.fit_kernel_bench)",
     ),
     "hbm_efficiency_specialized": Param(
-        0.961,
+        0.974,
         "of peak",
-        "measured: the same fit through the best kimictl CuTe DSL weight-streaming kernel per "
-        "shape (same bench file): 4.61 TB/s of 4.8 (calibration.fit_kernel_bench)",
+        "measured: the same fit through the best kimictl CuTe DSL kernel per shape (same bench "
+        "file): 4.68 TB/s of 4.8 (calibration.fit_kernel_bench)",
     ),
     "kernel_overhead_us_specialized": Param(
-        4.082,
+        4.096,
         "us/kernel",
         "FITTED so that one TP16 GB300 layer at batch 1 (8k context) costs the published 69 us in "
         "13 kernels (calibrate() step 1)",
         fitted=True,
     ),
     "routing_locality": Param(
-        0.755,
+        0.751,
         "share",
         "FITTED so that batch 1 on 16 GB300 with 7 draft tokens and AL 6 gives the published "
         "840 tokens/s (calibrate() step 2): share of a request's draft tokens that reuse the "
         "experts of the token before them. It absorbs every unmodelled saving of a q > 1 step "
-        "(adjacent-token expert reuse, L2 prefetch); independent routing (0) gives 735 tokens/s",
+        "(adjacent-token expert reuse, L2 prefetch); independent routing (0) gives 737 tokens/s",
         fitted=True,
     ),
     "allreduce_sync_rounds_stock": Param(
