@@ -17,12 +17,13 @@ from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TC_MS, TcStreamConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M, TILES, WStreamConfig, default_config
 
 # Three variants span the regimes that change the generated code: SIMT M=1 one row per CTA, SIMT
-# M=8 with four rows and a fused residual, and the tensor-core kernel with two token tiles; every
-# other variant differs only in constants.
+# M=8 with four rows and a fused residual, and the tensor-core kernel with two token tiles and a
+# 2-CTA cluster splitting K (distributed-smem reduction); every other variant differs only in
+# constants.
 SMALL = [
     WStreamConfig(1, 128, 7, 1),
     WStreamConfig(8, 32, 3, 4, residual=True),
-    TcStreamConfig(16, 4, 2),
+    TcStreamConfig(16, 4, 2, 1, 2),
 ]
 
 
@@ -109,6 +110,9 @@ def test_configs_cover_every_m_with_every_tile_and_validate():
         WStreamConfig(9, 128, 7, 1)
     with pytest.raises(ValueError):
         WStreamConfig(8, 32, 3, 8)  # 64 outputs, 32 threads
+    with pytest.raises(ValueError):
+        TcStreamConfig(8, 8, 2, 1, 3)  # a cluster of 3 CTAs is not built
+    assert all(c.smem_bytes <= 48 * 1024 for c in TC_CONFIGS)  # static shared memory limit
 
 
 @pytest.mark.parametrize("k", [7168, 3584, 1536, 768])

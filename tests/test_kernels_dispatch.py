@@ -125,3 +125,16 @@ def test_recorded_h200_table_never_dispatches_slower_than_cublas():
             assert c.us is not None and c.us <= c.cublas_us
             covered += 1
     assert covered == len(K3_GEMM_SHAPES) * 7
+
+
+def test_chain_guard_sends_every_point_of_that_m_to_cublas_and_survives_json():
+    t = _table(
+        Measurement(2112, 7168, 8, 13.2, {"a": 12.5}),
+        Measurement(2112, 7168, 1, 13.0, {"b": 9.1}),
+    )
+    t.guard(8, "layer chain 182.5 us vs cuBLAS 172.0 us")
+    c = t.choose(2112, 7168, 8)
+    assert (c.provider, c.us) == ("cublas", 13.2) and "chain guard" in c.reason
+    assert t.choose(2112, 7168, 1).name == "b"  # other M untouched
+    again = DispatchTable.from_json(json.loads(json.dumps(t.to_json())))
+    assert again.choose(2112, 7168, 8).provider == "cublas"

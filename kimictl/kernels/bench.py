@@ -202,6 +202,15 @@ def bench(
         torch.cuda.empty_cache()
 
     chains = [_chain(lib, table, m, shapes) for m in chain_ms if (m, False) in by_m]
+    for chain in chains:
+        # the per-point rule is not enough when neighbours interact: a layer chain of the chosen
+        # kernels that loses to cuBLAS sends that M back to cuBLAS everywhere
+        if chain["dispatched_us"] > chain["cublas_us"]:
+            table.guard(
+                chain["m"],
+                f"layer chain {chain['dispatched_us']:.1f} us vs cuBLAS {chain['cublas_us']:.1f} us",
+            )
+            chain["guarded"] = True
     return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
 
 

@@ -78,14 +78,23 @@ class DispatchTable:
     arch: str
     measurements: dict[tuple[int, int, int, bool], Measurement] = field(default_factory=dict)
     source: str = "measured"
+    # M values whose dispatched layer chain measured slower than the cuBLAS chain: all cuBLAS
+    guarded_ms: dict[int, str] = field(default_factory=dict)
 
     def add(self, m: Measurement) -> None:
         self.measurements[m.key] = m
+
+    def guard(self, m: int, reason: str) -> None:
+        """Send every point of this M to cuBLAS (a chain of the chosen kernels lost to cuBLAS)."""
+        self.guarded_ms[m] = reason
 
     def choose(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
         meas = self.measurements.get((n, k, m, residual))
         if meas is None:
             return Choice(CUBLAS, CUBLAS, None, None, "not measured on this node: cuBLAS")
+        if m in self.guarded_ms:
+            us = meas.cublas_us if math.isfinite(meas.cublas_us) else None
+            return Choice(CUBLAS, CUBLAS, us, us, f"chain guard: {self.guarded_ms[m]}")
         if not math.isfinite(meas.cublas_us) or meas.cublas_us <= 0:
             return Choice(CUBLAS, CUBLAS, None, None, "no valid cuBLAS time: cuBLAS")
         valid = {k_: v for k_, v in meas.kernels.items() if math.isfinite(v) and v > 0}
@@ -105,6 +114,7 @@ class DispatchTable:
             "device": self.device,
             "arch": self.arch,
             "source": self.source,
+            "guarded_ms": {str(m): r for m, r in self.guarded_ms.items()},
             "entries": [
                 {
                     "n": m.n,
@@ -121,6 +131,8 @@ class DispatchTable:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DispatchTable:
         table = cls(str(raw["device"]), str(raw["arch"]), source=str(raw.get("source", "recorded")))
+        for m, reason in raw.get("guarded_ms", {}).items():
+            table.guard(int(m), str(reason))
         for e in raw["entries"]:
             table.add(
                 Measurement(

@@ -32,6 +32,7 @@ class TcStreamConfig:
     warps: int  # warps per CTA, all splitting K
     unroll: int  # 32-k groups per warp per loop trip (2 weight loads + ceil(m/8) x loads each)
     groups: int = 1  # 16-row groups per warp: each x fragment feeds `groups` MMAs
+    splits: int = 1  # CTAs of one cluster splitting K, reduced through distributed smem
     residual: bool = False
     pdl: bool = True
     kernel = "tcstream_gemm"
@@ -41,8 +42,8 @@ class TcStreamConfig:
             raise ValueError(f"m must be 1..64, got {self.m}")
         if not 1 <= self.warps <= 16:
             raise ValueError(f"warps must be 1..16, got {self.warps}")
-        if self.smem_bytes > 48 * 1024:
-            raise ValueError(f"{self.name}: reduction buffer {self.smem_bytes} B exceeds 48 KiB")
+        if self.splits not in (1, 2, 4, 8):
+            raise ValueError(f"splits must be 1, 2, 4 or 8 (a portable cluster), got {self.splits}")
 
     @property
     def smem_bytes(self) -> int:
@@ -60,25 +61,29 @@ class TcStreamConfig:
     @property
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
-        return f"tcstream_m{self.m}_w{self.warps}_u{self.unroll}_g{self.groups}{tail}"
+        split = f"_s{self.splits}" if self.splits > 1 else ""
+        return f"tcstream_m{self.m}_w{self.warps}_u{self.unroll}_g{self.groups}{split}{tail}"
 
 
 def _tc_configs() -> tuple[TcStreamConfig, ...]:
     out: list[TcStreamConfig] = []
     for m in TC_MS:
         if m <= 8:
-            # (warps, unroll, groups): 8x2 covers 512 k per trip (K3's K in whole trips); unroll
-            # 4 and 7 put 2x and 3.5x the bytes in flight where N/16 CTAs leave one CTA per SM;
-            # two row groups halve the x loads.
-            tiles: tuple[tuple[int, int, int], ...] = (
-                (8, 2, 1), (8, 4, 1), (4, 4, 1), (8, 7, 1), (4, 4, 2),
+            # (warps, unroll, groups, splits): 8x2 covers 512 k per trip (K3's K in whole
+            # trips); unroll 4 and 7 put 2x and 3.5x the bytes in flight where N/16 CTAs leave
+            # one CTA per SM; two row groups halve the x loads; a 4-CTA cluster splitting K gives
+            # small-N shapes (N/16 < 132) enough CTAs.
+            tiles: tuple[tuple[int, int, int, int], ...] = (
+                (8, 2, 1, 1), (8, 4, 1, 1), (4, 4, 1, 1), (8, 7, 1, 1), (4, 4, 2, 1), (8, 2, 1, 4),
             )  # fmt: skip
-        elif m <= 32:
-            # x traffic from L2 grows with M: more row groups per warp share each x fragment
-            tiles = ((8, 2, 1), (4, 2, 2), (4, 2, 4))
         else:
-            tiles = ((8, 2, 1), (4, 2, 2))
-        out.extend(TcStreamConfig(m, w, u, g) for w, u, g in tiles)
+            # x is re-read from L2 by every row group (x bytes = w bytes x M / 16 / groups):
+            # more groups per warp cut that, cluster K-splits restore the CTA count.
+            tiles = ((8, 2, 1, 1), (8, 2, 1, 4), (4, 2, 2, 2), (4, 2, 2, 4), (4, 2, 4, 4))
+        for w, u, g, s in tiles:
+            cfg = TcStreamConfig(m, w, u, g, s)
+            if cfg.smem_bytes <= 48 * 1024 and not (m > 32 and g > 2):  # registers at M=64
+                out.append(cfg)
     out.extend(TcStreamConfig(m, 8, 4, 1, residual=True) for m in TC_MS if m <= 8)
     # PDL off: what programmatic launch buys (or costs) inside a chain of different shapes
     out.extend(TcStreamConfig(8, w, u, 1, pdl=False) for w, u in ((8, 2), (8, 4)))

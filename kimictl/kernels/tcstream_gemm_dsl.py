@@ -16,7 +16,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kimictl.kernels.tcstream_gemm import ROWS, VEC, TcStreamConfig
 
-__all__ = ["TcStreamGemm", "mma_bf16_16816"]
+__all__ = ["TcStreamGemm", "load_peer_f32", "mma_bf16_16816"]
 
 
 @dsl_user_op
@@ -39,6 +39,23 @@ def mma_bf16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, *, loc=None, ip=None)
     return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
+@dsl_user_op
+def load_peer_f32(smem_ptr, cta_rank, *, loc=None, ip=None):
+    """fp32 at the same shared-memory offset in CTA `cta_rank` of this cluster. Volatile, so it
+    stays after the cluster barrier that published the value."""
+    addr = llvm.ptrtoint(T.i32(), smem_ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    res = llvm.inline_asm(
+        T.f32(),
+        [addr, Int32(cta_rank).ir_value(loc=loc, ip=ip)],
+        "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $1, $2; ld.shared::cluster.f32 $0, [ra]; }",
+        "=f,r,r",
+        has_side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
+    return Float32(res)
+
+
 class TcStreamGemm:
     def __init__(self, cfg: TcStreamConfig) -> None:
         self.m = cfg.m
@@ -47,6 +64,7 @@ class TcStreamGemm:
         self.threads = 32 * cfg.warps
         self.unroll = cfg.unroll
         self.groups = cfg.groups
+        self.splits = cfg.splits
         self.rows = cfg.rows
         self.residual = cfg.residual
         self.pdl = cfg.pdl
@@ -60,15 +78,25 @@ class TcStreamGemm:
         mR: cute.Tensor,
         stream: cuda.CUstream,
     ) -> None:
-        grid = (cute.ceil_div(mW.shape[0], self.rows), 1, 1)
-        self.kernel(mX, mW, mY, mR).launch(
-            grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-        )
+        grid = (cute.ceil_div(mW.shape[0], self.rows), self.splits, 1)
+        if const_expr(self.splits > 1):
+            # the K-splitting CTAs of one row block form a cluster (grid y = cluster y)
+            self.kernel(mX, mW, mY, mR).launch(
+                grid=grid,
+                block=(self.threads, 1, 1),
+                cluster=(1, self.splits, 1),
+                stream=stream,
+                use_pdl=self.pdl,
+            )
+        else:
+            self.kernel(mX, mW, mY, mR).launch(
+                grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
+        bidx, crank, _ = cute.arch.block_idx()  # crank: this CTA's K slice within the cluster
         lane = tidx % 32
         warp = tidx // 32
         g = lane // 4  # fragment row (and token) group
@@ -91,12 +119,15 @@ class TcStreamGemm:
         tWlo = cute.make_rmem_tensor((VEC, self.unroll, self.groups), BFloat16)
         tWhi = cute.make_rmem_tensor((VEC, self.unroll, self.groups), BFloat16)
         tXrX = cute.make_rmem_tensor((VEC, self.n_tiles, self.unroll), BFloat16)
-        step = self.warps * self.unroll  # 32-k groups per trip of the CTA
+        # the cluster acts as one CTA of splits * warps warps interleaved over the 32-k groups
+        vwarps = self.splits * self.warps
+        vwarp = crank * self.warps + warp
+        step = vwarps * self.unroll  # 32-k groups per trip of the cluster
         n_trips = cute.ceil_div(cute.ceil_div(kv_total, 4), step)
         for trip in cutlass.range(n_trips):
             # 1) this trip's weight vectors in flight first
             for u in cutlass.range_constexpr(self.unroll):
-                kv = (trip * step + u * self.warps + warp) * 4 + t
+                kv = (trip * step + u * vwarps + vwarp) * 4 + t
                 for q in cutlass.range_constexpr(self.groups):
                     row_lo = cutlass.min(bidx * self.rows + q * ROWS + g, n - 1)
                     row_hi = cutlass.min(bidx * self.rows + q * ROWS + g + 8, n - 1)
@@ -112,7 +143,7 @@ class TcStreamGemm:
                     cute.arch.griddepcontrol_wait()
             # 3) token vectors, then two MMAs per 32-k group, token tile and row group
             for u in cutlass.range_constexpr(self.unroll):
-                kv = (trip * step + u * self.warps + warp) * 4 + t
+                kv = (trip * step + u * vwarps + vwarp) * 4 + t
                 for j in cutlass.range_constexpr(self.n_tiles):
                     tok = g + 8 * j
                     if kv < kv_total and tok < self.m:
@@ -157,18 +188,35 @@ class TcStreamGemm:
                 sRed[warp, q * ROWS + g, 8 * j + 2 * t + 1] = tCrC[1, j, q]
                 sRed[warp, q * ROWS + g + 8, 8 * j + 2 * t] = tCrC[2, j, q]
                 sRed[warp, q * ROWS + g + 8, 8 * j + 2 * t + 1] = tCrC[3, j, q]
-        cute.arch.sync_threads()
+        if const_expr(self.splits > 1):
+            # release this CTA's partials to the cluster, acquire the others'
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
         outputs = self.rows * self.m
-        for o in cutlass.range_constexpr((outputs + self.threads - 1) // self.threads):
-            idx = o * self.threads + tidx
+        per_cta = (outputs + self.splits - 1) // self.splits  # outputs this CTA finalises
+        for o in cutlass.range_constexpr((per_cta + self.threads - 1) // self.threads):
+            idx = (o * self.threads + tidx) * self.splits + crank
             if idx < outputs:
                 tok = idx // self.rows
                 r = idx % self.rows
                 row = bidx * self.rows + r
                 if row < n:
                     s = Float32(0.0)
-                    for w in cutlass.range_constexpr(self.warps):
-                        s = s + sRed[w, r, tok]
+                    for c in cutlass.range_constexpr(self.splits):
+                        if const_expr(self.splits > 1):
+                            # peer c's sRed[w, r, tok]: mapa + ld.shared::cluster
+                            for w in cutlass.range_constexpr(self.warps):
+                                off = w + self.warps * (r + self.rows * tok)
+                                s = s + load_peer_f32(sRed.iterator + off, c)
+                        else:
+                            for w in cutlass.range_constexpr(self.warps):
+                                s = s + sRed[w, r, tok]
                     if const_expr(self.residual):
                         s = s + mR[tok, row].to(Float32)
                     mY[tok, row] = s.to(BFloat16)
+        if const_expr(self.splits > 1):
+            # no CTA may exit while a peer still reads its shared memory
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
