@@ -208,7 +208,8 @@ def bench(
         if chain["dispatched_us"] > chain["cublas_us"]:
             table.guard(
                 chain["m"],
-                f"layer chain {chain['dispatched_us']:.1f} us vs cuBLAS {chain['cublas_us']:.1f} us",
+                f"layer chain {chain['dispatched_us']:.1f} us "
+                f"vs cuBLAS {chain['cublas_us']:.1f} us",
             )
             chain["guarded"] = True
     return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
