@@ -46,12 +46,12 @@ def _print_gate(prepared: Prepared) -> None:
         )
 
 
-def _print_plan(plan: LaunchPlan) -> None:
+def _print_plan(plan: LaunchPlan, *, with_env: bool = True) -> None:
     from kimictl.commands._output import console
 
     role = f" ({plan.role})" if plan.role else ""
     console.print(f"[bold]{plan.name}{role}[/] -> {plan.url}  model {plan.model}", highlight=False)
-    for key, value in plan.redacted_env().items():
+    for key, value in plan.redacted_env().items() if with_env else ():
         console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
     console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
     for argv in plan.other_nodes:
@@ -208,7 +208,8 @@ def serve(
         _print_gate(prepared)
     if not json_out:
         for plan in prepared.plans:
-            _print_plan(plan)
+            _print_plan(plan, with_env=False)  # --dry-run shows the environment too
+            console.print(f"  log: {plan.log_path}", highlight=False, soft_wrap=True)
     records = launcher.run_serve(
         prepared,
         detach=detach,
