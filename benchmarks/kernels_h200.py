@@ -99,6 +99,7 @@ def main() -> int:
     br = bench(lib, shapes=shapes_b, log=lambda s: print(s, flush=True))
     bj = br.to_json()
     (args.out / "bench.json").write_text(json.dumps(bj, indent=1))
+    dispatch_check(lib, br.table)
     s = bj["summary"]
     print(f"\nbench {br.seconds:.0f} s on {br.device}")
     print(f"{'shape':22s} {'MB':>6s} {'M':>3s} {'cuBLAS us':>9s} {'TB/s':>5s} {'best us':>8s} "
@@ -120,6 +121,29 @@ def main() -> int:
         f"best kernel M<=8: {s['geomean_speedup_best_kernel_m_le_8']:.3f}"
     )
     return 0 if report.ok else 1
+
+
+def dispatch_check(lib: Any, table: Any) -> None:
+    """decode_gemm through the fresh table on every K3 shape at M = 1, 8, 16 (+ residual at M = 1)
+    against the fp64 reference: the routing itself must be numerically right."""
+    import torch
+
+    from kimictl.kernels.dispatch import K3_GEMM_SHAPES, decode_gemm
+    from kimictl.kernels.wstream_gemm import wstream_gemm_ref
+
+    worst, routes = 0.0, {"kimictl": 0, "cublas": 0}
+    for _, n, k in K3_GEMM_SHAPES:
+        for m, res in ((1, False), (8, False), (16, False), (1, True)):
+            x = torch.randn((m, k), device="cuda").to(torch.bfloat16)
+            w = (torch.randn((n, k), device="cuda") * k**-0.5).to(torch.bfloat16)
+            r = torch.randn((m, n), device="cuda").to(torch.bfloat16) if res else None
+            y, choice = decode_gemm(x, w, residual=r, table=table, library=lib)
+            ref = wstream_gemm_ref(x, w, r, fp64=True)
+            rel = float((y.double() - ref).norm() / ref.norm())
+            worst = max(worst, rel if rel == rel else float("inf"))
+            routes[choice.provider] += 1
+    print(f"dispatch check: {sum(routes.values())} decode_gemm calls {routes}, worst rel err "
+          f"{worst:.2e}", flush=True)  # fmt: skip
 
 
 def render_markdown(bj: dict[str, Any]) -> str:

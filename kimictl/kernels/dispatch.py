@@ -15,6 +15,8 @@ from typing import Any
 
 __all__ = [
     "K3_GEMM_SHAPES",
+    "decode_gemm",
+    "load_node_table",
     "BENCH_MS",
     "Choice",
     "DispatchTable",
@@ -162,3 +164,30 @@ def geomean(values: list[float]) -> float:
     if not vals:
         return float("nan")
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def load_node_table(arch: str) -> DispatchTable | None:
+    """The table `kimictl kernels install` recorded on this node, or None."""
+    from kimictl.runtime.paths import cache_dir
+
+    path = cache_dir() / "kernels" / arch / "dispatch.json"
+    return DispatchTable.load(path) if path.is_file() else None
+
+
+def decode_gemm(
+    x: Any, w: Any, *, residual: Any = None, table: DispatchTable, library: Any
+) -> tuple[Any, Choice]:
+    """y = x @ w^T (+ residual) through whatever the table chose for (N, K, M): a kimictl kernel
+    from `library` (a harness.KernelLibrary) or cuBLAS through torch. Returns (y, choice)."""
+    import torch
+    import torch.nn.functional as F
+
+    m, k = x.shape
+    n = w.shape[0]
+    choice = table.choose(n, k, m, residual=residual is not None)
+    if choice.provider == CUBLAS:
+        y = F.linear(x, w) if residual is None else torch.addmm(residual, x, w.t())
+        return y, choice
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    library.launch(choice.name, x, w, y, residual if residual is not None else y)
+    return y, choice
