@@ -138,3 +138,30 @@ def test_manifest_reader_tolerates_garbage(tmp_path: Path):
     assert kbuild.read_manifest(tmp_path) is None
     (tmp_path / kbuild.MANIFEST).write_text(json.dumps({"arch": "sm_90a"}))
     assert kbuild.read_manifest(tmp_path) == {"arch": "sm_90a"}
+
+
+def test_link_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from kimictl.kernels.harness import LinkError, link
+
+    (tmp_path / kbuild.MANIFEST).write_text(
+        json.dumps({"wrapper": kbuild.WRAPPER, "kernels": [{"object": "a.o"}]})
+    )
+    with pytest.raises(LinkError, match="libcuda_dialect_runtime_static.a is missing"):
+        link(tmp_path)
+    (tmp_path / kbuild.RUNTIME_LIB).write_bytes(b"!<arch>\n")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc, no g++
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nope"))
+    monkeypatch.setattr("kimictl.kernels.harness._cuda_roots", lambda: [])
+    with pytest.raises(LinkError, match="no CUDA toolkit headers"):
+        link(tmp_path)
+
+
+def test_find_build_prefers_the_installed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from kimictl.kernels.harness import find_build
+
+    cache, tree = tmp_path / "cache", tmp_path / "tree"
+    for base in (cache, tree):
+        (base / "sm_90a").mkdir(parents=True)
+        (base / "sm_90a" / kbuild.MANIFEST).write_text("{}")
+    assert find_build("sm_90a", [cache, tree]) == cache / "sm_90a"
+    assert find_build("sm_100a", [cache, tree]) is None
