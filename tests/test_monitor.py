@@ -140,7 +140,7 @@ async def test_ab_ratio_column_and_chart_with_slo(replay: ReplayServer) -> None:
         assert charts.slo == 20.0
         await pilot.pause(0.2)  # drawn on the next refresh
         text = rendered(charts)
-        assert "tuned interactivity p10" in text and "stock tokens/s" in text
+        assert "tuned p10 tok/s/user" in text and "stock tokens/s" in text
         assert "SLO 20" in text and "┄" in text
         assert "SLO interactivity p10 >= 20" in app.sub_title
 

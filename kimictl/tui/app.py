@@ -53,15 +53,16 @@ HELP = """\
   p      pause / resume polling
   + / -  poll faster / slower (0.25 s .. 10 s)
   w      switch window: 10s -> 1m -> 5m
-  e      export the current snapshot as JSON (file in the current folder)
+  e      export the current snapshot as JSON (into the current folder)
   ?      this help
   q      quit
 
-Figures are windowed: differences of counters and histogram buckets between two
-scrapes, never since-start averages. Interactivity = tokens/s/user = 1/TPOT per
-request; p10 is the slow tail (= 1000 / TPOT p90 ms), the one an SLO protects.
-Chart bars are one scrape each, the figure over the 10 s before it.
-Ratio column = tuned / stock; green = better, red = worse.
+Figures are windowed: differences of counters and histogram buckets
+between two scrapes, never since-start averages.
+Interactivity = tokens/s/user = 1/TPOT per request. Its p10 is the slow
+tail (= 1000 / TPOT p90 ms), the one an SLO protects.
+Chart bars: one per scrape, the figure over the 10 s before it.
+Ratio column = tuned / stock: green = better, red = worse.
 
 [dim]press any key to close[/dim]"""
 
@@ -221,7 +222,7 @@ class MonitorApp(App[None]):
             tps.append(Series(f"{v.name} tokens/s", style, [h.tokens_per_s for h in v.history]))
             inter.append(
                 Series(
-                    f"{v.name} interactivity p10 (tok/s/user)",
+                    f"{v.name} p10 tok/s/user",
                     style,
                     [h.interactivity_p10 for h in v.history],
                 )

@@ -203,7 +203,7 @@ def chart_lines(
     now = next((v for v in reversed(data) if v is not None), None)
     title = f"{series.title} "
     now_txt = "now " + ("-" if now is None else f"{now:.1f}")
-    extra = f"  max {ymax:.0f}" + (f"  SLO {slo:g}" if slo is not None else "")
+    extra = (f"  SLO {slo:g}" if slo is not None else "") + f"  max {ymax:.0f}"
     head: list[Run] = [
         (title, "bold"),
         (now_txt, series.style),
