@@ -1,13 +1,16 @@
 """Numerics. CPU: the references (fp32 and fp64 math) against an independent float64 dot product,
-and the host wrapper's input checks. GPU: the verify output recorded on the lent H200 by
+and the host wrapper's input checks (run where torch is: this interpreter or kimictl's CPU vLLM
+runtime). GPU: the verify output recorded on the lent H200 by
 benchmarks/kernels_h200.py, committed as a fixture: it must cover every built variant of the
 current kernel source, every M, the odd sizes, and pass every check."""
 
 from __future__ import annotations
 
 import json
-import math
-import random
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,49 +20,107 @@ from kimictl.kernels.tcstream_gemm import TC_MS
 from kimictl.kernels.verify import REL_TOL, VERIFY_SHAPES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "verify_h200.json"
+ROOT = Path(__file__).resolve().parents[1]
 
 # bf16 inputs are exact in fp32 and fp64; the references differ only by accumulation rounding.
 TOLERANCES = {"fp32": 1e-5, "fp64": 1e-12}
 
 
-def _dot_ref(x: list[list[float]], w: list[list[float]]) -> list[list[float]]:
-    return [[math.fsum(a * b for a, b in zip(row, wrow, strict=True)) for wrow in w] for row in x]
+def _torch_python() -> str | None:
+    """An interpreter with torch: this one, else the CPU vLLM runtime kimictl sets up (CI runs
+    `kimictl setup cpu-runtime`), else None."""
+    try:
+        import torch  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        pass
+    from kimictl.runtime import cpu_runtime
+
+    return str(cpu_runtime.python_path()) if cpu_runtime.is_installed() else None
+
+
+def _in_torch(code: str) -> dict:
+    """Run `code` (which sets `out`) where torch exists, with this checkout importable."""
+    python = _torch_python()
+    if python is None:
+        pytest.skip("no interpreter with torch (run `kimictl setup cpu-runtime`)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    script = "import json, math, random\n" + textwrap.dedent(code) + "\nprint(json.dumps(out))\n"
+    proc = subprocess.run(
+        [python, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+CASES = [(1, 3, 8), (8, 5, 1000), (3, 33, 24)]  # (M, N, K): one row, K past 8*125, odd N
+
+
+@pytest.fixture(scope="module")
+def reference_runs() -> dict:
+    """Every case in one interpreter start (importing torch costs seconds)."""
+    return _in_torch(
+        f"""
+        import torch
+        from kimictl.kernels.wstream_gemm import wstream_gemm_ref
+        out = {{}}
+        for m, n, k in {CASES}:
+            rng = random.Random(m * 1000 + n * 10 + k)
+            def rand(r, c):
+                return torch.tensor([[rng.gauss(0, 1) for _ in range(c)] for _ in range(r)])
+            x, w, r = (rand(m, k).bfloat16(), rand(n, k).bfloat16(), rand(m, n).bfloat16())
+            xs, ws = x.double().tolist(), w.double().tolist()
+            # exact dot products of the bf16 values (fsum), independent of torch's matmul
+            exact = torch.tensor(
+                [[math.fsum(a * b for a, b in zip(xr, wr)) for wr in ws] for xr in xs],
+                dtype=torch.float64,
+            )
+            for wide in ("fp32", "fp64"):
+                got = wstream_gemm_ref(x, w, fp64=wide == "fp64")
+                with_r = wstream_gemm_ref(x, w, r, fp64=wide == "fp64")
+                out[f"{{m}},{{n}},{{k}},{{wide}}"] = {{
+                    "dtype": str(got.dtype),
+                    "rel": float((got.double() - exact).norm() / exact.norm()),
+                    "rel_r": float((with_r.double() - exact - r.double()).norm() / exact.norm()),
+                }}
+        """
+    )
 
 
 @pytest.mark.parametrize("wide", ["fp32", "fp64"])
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 3, 8), (8, 5, 1000), (3, 33, 24)])
-def test_reference_matches_exact_dot(wide: str, m: int, n: int, k: int):
-    torch = pytest.importorskip("torch", reason="the references are torch functions")
-    from kimictl.kernels.wstream_gemm import wstream_gemm_ref
-
-    rng = random.Random(m * 1000 + n * 10 + k)
-    x = torch.tensor([[rng.gauss(0, 1) for _ in range(k)] for _ in range(m)]).to(torch.bfloat16)
-    w = torch.tensor([[rng.gauss(0, 1) for _ in range(k)] for _ in range(n)]).to(torch.bfloat16)
-    r = torch.tensor([[rng.gauss(0, 1) for _ in range(n)] for _ in range(m)]).to(torch.bfloat16)
-    exact = torch.tensor(_dot_ref(x.double().tolist(), w.double().tolist()), dtype=torch.float64)
-    got = wstream_gemm_ref(x, w, fp64=wide == "fp64")
-    assert got.dtype == (torch.float64 if wide == "fp64" else torch.float32)
-    rel = float((got.double() - exact).norm() / exact.norm())
-    assert rel <= TOLERANCES[wide]
-    with_r = wstream_gemm_ref(x, w, r, fp64=wide == "fp64")
-    assert torch.allclose(with_r.double(), exact + r.double(), rtol=TOLERANCES[wide], atol=1e-4)
+@pytest.mark.parametrize(("m", "n", "k"), CASES)
+def test_reference_matches_exact_dot(reference_runs: dict, wide: str, m: int, n: int, k: int):
+    out = reference_runs[f"{m},{n},{k},{wide}"]
+    assert out["dtype"] == ("torch.float64" if wide == "fp64" else "torch.float32")
+    assert out["rel"] <= TOLERANCES[wide]
+    assert out["rel_r"] <= TOLERANCES[wide]
 
 
 def test_host_wrapper_rejects_bad_inputs_before_any_launch():
-    torch = pytest.importorskip("torch", reason="the host wrapper takes torch tensors")
-    from kimictl.kernels.wstream_gemm import wstream_gemm
-
-    x = torch.zeros((2, 12), dtype=torch.bfloat16)
-    with pytest.raises(AssertionError, match="multiple of 8"):
-        wstream_gemm(x, torch.zeros((4, 12), dtype=torch.bfloat16))
-    with pytest.raises(AssertionError, match="K mismatch"):
-        wstream_gemm(x, torch.zeros((4, 16), dtype=torch.bfloat16))
-    with pytest.raises(AssertionError, match="must be bf16"):
-        wstream_gemm(x.float(), torch.zeros((4, 12)))
-    empty = wstream_gemm(
-        torch.zeros((0, 16), dtype=torch.bfloat16), torch.zeros((4, 16), dtype=torch.bfloat16)
+    out = _in_torch(
+        """
+        import torch
+        from kimictl.kernels.wstream_gemm import wstream_gemm
+        bf = torch.bfloat16
+        x = torch.zeros((2, 12), dtype=bf)
+        msgs = []
+        for args in ((x, torch.zeros((4, 12), dtype=bf)), (x, torch.zeros((4, 16), dtype=bf)),
+                     (x.float(), torch.zeros((4, 12)))):
+            try:
+                wstream_gemm(*args)
+                msgs.append(None)
+            except AssertionError as e:
+                msgs.append(str(e))
+        empty = wstream_gemm(torch.zeros((0, 16), dtype=bf), torch.zeros((4, 16), dtype=bf))
+        out = {"msgs": msgs, "empty": list(empty.shape)}
+        """
     )
-    assert empty.shape == (0, 4)  # empty batch: no launch, no library needed
+    first, second, third = out["msgs"]
+    assert "multiple of 8" in first
+    assert "K mismatch" in second
+    assert "must be bf16" in third
+    assert out["empty"] == [0, 4]  # empty batch: no launch, no library needed
 
 
 @pytest.fixture(scope="module")
