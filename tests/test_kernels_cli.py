@@ -110,3 +110,23 @@ def test_driver_must_support_cuda_13(driver, ok):
     assert plan.driver_ok is ok
     if not ok:
         assert "CUDA 13" in plan.driver_reason or ">= 13.0" in plan.driver_reason
+
+
+def test_bench_rendering_of_the_recorded_h200_run(capsys):
+    from pathlib import Path
+
+    from kimictl.commands.kernels import _render_bench
+    from kimictl.kernels.bench import BenchReport
+
+    path = Path(__file__).parents[1] / "benchmarks" / "results" / "kernels_h200_bench.json"
+    raw = json.loads(path.read_text())
+    report = BenchReport.from_json(raw)
+    # the object recomputes the same summary the device wrote
+    assert report.summary()["geomean_speedup_dispatched"] == pytest.approx(
+        raw["summary"]["geomean_speedup_dispatched"]
+    )
+    _render_bench(report)
+    out = capsys.readouterr().out
+    assert "decode GEMMs on NVIDIA H200" in out
+    assert "lm_head" in out and "layer chain M=1" in out
+    assert f"{raw['summary']['geomean_speedup_dispatched']:.2f}x" in out

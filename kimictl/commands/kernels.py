@@ -208,6 +208,10 @@ def bench(json_out: JsonOpt = False) -> None:
     if json_out:
         emit_json(report.to_json())
         return
+    _render_bench(report)
+
+
+def _render_bench(report: Any) -> None:
     from rich.table import Table
 
     s = report.summary()
@@ -234,3 +238,9 @@ def bench(json_out: JsonOpt = False) -> None:
         )  # fmt: skip
     console.print(t)
     console.print(f"geomean speedup, dispatched vs cuBLAS: {s['geomean_speedup_dispatched']:.2f}x")
+    for c in report.chains:
+        guard = " (guarded: this M goes to cuBLAS)" if c.get("guarded") else ""
+        console.print(
+            f"layer chain M={c['m']}: cuBLAS {c['cublas_us']:.1f} us, dispatched "
+            f"{c['dispatched_us']:.1f} us, x{c['speedup']:.2f}{guard}"
+        )

@@ -101,6 +101,18 @@ class BenchReport:
             "slower_than_cublas": [p for p in points if p["speedup"] and p["speedup"] < 1.0],
         }
 
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> BenchReport:
+        """A recorded report (bench --json, benchmarks/kernels_h200.py) back into the object."""
+        return cls(
+            str(raw["device"]),
+            str(raw["arch"]),
+            [BenchRow(**r) for r in raw["rows"]],
+            DispatchTable.from_json(raw["dispatch_table"]),
+            list(raw.get("chains", [])),
+            float(raw.get("seconds", 0.0)),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
