@@ -515,7 +515,6 @@ def _payload(target: LoadTarget, spec: RequestSpec, chat: bool, ignore_eos: bool
         "max_tokens": spec.output_len,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "temperature": 0.0,
     }
     if ignore_eos:
         body["ignore_eos"] = True
