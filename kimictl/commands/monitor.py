@@ -189,7 +189,7 @@ def monitor(
                 emit_json(doc)
             else:
                 _render_table(doc)
-            if all(ep["status"] != "UP" for ep in doc["endpoints"].values()):
+            if all(ep["last_ok_at"] is None for ep in doc["endpoints"].values()):
                 from kimictl.runtime.errors import EndpointError
 
                 raise EndpointError("no endpoint answered /metrics during the window.")

@@ -1065,7 +1065,8 @@ class EndpointPoller:
         now = time.monotonic()
         if not self.due(now):
             return False
-        timeout = max(0.5, min(interval, 5.0))
+        # a loaded server can take a while to render /metrics: allow 2 intervals (2-10 s)
+        timeout = max(2.0, min(2 * interval, 10.0))
         try:
             if self.keepalive and self.url.startswith("http://"):
                 if self._conn is None:
