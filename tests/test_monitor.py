@@ -65,8 +65,14 @@ class ReplayServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        ThreadingHTTPServer.allow_reuse_address = True
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        class Server(ThreadingHTTPServer):
+            allow_reuse_address = True
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a scrape cut off by stop() is the point of the test, not noise
+
+        self._httpd = Server(("127.0.0.1", self.port), Handler)
         self.port = self._httpd.server_address[1]
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
 
@@ -239,6 +245,31 @@ def test_once_json_against_replayed_server(
     assert ep["window_s"] >= 0.5
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0
     assert ep["interactivity_p10"] <= ep["interactivity_p50"] <= ep["interactivity_p90"]
+
+
+def test_no_tui_records_jsonl_lines(
+    replay: ReplayServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "rec.jsonl"
+    argv = ["monitor", "--no-tui", "--json", "--interval", "0.1", "--duration", "0.5"]
+    assert main([*argv, "--record", str(record), f"a={replay.url}"]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    recorded = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(printed) == len(recorded) >= 5
+    assert recorded[0]["endpoints"]["a"]["tokens_per_s"] is None  # one scrape: no window yet
+    assert recorded[-1]["endpoints"]["a"]["tokens_per_s"] > 0
+    times = [r["taken_at"] for r in recorded]
+    assert times == sorted(times)
+
+
+def test_gpu_telemetry_without_a_gpu_is_empty_with_a_reason() -> None:
+    from kimictl.runtime.gpu_telemetry import sample_gpus
+
+    telemetry = sample_gpus()
+    if telemetry.gpus:
+        pytest.skip("this machine has an NVIDIA GPU")
+    assert telemetry.reason and ("NVML" in telemetry.reason or "pynvml" in telemetry.reason)
+    assert telemetry.to_json()["gpus"] == []
 
 
 def test_once_with_nothing_answering_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

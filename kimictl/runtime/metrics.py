@@ -1030,7 +1030,10 @@ class EndpointView:
             "stale_since": self.stale_since,
             "last_ok_at": self.last_ok_at,
         }
-        out.update(self.stats.to_json() if self.stats is not None else {})
+        if self.stats is not None:
+            out.update(self.stats.to_json())
+        else:  # same keys before the second scrape, all null: consumers need not guess
+            out.update({name: None for name in WindowStats.__dataclass_fields__})
         return out
 
 
