@@ -262,6 +262,54 @@ def test_no_tui_records_jsonl_lines(
     assert times == sorted(times)
 
 
+def test_default_target_is_the_latest_ab_pair(
+    replay: ReplayServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import os
+
+    from kimictl.runtime import runs
+
+    monkeypatch.setenv("KIMICTL_STATE_DIR", str(tmp_path))
+    assert main(["monitor", "--once"]) == 2
+    assert "no live A/B pair" in capsys.readouterr().err
+    for role in ("tuned", "stock"):  # records of a live pair (this test process stands in for vLLM)
+        run_id = f"pair-{role}"
+        runs.write_record(
+            runs.RunRecord(
+                id=run_id,
+                name=run_id,
+                role=role,
+                ab_group="g1",
+                url=replay.url,
+                model="tiny-k2",
+                profile=None,
+                pids=[os.getpid()],
+                pgid=os.getpgid(0),
+                port=replay.port,
+                host="127.0.0.1",
+                log_path="",
+                run_dir=str(runs.run_dir_for(run_id)),
+                argv_redacted=[],
+                started_at=time.time(),
+                gpus=0,
+                state=runs.RunState.READY,
+                start_ticks=runs.process_start_ticks(os.getpid()),
+            )
+        )
+    assert main(["monitor", "--once", "--json", "--window", "0.3s", "--interval", "0.1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["endpoints"]) == {"tuned", "stock"}
+    assert doc["ab"]["tuned"] == "tuned" and doc["ab"]["stock"] == "stock"
+    assert (
+        main(["monitor", "--once", "--json", "--window", "0.3s", "--interval", "0.1", "pair-stock"])
+        == 0
+    )
+    assert set(json.loads(capsys.readouterr().out)["endpoints"]) == {"stock"}
+
+
 def test_gpu_telemetry_without_a_gpu_is_empty_with_a_reason() -> None:
     from kimictl.runtime.gpu_telemetry import sample_gpus
 
