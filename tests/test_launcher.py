@@ -330,3 +330,19 @@ def test_detached_run_survives_and_is_recorded():
     finally:
         launcher.stop_records([runs.get_run(record.id)], grace=2)
     assert group_gone(record.pgid)
+
+
+def test_headless_rank_is_ready_without_http(monkeypatch):
+    """Ranks above 0 (`--headless`) serve no API: running past the settle time is ready, and
+    supervision watches the process only."""
+    monkeypatch.setattr(launcher, "HEADLESS_SETTLE_S", 0.5)
+    plan = fake_plan("ok")
+    silent_port = free_port()  # nothing answers here: HTTP readiness would never come
+    plan = LaunchPlan(**{**plan.__dict__, "port": silent_port, "argv": [*plan.argv, "--headless"]})
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=20)
+    assert launch.record.state is RunState.READY
+    stop_after = time.monotonic() + 1.0
+    launcher.supervise([launch], stop_flag=lambda: time.monotonic() > stop_after, poll_s=0.2)
+    launcher.stop_run(launch.record, process=launch.process, grace=2)
+    assert group_gone(launch.record.pgid)

@@ -157,6 +157,8 @@ def serve(
 
     if render is not None and render not in ("slurm", "k8s"):
         raise InputError(f"--render {render!r} is not a format; allowed: slurm, k8s.")
+    if render is not None and ab:
+        raise InputError("--render writes one deployment; drop --ab (render each profile).")
     if output is not None and render is None:
         raise InputError("--output goes with --render; without it there is no file to write.")
     request = launcher.ServeRequest(

@@ -67,6 +67,7 @@ __all__ = [
 DEFAULT_PORT = 8000
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 20.0
+HEADLESS_SETTLE_S = 10.0
 LOG_NAME = "vllm.log"
 SECRET_ENV = ("VLLM_API_KEY",)
 
@@ -102,6 +103,10 @@ class LaunchPlan:
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def headless(self) -> bool:
+        return "--headless" in self.argv
 
     @property
     def log_path(self) -> Path:
@@ -607,6 +612,14 @@ def _wait_ready(
             if now < next_probe.get(launch.plan.run_id, 0.0):
                 continue
             next_probe[launch.plan.run_id] = now + 1.0
+            if launch.plan.headless:
+                # A headless rank serves no HTTP: running for a while is all it can show.
+                if elapsed >= HEADLESS_SETTLE_S:
+                    launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
+                    if on_phase:
+                        on_phase(launch, "running headless (the API is on rank 0)", elapsed)
+                    pending.remove(launch)
+                continue
             if health(launch.plan.url, timeout=2.0, client=client) != 200:
                 continue
             if on_phase:
@@ -706,6 +719,8 @@ def _supervise(
     while not stop_flag():
         for launch in launches:
             code = launch.returncode()
+            if code is None and launch.plan.headless:
+                continue  # no HTTP on a headless rank: alive is healthy
             status = (
                 None if code is not None else health(launch.plan.url, timeout=5.0, client=client)
             )
