@@ -206,6 +206,23 @@ def test_chart_bars_scale_and_colour_against_the_slo() -> None:
     assert any("┄" in b for b in bars)
 
 
+async def test_a_failing_round_is_reported_and_polling_goes_on(replay: ReplayServer) -> None:
+    calls = {"n": 0}
+
+    def flaky_gpus() -> GpuTelemetry:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("NVML hiccup")
+        return no_gpus()
+
+    app = MonitorApp([EndpointPoller("a", replay.url)], interval=0.1, gpu_sampler=flaky_gpus)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_for(pilot, lambda: app.rounds >= 2)
+        messages = [n.message for n in app._notifications]
+        assert any("polling failed: RuntimeError: NVML hiccup" in m for m in messages)
+        assert app.is_running
+
+
 # ---- command line
 
 

@@ -21,6 +21,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
+from textual.worker import Worker, WorkerState
 
 from kimictl.runtime.gpu_telemetry import GpuTelemetry, sample_gpus
 from kimictl.runtime.metrics import (
@@ -130,6 +131,7 @@ class MonitorApp(App[None]):
         self._timer: Timer | None = None
         self._client: httpx.AsyncClient | None = None
         self._busy = False
+        self.last_export: Path | None = None
 
     # ---- layout
     def compose(self) -> ComposeResult:
@@ -171,7 +173,7 @@ class MonitorApp(App[None]):
         )
 
     # ---- polling
-    @work(exclusive=True, group="poll")
+    @work(exclusive=True, group="poll", exit_on_error=False, description="scrape /metrics")
     async def poll_now(self) -> None:
         assert self._client is not None
         self._busy = True
@@ -182,6 +184,17 @@ class MonitorApp(App[None]):
         finally:
             self._busy = False
         self.post_message(MetricsUpdated(views, gpus))
+
+    @on(Worker.StateChanged)
+    def _on_worker_state(self, event: Worker.StateChanged) -> None:
+        # the one place a failed round is handled: say so, keep the screen, poll again next tick
+        if event.state is WorkerState.ERROR and event.worker.group == "poll":
+            error = event.worker.error
+            self.notify(
+                f"polling failed: {type(error).__name__}: {error}",
+                title="kimictl monitor",
+                severity="error",
+            )
 
     @on(MetricsUpdated)
     def _on_metrics(self, message: MetricsUpdated) -> None:
