@@ -150,7 +150,11 @@ def monitor(
     if record is not None and record.parent and not record.parent.exists():
         raise InputError(f"--record {record}: folder {record.parent} does not exist.")
     resolved = _targets(targets or [])
-    pollers = [metrics.EndpointPoller(t.name, t.url, t.model) for t in resolved]
+    keep_s = max(330.0, window_s * 1.1 + 2 * interval)  # history long enough for the window
+    pollers = [
+        metrics.EndpointPoller(t.name, t.url, t.model, series=metrics.MetricsSeries(keep_s=keep_s))
+        for t in resolved
+    ]
 
     if once or no_tui:
         from kimictl.runtime.gpu_telemetry import sample_gpus
