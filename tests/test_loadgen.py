@@ -338,3 +338,23 @@ async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
     assert by_session == expected
     last = max(expected.values())
     assert 12 <= len(recs) < 12 + last and any(r.turn > 0 for r in recs)
+
+
+async def test_interleave_runs_targets_at_the_same_time(emitter: str) -> None:
+    targets = [LoadTarget("a", emitter, "ok"), LoadTarget("b", emitter, "ok")]
+    kw = {"points": [LoadPoint(concurrency=2)], "num_prompts": 6}
+    turn = await run_load(targets, RandomWorkload(parse_length(4), parse_length(30)), **kw)
+    both = await run_load(
+        targets, RandomWorkload(parse_length(4), parse_length(30)), interleave=True, **kw
+    )
+
+    def overlap(recs) -> bool:
+        a = [r for r in recs if r.target == "a"]
+        b = [r for r in recs if r.target == "b"]
+        return min(r.start for r in b) < max(r.end for r in a) and min(r.start for r in a) < max(
+            r.end for r in b
+        )
+
+    assert not overlap(turn) and overlap(both)
+    assert len(both) == 12 and all(r.ok for r in both)
+    assert set(both.windows) == {("a", "c=2", 0), ("b", "c=2", 0)}

@@ -220,6 +220,9 @@ def bench(
     no_metrics: Annotated[
         bool, typer.Option("--no-metrics", help="Do not scrape /metrics.")
     ] = False,
+    interleave: Annotated[
+        bool, typer.Option(help="A/B: load all targets at once per point instead of in turn.")
+    ] = False,
     api_key_file: Annotated[
         Path | None, typer.Option(help="File holding the API key (default: env VLLM_API_KEY).")
     ] = None,
@@ -272,6 +275,7 @@ def bench(
         chat=endpoint == "chat",
         ignore_eos=ignore_eos,
         scrape_metrics=not no_metrics,
+        interleave=interleave,
         slo=slo_obj,
     )
     outcome = _run(cfg, quiet=json_out == "-")
@@ -311,16 +315,16 @@ def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:
         disable=quiet,
         transient=False,
     )
-    state: dict[str, Any] = {"task": None}
+    tasks: dict[tuple[str, str, int], Any] = {}
 
     def on_point(t: LoadTarget, p: LoadPoint, r: int) -> None:
         rep = f" repeat {r + 1}/{cfg.repeat}" if cfg.repeat > 1 else ""
-        state["task"] = progress.add_task(
+        tasks[(t.name, p.label, r)] = progress.add_task(
             f"{t.name} {p.label}{rep}", total=cfg.num_prompts, failed=0
         )
 
     def on_record(rec: Any) -> None:
-        task = state["task"]
+        task = tasks.get((rec.target, rec.point, rec.repeat))
         if rec.warmup or task is None:
             return
         progress.advance(task)

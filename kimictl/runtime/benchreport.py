@@ -667,6 +667,7 @@ class BenchConfig:
     chat: bool = False
     ignore_eos: bool = True
     scrape_metrics: bool = True
+    interleave: bool = False
     slo: SLO | None = None
 
 
@@ -734,6 +735,7 @@ async def run_bench(
         chat=cfg.chat,
         ignore_eos=cfg.ignore_eos,
         scrape_metrics=cfg.scrape_metrics,
+        interleave=cfg.interleave,
         stop=stop,
         on_record=on_record,
         on_point=on_point,

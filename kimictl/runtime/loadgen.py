@@ -763,6 +763,7 @@ async def run_load(
     chat: bool = False,
     ignore_eos: bool = True,
     scrape_metrics: bool = False,
+    interleave: bool = False,
     stop: asyncio.Event | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
@@ -771,7 +772,9 @@ async def run_load(
 
     Each (target, point, repeat) gets the identical session sequence (the workload seeded with
     `seed`), so an A/B compares the same requests. Targets take turns point by point, in an order
-    that alternates between points and repeats so slow drift does not favour one side.
+    that alternates between points and repeats so slow drift does not favour one side; with
+    `interleave` they run each point at the same time instead (both see the same drift; use it when
+    the servers do not share hardware, and note the client's CPU is shared).
     """
     if not targets:
         raise InputError("no target to benchmark", hint="pass --target URL (or --ab)")
@@ -820,44 +823,53 @@ async def run_load(
                 await _run_point(pr, stop)
                 if pr.abort and not pr.any_success:
                     out.stop_reason = pr.abort
+
+        async def one(t: LoadTarget, point: LoadPoint, r: int, i: int) -> None:
+            if on_point is not None:
+                on_point(t, point, r)
+            key = (t.name, point.label, r)
+            before = await _scrape(t) if scrape_metrics else None
+            pr = _PointRun(
+                target=t,
+                endpoint=endpoints[t.name],
+                point=point,
+                repeat=r,
+                warmup=False,
+                sessions=workload.sessions(seed),
+                num_prompts=num_prompts,
+                duration=duration,
+                timeout=timeout,
+                chat=chat,
+                ignore_eos=ignore_eos,
+                t_run=t_run,
+                out=out,
+                stop=stop,
+                on_record=on_record,
+                rng=random.Random(seed * 1000003 + i),
+            )
+            await _run_point(pr, stop)
+            if pr.first is not None:
+                out.windows[key] = (pr.first, pr.last)
+            out.max_concurrent[key] = pr.max_inflight
+            if before is not None:
+                after = await _scrape(t)
+                if after is not None:
+                    out.metrics[key] = (before, after)
+            if pr.abort and not out.stop_reason:
+                out.stop_reason = pr.abort
+
         for r in range(repeat):
             for i, point in enumerate(points):
+                if stop.is_set() or out.stop_reason:
+                    break
                 order = list(targets) if (r + i) % 2 == 0 else list(reversed(targets))
+                if interleave:
+                    await asyncio.gather(*(one(t, point, r, i) for t in order))
+                    continue
                 for t in order:
                     if stop.is_set() or out.stop_reason:
                         break
-                    if on_point is not None:
-                        on_point(t, point, r)
-                    key = (t.name, point.label, r)
-                    before = await _scrape(t) if scrape_metrics else None
-                    pr = _PointRun(
-                        target=t,
-                        endpoint=endpoints[t.name],
-                        point=point,
-                        repeat=r,
-                        warmup=False,
-                        sessions=workload.sessions(seed),
-                        num_prompts=num_prompts,
-                        duration=duration,
-                        timeout=timeout,
-                        chat=chat,
-                        ignore_eos=ignore_eos,
-                        t_run=t_run,
-                        out=out,
-                        stop=stop,
-                        on_record=on_record,
-                        rng=random.Random(seed * 1000003 + i),
-                    )
-                    await _run_point(pr, stop)
-                    if pr.first is not None:
-                        out.windows[key] = (pr.first, pr.last)
-                    out.max_concurrent[key] = pr.max_inflight
-                    if before is not None:
-                        after = await _scrape(t)
-                        if after is not None:
-                            out.metrics[key] = (before, after)
-                    if pr.abort:
-                        out.stop_reason = pr.abort
+                    await one(t, point, r, i)
         if stop.is_set() and out.stop_reason is None:
             out.stop_reason = "interrupted"
     except asyncio.CancelledError:
