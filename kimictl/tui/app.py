@@ -78,12 +78,6 @@ class MetricsUpdated(Message):
 
 
 class HelpScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > Static { width: 84; height: auto; border: round $accent; padding: 1 2;
-                          background: $surface; }
-    """
-
     def compose(self) -> ComposeResult:
         yield Static(HELP)
 

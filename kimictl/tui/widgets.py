@@ -63,8 +63,6 @@ class _Lines(Widget):
     built straight from segments cost a fraction of that (benchmarks/RESULTS_monitor.md).
     """
 
-    DEFAULT_CSS = "_Lines { height: auto; }"
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._text_lines: list[Text] = []
@@ -241,7 +239,6 @@ class ChartsPanel(Widget):
     ~3 % of a core at 1 Hz; this costs a fraction: benchmarks/RESULTS_monitor.md.)
     """
 
-    DEFAULT_CSS = "ChartsPanel { height: 17; }"
     CHART_HEIGHT = 8
 
     def __init__(self, *, id: str | None = None) -> None:
