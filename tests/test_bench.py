@@ -284,9 +284,8 @@ def test_agentic_chat_open_loop_against_vllm(cpu_server, tmp_path: Path, capsys)
     )
     assert code == 0
     (run,) = json.loads((tmp_path / "g.json").read_text())["runs"]
-    assert (
-        run["completed"] == 8 and run["endpoint_type"] == "openai-chat" and run["request_rate"] == 4
-    )
+    assert run["endpoint_type"] == "openai-chat" and run["request_rate"] == 4
+    assert run["failed"] == 0 and run["completed"] >= 8  # whole sessions: may overshoot
     rows = list(csv.DictReader((tmp_path / "g.csv").open()))
     assert any(int(r["turn"]) > 0 for r in rows)  # multi-turn sessions really ran
     by_session: dict[str, list[int]] = {}
