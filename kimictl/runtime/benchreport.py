@@ -390,6 +390,7 @@ def _bootstrap_ratio(
 ) -> tuple[float, float] | None:
     if len(a) < 2 or len(b) < 2:
         return None
+    rounds = min(rounds, max(100, 400_000 // (len(a) + len(b))))  # bound the cost on big runs
     ratios = []
     na, nb = len(a), len(b)
     for _ in range(rounds):
