@@ -600,7 +600,7 @@ class _PointRun:
     async def _request(self, spec: RequestSpec, session: int, turn: int) -> None:
         rec = RequestRecord(
             target=self.target.name,
-            point=self.point.label,
+            point="warmup" if self.warmup else self.point.label,
             repeat=self.repeat,
             index=self.issued,
             warmup=self.warmup,
