@@ -225,7 +225,8 @@ class _Conn(asyncio.Protocol):
             return
         now = time.perf_counter()
         if self._in_head:
-            self._head += data
+            # a late CRLF ending the previous chunked body may precede the status line
+            self._head = (self._head + data).lstrip(b"\r\n")
             end = self._head.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._head) > 65536:
