@@ -1047,8 +1047,8 @@ def prepare_serve(request: ServeRequest) -> Prepared:
     gpu_offset = 0
     for (prof, role), run_port in zip(specs, ports, strict=True):
         spec = prof.spec
-        if request.model:
-            spec = spec.with_(model=request.model)
+        if request.model:  # another model: the profile's served name no longer describes it
+            spec = spec.with_(model=request.model, served_model_name=None)
         prof_runtime = str(getattr(prof, "runtime", "gpu"))
         if prof_runtime == "cpu" and not any(n == CPU_GATE_NOTE for n in notes):
             notes.append(CPU_GATE_NOTE)
