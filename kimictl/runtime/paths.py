@@ -11,8 +11,9 @@ __all__ = ["cache_dir", "state_dir", "runs_dir"]
 def cache_dir() -> Path:
     """Rebuildable things: the CPU runtime venv, the tiny model, kernel builds."""
     env = os.environ.get("KIMICTL_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kimictl"
-    return base
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kimictl"
 
 
 def state_dir() -> Path:

@@ -45,5 +45,5 @@ class Check:
 
 
 def verdict(checks: list[Check]) -> str:
-    """"ready" when nothing blocks; UNKNOWN does not block (it is reported, with its reason)."""
+    """`ready` when nothing blocks; UNKNOWN does not block (it is reported, with its reason)."""
     return "not_ready" if any(c.blocking for c in checks) else "ready"
