@@ -135,6 +135,40 @@ def test_save_snapshot_writes_a_loadable_report(
     assert len(saved.nodes) == 2 and saved.source == "simulated"
 
 
+def test_save_snapshot_never_replaces_an_existing_file_without_force(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text("# my notes\n")
+    code, out, err = run(capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(mine))
+    assert code == 2 and out == ""
+    assert f"error: --save-snapshot {mine}: the file already exists" in err
+    assert "--force" in err and mine.read_text() == "# my notes\n"
+    code, out, _ = run(
+        capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(mine), "--force"
+    )
+    assert code == 0 and len(load_snapshot(mine).nodes) == 2
+
+
+@pytest.mark.parametrize(
+    ("target", "sentence"),
+    [
+        ("folder", "is a folder; name a .json file."),
+        ("afile/x.json", "afile is a file, not a folder)."),
+    ],
+)
+def test_save_snapshot_to_an_unwritable_place_is_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str, sentence: str
+) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "afile").write_text("x")
+    path = tmp_path / target
+    code, out, err = run(capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: --save-snapshot {path}") and sentence in err
+    assert "kimictl bug" not in err and (tmp_path / "afile").read_text() == "x"
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

@@ -140,13 +140,20 @@ def doctor(
         Path | None,
         typer.Option("--save-snapshot", metavar="FILE", help="Write the hardware report as JSON."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing --save-snapshot file.")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.runtime.rules import diagnose
 
     spec, unrecognised = _spec_from(profile, vllm_args)
     diagnosis = diagnose(
-        spec, snapshots=from_snapshot or [], save_snapshot=save_snapshot, unrecognised=unrecognised
+        spec,
+        snapshots=from_snapshot or [],
+        save_snapshot=save_snapshot,
+        overwrite_snapshot=force,
+        unrecognised=unrecognised,
     )
     if json_out:
         # Same document emit_json writes, without importing rich (its import is ~15% of the

@@ -7,7 +7,13 @@ library: the field becomes `Unavailable(reason)`.
 """
 
 from kimictl.runtime.hardware._probe import probe_local, probe_node
-from kimictl.runtime.hardware._snapshot import load_snapshot, load_snapshots, merge, save_snapshot
+from kimictl.runtime.hardware._snapshot import (
+    check_snapshot_target,
+    load_snapshot,
+    load_snapshots,
+    merge,
+    save_snapshot,
+)
 from kimictl.runtime.hardware._types import (
     SCHEMA_VERSION,
     FabricInfo,
@@ -31,6 +37,7 @@ __all__ = [
     "P2PStatus",
     "Source",
     "Unavailable",
+    "check_snapshot_target",
     "known",
     "load_snapshot",
     "load_snapshots",

@@ -11,16 +11,40 @@ from pathlib import Path
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.hardware._types import HardwareReport, Source
 
-__all__ = ["load_snapshot", "load_snapshots", "merge", "save_snapshot"]
+__all__ = [
+    "check_snapshot_target",
+    "load_snapshot",
+    "load_snapshots",
+    "merge",
+    "save_snapshot",
+]
 
 
-def save_snapshot(report: HardwareReport, path: str | Path) -> Path:
-    """Write atomically (temp file + rename). A live report is stored as "recorded"."""
+def check_snapshot_target(path: str | Path, *, overwrite: bool = False) -> Path:
+    """Refuse a --save-snapshot target that is a folder, or an existing file without overwrite."""
     target = Path(path)
+    if target.is_dir():
+        raise InputError(f"--save-snapshot {target}: is a folder; name a .json file.")
+    if target.exists() and not overwrite:
+        raise InputError(
+            f"--save-snapshot {target}: the file already exists; kimictl does not overwrite it.",
+            hint="choose another name, or pass --force to replace it",
+        )
+    return target
+
+
+def save_snapshot(report: HardwareReport, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write atomically (temp file + rename). A live report is stored as "recorded"."""
+    target = check_snapshot_target(path, overwrite=overwrite)
     source: Source = "recorded" if report.source == "live" else report.source
     text = json.dumps(report.with_source(source).to_json(), indent=2) + "\n"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    except OSError as error:
+        blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a folder" if blocker else error.strerror or str(error)
+        raise InputError(f"--save-snapshot {target}: cannot write there ({reason}).") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -129,6 +129,7 @@ def diagnose(
     *,
     snapshots: Sequence[str | Path] = (),
     save_snapshot: str | Path | None = None,
+    overwrite_snapshot: bool = False,
     unrecognised: Sequence[str] = (),
 ) -> Diagnosis:
     """Probe this node (or load `snapshots`, one per node, as one TP group), then evaluate.
@@ -139,6 +140,8 @@ def diagnose(
     from kimictl.runtime import hardware
     from kimictl.runtime.stack import StackReport, probe_stack
 
+    if save_snapshot is not None:  # refuse a bad target before probing, not after
+        hardware.check_snapshot_target(save_snapshot, overwrite=overwrite_snapshot)
     stack: StackReport | None
     if snapshots:
         hw = hardware.load_snapshots(snapshots)
@@ -150,7 +153,11 @@ def diagnose(
         hw = hardware.HardwareReport(
             nodes=[replace(n, stack=stack.to_json()) for n in hw.nodes], source=hw.source
         )
-    saved = hardware.save_snapshot(hw, save_snapshot) if save_snapshot is not None else None
+    saved = (
+        hardware.save_snapshot(hw, save_snapshot, overwrite=overwrite_snapshot)
+        if save_snapshot is not None
+        else None
+    )
     checks = evaluate(spec, hw, stack)
     if stack is None:
         checks.append(
