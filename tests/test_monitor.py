@@ -239,6 +239,34 @@ def test_bad_inputs_exit_2_with_a_sentence(capsys: pytest.CaptureFixture[str]) -
         assert sentence in capsys.readouterr().err
 
 
+def test_bad_record_file_or_url_exits_2_and_leaves_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.toml"
+    notes.write_text("[model]\nname = 'x'\n")
+    (tmp_path / "folder").mkdir()
+    cases = [
+        (["--record", str(notes), "http://127.0.0.1:9"], "the file exists and is not a JSON-lines"),
+        (["--record", str(tmp_path / "folder"), "http://127.0.0.1:9"], "is a folder"),
+        (["http://127.0.0.1:99999"], "'http://127.0.0.1:99999' is not a valid URL"),
+    ]
+    for argv, sentence in cases:
+        assert main(["monitor", "--once", *argv]) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and sentence in err, err
+    assert notes.read_text() == "[model]\nname = 'x'\n"
+
+
+def test_record_appends_to_an_existing_record(tmp_path: Path) -> None:
+    from kimictl.runtime.metrics import append_jsonl, check_record_target
+
+    record = tmp_path / "rec.jsonl"
+    append_jsonl(record, {"taken_at": 1.0})
+    check_record_target(record)  # its own record: appending is allowed
+    append_jsonl(record, {"taken_at": 2.0})
+    assert [json.loads(line)["taken_at"] for line in record.read_text().splitlines()] == [1, 2]
+
+
 def test_once_json_against_replayed_server(
     replay: ReplayServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

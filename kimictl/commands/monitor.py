@@ -147,8 +147,8 @@ def monitor(
         raise InputError(f"--duration {duration:g} must be > 0 seconds.")
     if json_out and not (once or no_tui):
         raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
-    if record is not None and record.parent and not record.parent.exists():
-        raise InputError(f"--record {record}: folder {record.parent} does not exist.")
+    if record is not None:
+        metrics.check_record_target(record)
     resolved = _targets(targets or [])
     keep_s = max(330.0, window_s * 1.1 + 2 * interval)  # history long enough for the window
     pollers = [

@@ -60,6 +60,7 @@ __all__ = [
     "HIGHER_IS_BETTER",
     "WINDOWS_S",
     "append_jsonl",
+    "check_record_target",
     "format_window",
     "parse_window",
     "EndpointPoller",
@@ -1055,6 +1056,14 @@ class EndpointPoller:
     keepalive: bool = True  # plain-http scrapes through _KeepAliveGet (False: the httpx client)
     _conn: _KeepAliveGet | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        try:
+            _ = urlsplit(self.url).port  # the property raises on a port out of range
+        except ValueError as error:
+            raise InputError(
+                f"endpoint {self.name}: {self.url!r} is not a valid URL ({error})."
+            ) from None
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -1196,6 +1205,35 @@ def parse_window(text: str, *, option: str = "--window") -> float:
 
 def format_window(seconds: float) -> str:
     return f"{seconds / 60:g}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def check_record_target(path: str | os.PathLike[str]) -> None:
+    """Refuse a `--record` FILE that would lose or mangle something: a missing folder, a folder,
+    or an existing file that is not JSON lines (appending to a TOML or log would corrupt it)."""
+    target = os.fspath(path)
+    folder = os.path.dirname(target)
+    if folder and not os.path.isdir(folder):
+        raise InputError(f"--record {target}: folder {folder} does not exist.")
+    if os.path.isdir(target):
+        raise InputError(f"--record {target}: is a folder; name a .jsonl file.")
+    if not os.path.isfile(target):
+        return
+    with open(target, "rb") as fh:
+        first = fh.readline(1 << 20).strip()
+    if not first:
+        return
+    import orjson
+
+    try:
+        ok = isinstance(orjson.loads(first), dict)
+    except orjson.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise InputError(
+            f"--record {target}: the file exists and is not a JSON-lines record; "
+            "kimictl appends only to its own records.",
+            hint="choose another file name",
+        )
 
 
 def append_jsonl(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
