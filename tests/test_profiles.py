@@ -341,6 +341,23 @@ def test_cli_validate_bad_file_exits_2_with_one_sentence(tmp_path, capsys):
     assert err.startswith(f"error: {path}:{line}: [batching] max_num_seqs = 0 is not allowed")
 
 
+@pytest.mark.parametrize("command", ["show", "validate"])
+def test_cli_folder_given_as_profile_exits_2_naming_it(tmp_path, capsys, command):
+    folder = tmp_path / "mine.toml"
+    folder.mkdir()
+    assert main(["profiles", command, str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: Profile file {folder} is a folder; name a .toml file.\n"
+
+
+def test_write_profile_refuses_a_folder_even_with_overwrite(tmp_path):
+    folder = tmp_path / "new.toml"
+    folder.mkdir()
+    with pytest.raises(InputError, match="is a folder, not a profile file"):
+        write_profile(folder, load_profile("k3-tp8-latency").spec, overwrite=True)
+    assert folder.is_dir()
+
+
 def test_cli_validate_against_snapshots(capsys):
     tp16 = sorted(str(p) for p in (SNAPSHOTS / "gb300-tp16-healthy").glob("*.json"))
     args = ["profiles", "validate", "k3-tp16-latency", "--json"]

@@ -176,6 +176,30 @@ def test_write_never_overwrites_without_force(capsys, tmp_path: Path) -> None:
     assert load_profile(str(target)).spec.tensor_parallel_size == 16
 
 
+def test_write_to_a_folder_is_bad_input_even_with_force(capsys, tmp_path: Path) -> None:
+    folder = tmp_path / "p.toml"
+    folder.mkdir()
+    code, out, err = run(capsys, *GB300_16, "--write", str(folder), "--force")
+    assert code == 2 and out == ""
+    one_sentence_error(err, "is a folder, not a profile file")
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
+def test_measure_refuses_a_bad_write_before_touching_the_server(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "p.toml"
+    target.write_text("# mine\n")
+    # port 9 (discard) is closed: reaching the sweep would exit 1 with a connection error
+    argv = ["--measure", "http://127.0.0.1:9", "--slo", "interactivity_p10>=20"]
+    code, _, err = run(capsys, *argv, "--write", str(target))
+    assert code == 2
+    one_sentence_error(err, "already exists")
+    assert target.read_text() == "# mine\n"
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[model\n")
+    code, _, err = run(capsys, *argv, "--write", str(tmp_path / "n.toml"), "--profile", str(broken))
+    assert code == 2 and f"error: {broken}:1: not valid TOML" in err
+
+
 def test_h200_write_is_a_stock_profile_without_twin(capsys, tmp_path: Path) -> None:
     target = tmp_path / "h200.toml"
     doc = run_json(capsys, "--system", "h200", "--gpus", "16", "--write", str(target))

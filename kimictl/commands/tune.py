@@ -338,8 +338,15 @@ def _measure(
     if slo is None:
         raise InputError("--measure needs --slo, e.g. --slo 'interactivity_p10>=20'.")
     from kimictl.runtime.tuning.measure import measure, write_measured
+    from kimictl.runtime.tuning.profile import check_write_target
     from kimictl.runtime.tuning.service import parse_tokens
 
+    if write is not None:  # refuse a bad --write before the sweep, not after it
+        check_write_target(write, overwrite=force)
+        if base_profile is not None:
+            from kimictl.runtime.profiles import load_profile
+
+            load_profile(base_profile)
     result = measure(
         target,
         slo_text=slo,

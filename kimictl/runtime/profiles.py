@@ -311,6 +311,8 @@ def _resolve(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.suffix == ".toml" or os.sep in text or "/" in text:
+        if path.is_dir():
+            raise InputError(f"Profile file {text} is a folder; name a .toml file.")
         if not path.is_file():
             raise InputError(f"Profile file {text} does not exist.", "kimictl profiles list")
         return path
@@ -656,6 +658,8 @@ def write_profile(
 ) -> Path:
     """Write a new profile atomically. An existing file is never replaced unless `overwrite`."""
     target = Path(path).expanduser()
+    if target.is_dir():
+        raise InputError(f"{target} is a folder, not a profile file; name a .toml file.")
     if target.exists() and not overwrite:
         raise InputError(
             f"{target} already exists; kimictl does not overwrite a profile silently.",

@@ -20,7 +20,7 @@ from kimictl.runtime.errors import CheckFailed, InputError
 from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
 from kimictl.runtime.tuning.search import SearchResult
 
-__all__ = ["spec_for", "twin_path", "write_choice", "write_spec_pair"]
+__all__ = ["check_write_target", "spec_for", "twin_path", "write_choice", "write_spec_pair"]
 
 
 def _base_spec(tp: int, *, stock: bool) -> DeploymentSpec:
@@ -73,6 +73,27 @@ def twin_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}-stock{path.suffix or '.toml'}")
 
 
+def check_write_target(path: str | Path, *, overwrite: bool, with_twin: bool = False) -> Path:
+    """The --write file (and its stock twin): a .toml in an existing folder, not a folder, and
+    not an existing file unless `overwrite`. Call it before long work (a sweep) as well."""
+    target = Path(path).expanduser()
+    if target.suffix != ".toml":
+        raise InputError(f"--write {str(path)!r} must name a .toml file.")
+    if not target.parent.is_dir():
+        raise InputError(f"--write {str(path)!r}: folder {str(target.parent)!r} does not exist.")
+    for existing in (target, twin_path(target) if with_twin else None):
+        if existing is None:
+            continue
+        if existing.is_dir():
+            raise InputError(f"--write {str(path)!r}: {existing} is a folder, not a profile file.")
+        if existing.exists() and not overwrite:
+            raise InputError(
+                f"{existing} already exists; kimictl does not overwrite a profile silently.",
+                hint="choose another name, or pass --force to replace it",
+            )
+    return target
+
+
 def write_spec_pair(
     path: str | Path,
     spec: DeploymentSpec,
@@ -86,18 +107,8 @@ def write_spec_pair(
     """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`)."""
     from kimictl.runtime.profiles import write_profile
 
-    target = Path(path).expanduser()
-    if target.suffix != ".toml":
-        raise InputError(f"--write {str(path)!r} must name a .toml file.")
-    if not target.parent.is_dir():
-        raise InputError(f"--write {str(path)!r}: folder {str(target.parent)!r} does not exist.")
+    target = check_write_target(path, overwrite=overwrite, with_twin=stock is not None)
     twin = twin_path(target)
-    for existing in (target, twin if stock is not None else None):
-        if existing is not None and existing.exists() and not overwrite:
-            raise InputError(
-                f"{existing} already exists; kimictl does not overwrite a profile silently.",
-                hint="choose another name, or pass --force to replace it",
-            )
     if runtime == "gpu":
         _check_rules(spec, target)
     if stock is not None:
