@@ -350,6 +350,13 @@ def test_cli_folder_given_as_profile_exits_2_naming_it(tmp_path, capsys, command
     assert out == "" and err == f"error: Profile file {folder} is a folder; name a .toml file.\n"
 
 
+def test_cli_toml_cut_short_says_end_of_file(tmp_path, capsys):
+    path = tmp_path / "cut.toml"
+    path.write_text("garbage")
+    assert main(["profiles", "show", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: {path}:1: not valid TOML (unexpected end of file).\n"
+
+
 def test_write_profile_refuses_a_folder_even_with_overwrite(tmp_path):
     folder = tmp_path / "new.toml"
     folder.mkdir()

@@ -200,6 +200,15 @@ def test_measure_refuses_a_bad_write_before_touching_the_server(capsys, tmp_path
     assert code == 2 and f"error: {broken}:1: not valid TOML" in err
 
 
+def test_measure_against_a_closed_port_exits_1_with_tune_hint(capsys) -> None:
+    code, out, err = run(
+        capsys, "--measure", "http://127.0.0.1:9", "--slo", "interactivity_p10>=20"
+    )
+    assert code == 1 and out == ""
+    one_sentence_error(err, "cannot read the model list of 127.0.0.1:9")
+    assert "hint: check the server is up" in err and "--model" not in err
+
+
 def test_h200_write_is_a_stock_profile_without_twin(capsys, tmp_path: Path) -> None:
     target = tmp_path / "h200.toml"
     doc = run_json(capsys, "--system", "h200", "--gpus", "16", "--write", str(target))

@@ -354,9 +354,12 @@ def _parse_document(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
     try:
         return tomlkit.parse(text), text
     except tomlkit.exceptions.ParseError as exc:
-        raise InputError(
-            f"{path}:{exc.line}: not valid TOML ({str(exc).split(' at line')[0]}).",
-        ) from exc
+        reason = (
+            str(exc)
+            .split(" at line")[0]
+            .replace("Unexpected character: '\\x00'", "unexpected end of file")
+        )  # tomlkit reports the end of the text as a NUL character
+        raise InputError(f"{path}:{exc.line}: not valid TOML ({reason}).") from exc
 
 
 def _validate(path: Path, text: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
