@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -11,65 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.launcher import Launch, LaunchPlan, Prepared
     from kimictl.runtime.runs import RunRecord
 
 app = typer.Typer(add_completion=False)
-
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
-
-
-def _print_notes(prepared: Prepared) -> None:
-    from kimictl.commands._output import console
-
-    for note in prepared.notes:
-        console.print(f"[cyan]note:[/] {note}")
-
-
-def _print_gate(prepared: Prepared) -> None:
-    from rich.markup import escape
-
-    from kimictl.commands._output import console
-
-    shown = [c for c in prepared.checks if c.status.value != "pass"]
-    passed = len(prepared.checks) - len(shown)
-    console.print(f"gate: {passed} of {len(prepared.checks)} checks pass")
-    for check in shown:
-        style = _STYLE.get(check.status.value, "")
-        line = f"  [{style}]{check.status.value:7}[/] {escape(check.message)}"
-        if check.remedy:
-            line += f" [dim]-> {escape(check.remedy)}[/]"
-        console.print(line)
-    if prepared.blocking and prepared.forced:
-        console.print(
-            f"[bold yellow]--force: launching despite {len(prepared.blocking)} failure(s)"
-        )
-
-
-def _print_plan(plan: LaunchPlan, *, with_env: bool = True) -> None:
-    from kimictl.commands._output import console
-
-    role = f" ({plan.role})" if plan.role else ""
-    console.print(f"[bold]{plan.name}{role}[/] -> {plan.url}  model {plan.model}", highlight=False)
-    for key, value in plan.redacted_env().items() if with_env else ():
-        console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
-    console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
-    for argv in plan.other_nodes:
-        console.print("  other node: " + shlex.join(argv), highlight=False, soft_wrap=True)
-
-
-def _phase_printer(quiet: bool):  # type: ignore[no-untyped-def]
-    from kimictl.commands._output import err_console
-
-    def on_phase(launch: Launch, phase: str, elapsed: float) -> None:
-        if quiet:
-            return
-        role = f" ({launch.plan.role})" if launch.plan.role else ""
-        err_console.print(
-            f"  [dim]{elapsed:6.1f}s[/] {launch.plan.name}{role}: {phase}", highlight=False
-        )
-
-    return on_phase
 
 
 def _ready_printer(detach: bool, quiet: bool):  # type: ignore[no-untyped-def]
@@ -152,6 +95,7 @@ def serve(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
+    from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
     from kimictl.runtime import launcher
     from kimictl.runtime.errors import InputError
 
@@ -196,26 +140,26 @@ def serve(
         if json_out:
             emit_json({**prepared.to_json(), "dry_run": True})
             return
-        _print_notes(prepared)
-        _print_gate(prepared)
+        print_notes(prepared)
+        print_gate(prepared)
         if prepared.blocking and not prepared.forced:
             console.print("[bold red]serve would refuse to launch[/] (dry run: nothing started)")
         for plan in prepared.plans:
-            _print_plan(plan)
+            print_plan(plan)
         return
     if not json_out:
-        _print_notes(prepared)
+        print_notes(prepared)
     launcher.refuse_if_blocked(prepared)  # the error lists every blocking reason
     if not json_out:
-        _print_gate(prepared)
+        print_gate(prepared)
     if not json_out:
         for plan in prepared.plans:
-            _print_plan(plan, with_env=False)  # --dry-run shows the environment too
+            print_plan(plan, with_env=False)  # --dry-run shows the environment too
             console.print(f"  log: {plan.log_path}", highlight=False, soft_wrap=True)
     records = launcher.run_serve(
         prepared,
         detach=detach,
-        on_phase=_phase_printer(json_out),
+        on_phase=phase_printer(json_out),
         on_ready=_ready_printer(detach, json_out),
         timeout=timeout,
     )

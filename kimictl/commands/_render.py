@@ -1,0 +1,248 @@
+"""Rendering shared by several commands (serve, bench, demo): launch progress and plans, the
+bench progress bars, the bench summary table and the A/B table. Rich only; no domain logic."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from kimictl.runtime.benchreport import BenchOutcome
+    from kimictl.runtime.launcher import Launch, LaunchPlan, Prepared
+    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+
+__all__ = [
+    "bench_progress",
+    "phase_printer",
+    "print_gate",
+    "print_notes",
+    "print_plan",
+    "render_ab",
+    "render_bench",
+]
+
+# ---------------------------------------------------------------- serve: gate, plans, start-up
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
+
+
+def print_notes(prepared: Prepared) -> None:
+    from kimictl.commands._output import console
+
+    for note in prepared.notes:
+        console.print(f"[cyan]note:[/] {note}")
+
+
+def print_gate(prepared: Prepared) -> None:
+    from rich.markup import escape
+
+    from kimictl.commands._output import console
+
+    shown = [c for c in prepared.checks if c.status.value != "pass"]
+    passed = len(prepared.checks) - len(shown)
+    console.print(f"gate: {passed} of {len(prepared.checks)} checks pass")
+    for check in shown:
+        style = _STYLE.get(check.status.value, "")
+        line = f"  [{style}]{check.status.value:7}[/] {escape(check.message)}"
+        if check.remedy:
+            line += f" [dim]-> {escape(check.remedy)}[/]"
+        console.print(line)
+    if prepared.blocking and prepared.forced:
+        console.print(
+            f"[bold yellow]--force: launching despite {len(prepared.blocking)} failure(s)"
+        )
+
+
+def print_plan(plan: LaunchPlan, *, with_env: bool = True) -> None:
+    from kimictl.commands._output import console
+
+    role = f" ({plan.role})" if plan.role else ""
+    console.print(f"[bold]{plan.name}{role}[/] -> {plan.url}  model {plan.model}", highlight=False)
+    for key, value in plan.redacted_env().items() if with_env else ():
+        console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
+    console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
+    for argv in plan.other_nodes:
+        console.print("  other node: " + shlex.join(argv), highlight=False, soft_wrap=True)
+
+
+def phase_printer(quiet: bool):  # type: ignore[no-untyped-def]
+    from kimictl.commands._output import err_console
+
+    def on_phase(launch: Launch, phase: str, elapsed: float) -> None:
+        if quiet:
+            return
+        role = f" ({launch.plan.role})" if launch.plan.role else ""
+        err_console.print(
+            f"  [dim]{elapsed:6.1f}s[/] {launch.plan.name}{role}: {phase}", highlight=False
+        )
+
+    return on_phase
+
+
+# ---------------------------------------------------------------- bench: progress, tables
+
+
+def bench_progress(
+    num_prompts: int | None, repeat: int, *, quiet: bool
+) -> tuple[Progress, Callable[[LoadTarget, LoadPoint, int], None], Callable[[Any], None]]:
+    """A rich Progress on stderr with one bar per (target, point, repeat), and the `on_point` and
+    `on_record` callbacks that `run_bench` drives it with."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kimictl.commands._output import err_console
+
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+        transient=False,
+    )
+    tasks: dict[tuple[str, str, int], Any] = {}
+
+    def on_point(t: LoadTarget, p: LoadPoint, r: int) -> None:
+        rep = f" repeat {r + 1}/{repeat}" if repeat > 1 else ""
+        tasks[(t.name, p.label, r)] = progress.add_task(
+            f"{t.name} {p.label}{rep}", total=num_prompts, failed=0
+        )
+
+    def on_record(rec: Any) -> None:
+        task = tasks.get((rec.target, rec.point, rec.repeat))
+        if rec.warmup or task is None:
+            return
+        progress.advance(task)
+        if not rec.ok and rec.error_kind != "cancelled":
+            progress.update(task, failed=progress.tasks[task].fields["failed"] + 1)
+
+    return progress, on_point, on_record
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def _k(key: str) -> Any:
+    return lambda s: s[key]
+
+
+def _i(key: str) -> Any:
+    return lambda s: s["kimictl"]["interactivity_tok_s_per_user"][key]
+
+
+def _sv(key: str) -> Any:
+    return lambda s: (s["kimictl"]["server_view"] or {}).get(key)
+
+
+def _errors(s: dict[str, Any]) -> str:
+    kinds = dict(s["kimictl"]["errors_by_kind"])
+    if s["kimictl"]["cancelled"]:
+        kinds["cancelled"] = s["kimictl"]["cancelled"]
+    return ", ".join(f"{k} {v}" for k, v in kinds.items()) or "-"
+
+
+_ROWS: tuple[tuple[str, Any, int], ...] = (
+    ("completed / failed", lambda s: f"{s['completed']} / {s['failed']}", 0),
+    ("duration s", _k("duration"), 1),
+    ("requests/s", _k("request_throughput"), 2),
+    ("output tokens/s", _k("output_throughput"), 1),
+    ("output tokens/s/GPU", lambda s: s["kimictl"]["output_throughput_per_gpu"], 1),
+    ("tok/s/user p10 (slow tail)", _i("p10_slow_tail"), 1),
+    ("tok/s/user p50", _i("p50"), 1),
+    ("tok/s/user p90 (fast tail)", _i("p90_fast_tail"), 1),
+    ("TTFT mean ms", _k("mean_ttft_ms"), 1),
+    ("TTFT p99 ms", _k("p99_ttft_ms"), 1),
+    ("TPOT mean ms", _k("mean_tpot_ms"), 2),
+    ("TPOT median ms", _k("median_tpot_ms"), 2),
+    ("TPOT p90 ms", _k("p90_tpot_ms"), 2),
+    ("ITL mean ms", _k("mean_itl_ms"), 2),
+    ("ITL p99 ms", _k("p99_itl_ms"), 2),
+    ("E2E latency mean ms", _k("mean_e2el_ms"), 1),
+    ("E2E latency p90 ms", _k("p90_e2el_ms"), 1),
+    ("goodput requests/s (SLO)", _k("request_goodput"), 2),
+    ("SLO met", lambda s: (s["kimictl"].get("slo") or {}).get("met"), 0),
+    ("errors", _errors, 0),
+    ("server: output tokens/s", _sv("tokens_per_s"), 1),
+    ("server: TPOT p50 ms", _sv("tpot_p50_ms"), 2),
+    ("server: TPOT p90 ms", _sv("tpot_p90_ms"), 2),
+    ("server: TTFT p50 ms", _sv("ttft_p50_ms"), 1),
+    ("server: TTFT p99 ms", _sv("ttft_p99_ms"), 1),
+    ("spec acceptance length", _k("spec_decode_acceptance_length"), 2),
+    ("spec acceptance rate", _k("spec_decode_acceptance_rate"), 2),
+)
+
+
+def render_bench(outcome: BenchOutcome) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    summaries = outcome.summaries
+    if not summaries:
+        console.print("no measured request finished")
+        return
+    table = Table(
+        title="kimictl bench (client view; server view from /metrics deltas)", title_justify="left"
+    )
+    table.add_column("metric", no_wrap=True)
+    for s in summaries:
+        k = s["kimictl"]
+        rep = f" #{k['repeat'] + 1}" if any(x["kimictl"]["repeat"] for x in summaries) else ""
+        table.add_column(f"{k['target']}\n{k['point']}{rep}", justify="right")
+    for label, get, digits in _ROWS:
+        table.add_row(label, *(_f(get(s), digits) for s in summaries))
+    console.print(table)
+    if outcome.ab:
+        render_ab(outcome)
+    console.print(
+        "[dim]tok/s/user = interactivity = 1/TPOT per request; p10 is the slow tail "
+        "(= 1000 / TPOT p90 ms), p90 the fast tail. server: = /metrics deltas over the point "
+        "(histogram buckets, coarse); '-' = not reported (spec acceptance: no speculation).[/dim]"
+    )
+
+
+def render_ab(outcome: BenchOutcome) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    assert outcome.ab is not None
+    a = outcome.summaries[0]["kimictl"]["target"]
+    names = [s["kimictl"]["target"] for s in outcome.summaries]
+    b = next((n for n in names if n != a), a)
+    for point in dict.fromkeys(r["point"] for r in outcome.ab):
+        rows = [r for r in outcome.ab if r["point"] == point]
+        table = Table(
+            title=f"A/B at {point}: {a} vs {b} (ratio {a}/{b}, 95% bootstrap CI)",
+            title_justify="left",
+        )
+        for col in ("metric", a, b, "ratio", "95% CI", "better"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        verdict = None
+        for r in rows:
+            ci = r["ci95"]
+            better = r["better"] or "-"
+            color = "green" if r["better"] == a else ("red" if r["better"] == b else "")
+            table.add_row(
+                r["metric"],
+                _f(r[a], 2),
+                _f(r[b], 2),
+                "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+                "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}",
+                f"[{color}]{better}[/]" if color else better,
+            )
+            if "verdict" in r:
+                verdict = r["verdict"]
+        console.print(table)
+        if verdict:
+            said = verdict if verdict == "no significant difference" else f"{a} is {verdict}"
+            console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")
