@@ -372,7 +372,10 @@ def test_cli_validate_against_snapshots(capsys):
     ok = json.loads(capsys.readouterr().out)
     assert ok["verdict"] == "ready" and ok["schema"] == "ok"
     assert main([*args, "--from-snapshot", str(SNAPSHOTS / "h200-real.json")]) == 1
-    bad = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    bad = json.loads(out)  # stdout: the JSON document alone; stderr: one error line
+    assert err.startswith("error: profile k3-tp16-latency breaks the K3 fast-path rules: ")
+    assert err.count("\n") == 1
     failing = {c["id"] for c in bad["checks"] if c["status"] == "fail"}
     assert "k3.gpu_arch" in failing
     message = next(c["message"] for c in bad["checks"] if c["id"] == "k3.gpu_arch")

@@ -207,7 +207,13 @@ def validate(
                 else f"Deployment rules: [bold red]FAIL[/] ({blocking} blocking)"
             )
     if result != "ready":
-        raise typer.Exit(1)
+        from kimictl.runtime.errors import CheckFailed
+
+        # exit 1 with one line on stderr, as doctor does (stdout stays the report)
+        blocking = sum(1 for c in checks if c.blocking)
+        raise CheckFailed(
+            f"profile {profile.name} breaks the K3 fast-path rules: {blocking} blocking check(s)."
+        )
 
 
 @app.command(help="Show what differs between two profiles (field by field).")
