@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -122,15 +123,21 @@ def _report(out: str) -> dict[str, dict[str, object]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_identical_twin_passes_and_perturbed_twin_fails(
-    cpu_server: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cpu_server: object,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     from conftest import start_cpu_server, stop_cpu_server
 
     reference = cpu_server.url  # type: ignore[attr-defined]
     profile = tmp_path / "cpu-demo.toml"
     shutil.copy(PROFILES / "cpu-demo.toml", profile)
+    # vLLM binds zmq sockets under the run folder's tmp/: keep it under 107 characters
+    runs = Path(tempfile.mkdtemp(prefix="kv-"))
+    request.addfinalizer(lambda: shutil.rmtree(runs, ignore_errors=True))
 
-    twin = start_cpu_server(tmp_path / "twin")
+    twin = start_cpu_server(runs / "twin")
     try:
         code, out, err = _run(
             [
@@ -157,7 +164,7 @@ def test_identical_twin_passes_and_perturbed_twin_fails(
     assert 'validation = "pass"' in text and "validated_at" in text
     assert "cpu-demo: the embedded default" in text  # the profile's comments survive
 
-    wrong = start_cpu_server(tmp_path / "perturbed", perturb="scale:1e-2")
+    wrong = start_cpu_server(runs / "perturbed", perturb="scale:1e-2")
     try:
         code, out, err = _run(
             [
