@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False)
 
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
-
 
 def _spec_from(
     profile: str | None, vllm_args: str | None
@@ -77,8 +75,7 @@ def _inventory(diagnosis: Diagnosis) -> list[str]:
 
 
 def _render(diagnosis: Diagnosis) -> None:
-    from rich.markup import escape
-
+    from kimictl.commands._checks import print_check
     from kimictl.commands._output import console
     from kimictl.runtime.rules import Section
 
@@ -91,18 +88,7 @@ def _render(diagnosis: Diagnosis) -> None:
         if not checks:
             console.print("  [dim]not checked: no usable GPU[/dim]")
         for check in checks:
-            tag = check.status.value.upper()
-            console.print(
-                f"  [{_STYLE[check.status.value]}]{tag:<7}[/] {escape(check.message)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            if check.remedy and check.status.value != "pass":
-                console.print(
-                    f"          [dim]fix:[/dim] {escape(check.remedy)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+            print_check(check)
     if diagnosis.saved_to is not None:
         console.print(f"\nSnapshot saved to {diagnosis.saved_to}", highlight=False, soft_wrap=True)
     console.print()

@@ -17,7 +17,6 @@ app = typer.Typer(
     help="List, show, validate and diff deployment profiles (TOML).",
 )
 
-_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta"}
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 
@@ -44,6 +43,7 @@ def list_(json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console, emit_json
+    from kimictl.runtime import k3
     from kimictl.runtime.profiles import profile_dirs, scan_profiles
 
     good, bad = scan_profiles()
@@ -76,7 +76,7 @@ def list_(json_out: JsonOpt = False) -> None:
     table.add_column("decode", no_wrap=True)
     table.add_column("stock twin", no_wrap=True)
     for p in good:
-        backend = p.spec.decode_backend.replace("latency_specialized", "specialized")
+        backend = p.spec.decode_backend.replace(k3.DECODE_BACKEND_SPECIALIZED, "specialized")
         table.add_row(p.name, p.runtime, _shape(p), _draft(p), backend, p.stock_twin or "")
     console.print(table)
     for b in bad:
@@ -158,8 +158,7 @@ def validate(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from rich.markup import escape
-
+    from kimictl.commands._checks import print_check
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.profiles import load_profile
     from kimictl.runtime.rules.base import verdict
@@ -187,18 +186,7 @@ def validate(
                 "runtime cpu: the K3 fast-path rules do not apply (no specialized decode on CPU)."
             )
         for check in checks:
-            tag = check.status.value.upper()
-            console.print(
-                f"  [{_STYLE[check.status.value]}]{tag:<7}[/] {escape(check.message)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            if check.remedy and check.status.value != "pass":
-                console.print(
-                    f"          [dim]fix:[/dim] {escape(check.remedy)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+            print_check(check)
         if not cpu:
             blocking = sum(1 for c in checks if c.blocking)
             console.print(

@@ -38,11 +38,9 @@ __all__ = [
     "Rule",
     "SUPPORTED_COMPUTE_CAPABILITY_MAJOR",
     "UNSUPPORTED_PREFIX",
-    "VLLM_VERSION",
     "unsupported_message",
 ]
 
-VLLM_VERSION = "0.33.0"
 K3_MODEL_ID = "moonshotai/Kimi-K3"
 
 # --- decode backend (`--additional-config '{"decode_backend": ...}'`) ---

@@ -30,6 +30,8 @@ __all__ = [
 ]
 
 VLLM_VERSION = "0.33.0"
+_CUTLASS_DSL = "4.8.0"  # one version for the DSL and its two library wheels
+_CUTLASS_INSTALL = f"nvidia-cutlass-dsl[cu13]=={_CUTLASS_DSL}"
 SPECIALIZED_DECODE_SUBPATH = "models/kimi_k3/nvidia/specialized_decode"
 
 
@@ -50,12 +52,12 @@ PINNED: tuple[Pin, ...] = (
     Pin("flashinfer-python", "==0.7.2.post1", "flashinfer-python==0.7.2.post1"),
     Pin(
         "nvidia-cutlass-dsl",
-        "==4.8.0",
-        "nvidia-cutlass-dsl[cu13]==4.8.0",
+        f"=={_CUTLASS_DSL}",
+        _CUTLASS_INSTALL,
         why="no runtime version check exists: a mismatch fails late, inside kernel compilation",
     ),
-    Pin("nvidia-cutlass-dsl-libs-base", "==4.8.0", "nvidia-cutlass-dsl[cu13]==4.8.0"),
-    Pin("nvidia-cutlass-dsl-libs-cu13", "==4.8.0", "nvidia-cutlass-dsl[cu13]==4.8.0"),
+    Pin("nvidia-cutlass-dsl-libs-base", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
+    Pin("nvidia-cutlass-dsl-libs-cu13", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
     Pin("quack-kernels", "==0.6.5", "quack-kernels==0.6.5"),
     Pin("tokenspeed-mla", "==2.0.3", "tokenspeed-mla==2.0.3"),
     Pin("apache-tvm-ffi", "==0.1.11", "apache-tvm-ffi==0.1.11"),

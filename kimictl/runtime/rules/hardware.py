@@ -605,7 +605,7 @@ def stack_checks(stack: StackReport, hw: HardwareReport | None = None) -> list[C
                 S,
                 Status.FAIL,
                 f"K3 specialized decode package not found: {sd.reason}.",
-                "pip install vllm==0.33.0",
+                f"pip install vllm=={VLLM_VERSION}",
             )
         )
     else:

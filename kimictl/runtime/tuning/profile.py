@@ -17,6 +17,7 @@ from typing import Any
 from kimictl.runtime import k3
 from kimictl.runtime.deployment import DeploymentSpec
 from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.runtime.stack import VLLM_VERSION
 from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
 from kimictl.runtime.tuning.search import SearchResult
 
@@ -149,7 +150,7 @@ def write_choice(
         "source": "kimictl tune (model)",
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "model_version": MODEL_VERSION,
-        "vllm_version": k3.VLLM_VERSION,
+        "vllm_version": VLLM_VERSION,
         "hardware": f"{result.inputs.system.name} x {result.inputs.gpus} ({hardware_source})",
         "inputs": {k: v for k, v in result.inputs.to_json().items() if v is not None},
         "replicas": choice.replicas,
