@@ -27,7 +27,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
@@ -656,17 +656,7 @@ def _delta_snapshot(
         per_pos = tuple(
             max(0.0, a - b) for a, b in zip(new.accepted_per_pos, old.accepted_per_pos, strict=True)
         )
-    snap = MetricsSnapshot(
-        taken_at=new.taken_at,
-        monotonic=new.monotonic,
-        gauges=new.gauges,
-        counters=counters,
-        histograms=histograms,
-        accepted_per_pos=per_pos,
-        process_start=new.process_start,
-        engines=new.engines,
-        models=new.models,
-    )
+    snap = replace(new, counters=counters, histograms=histograms, accepted_per_pos=per_pos)
     return snap, reset
 
 
@@ -761,17 +751,7 @@ def _add_delta(base: MetricsSnapshot, delta: MetricsSnapshot) -> MetricsSnapshot
         )
     else:
         per_pos = delta.accepted_per_pos
-    return MetricsSnapshot(
-        taken_at=delta.taken_at,
-        monotonic=delta.monotonic,
-        gauges=delta.gauges,
-        counters=counters,
-        histograms=histograms,
-        accepted_per_pos=per_pos,
-        process_start=delta.process_start,
-        engines=delta.engines,
-        models=delta.models,
-    )
+    return replace(delta, counters=counters, histograms=histograms, accepted_per_pos=per_pos)
 
 
 @dataclass
