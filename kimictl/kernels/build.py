@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TcStreamConfig
+from kimictl.kernels.tcswap_gemm import SWAP_CONFIGS, TcSwapConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, WStreamConfig
 
 __all__ = [
     "ARCHES",
     "BuildResult",
     "DSL_DIST",
+    "EXPERIMENTAL_CONFIGS",
     "MANIFEST",
     "WRAPPER",
     "build",
@@ -47,9 +49,16 @@ RUNTIME_LIB = "libcuda_dialect_runtime_static.a"
 _SOURCES: dict[str, tuple[str, ...]] = {
     "wstream_gemm": ("wstream_gemm.py", "wstream_gemm_dsl.py"),
     "tcstream_gemm": ("tcstream_gemm.py", "tcstream_gemm_dsl.py"),
+    # tcswap reuses tcstream's MMA and cluster-load helpers
+    "tcswap_gemm": ("tcswap_gemm.py", "tcswap_gemm_dsl.py", "tcstream_gemm_dsl.py"),
 }
-KernelConfig = WStreamConfig | TcStreamConfig
+# Kernels in the default build (ALL_CONFIGS) and in the manifest's source hash. tcswap is built
+# only on request (`build(arch, configs=(*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS))`): on the H200 it
+# never beat cuBLAS outside noise (benchmarks/RESULTS_kernels.md), so it is not shipped.
+SHIPPED_KERNELS = ("tcstream_gemm", "wstream_gemm")
+KernelConfig = WStreamConfig | TcStreamConfig | TcSwapConfig
 ALL_CONFIGS: tuple[KernelConfig, ...] = (*CONFIGS, *TC_CONFIGS)
+EXPERIMENTAL_CONFIGS: tuple[KernelConfig, ...] = SWAP_CONFIGS
 
 
 def default_build_dir() -> Path:
@@ -58,11 +67,11 @@ def default_build_dir() -> Path:
 
 
 def source_hash(kernel: str | None = None) -> str:
-    """sha256 over the kernel sources' syntax trees (one kernel's, or all): a build is stale when
-    the code changes, not when a comment or the formatting does."""
+    """sha256 over the kernel sources' syntax trees (one kernel's, or every shipped kernel's): a
+    build is stale when the code changes, not when a comment or the formatting does."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    names = _SOURCES[kernel] if kernel else [n for k in sorted(_SOURCES) for n in _SOURCES[k]]
+    names = _SOURCES[kernel] if kernel else [n for k in SHIPPED_KERNELS for n in _SOURCES[k]]
     for name in names:
         h.update(name.encode())
         h.update(ast.dump(ast.parse((here / name).read_text())).encode())
@@ -208,11 +217,13 @@ def build(
     import cutlass.cute as cute  # noqa: F401  (fails early if the compiler wheel is missing)
 
     from kimictl.kernels.tcstream_gemm import _compile_tcstream
+    from kimictl.kernels.tcswap_gemm import _compile_tcswap
     from kimictl.kernels.wstream_gemm import _compile_wstream
 
     compilers: dict[str, Callable[[Any, str], Any]] = {
         "wstream_gemm": _compile_wstream,
         "tcstream_gemm": _compile_tcstream,
+        "tcswap_gemm": _compile_tcswap,
     }
     stamps = {kernel: f"{source_hash(kernel)} {version}" for kernel in _SOURCES}
 
