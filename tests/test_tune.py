@@ -136,6 +136,20 @@ def test_plot_writes_a_png(capsys, tmp_path: Path) -> None:
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 5000
 
 
+def test_plot_never_overwrites_without_force_and_writes_nothing_first(
+    capsys, tmp_path: Path
+) -> None:
+    png = tmp_path / "mine.png"
+    png.write_bytes(b"my picture")
+    profile = tmp_path / "p.toml"
+    code, out, err = run(capsys, *GB300_16, "--plot", str(png), "--write", str(profile))
+    assert code == 2 and out == ""
+    one_sentence_error(err, f"--plot '{png}': the file already exists")
+    assert png.read_bytes() == b"my picture" and not profile.exists()
+    doc = run_json(capsys, *GB300_16, "--plot", str(png), "--force")
+    assert doc["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+
+
 # --- --write ---------------------------------------------------------------------------------
 
 

@@ -64,7 +64,9 @@ def tune(
     write: Annotated[
         Path | None, typer.Option("--write", help="Write the chosen profile TOML here.")
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite the --write file.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite the --write and --plot files.")
+    ] = False,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also save the Pareto plot as a PNG.")
     ] = None,
@@ -114,6 +116,10 @@ def tune(
         return
     from kimictl.runtime.tuning import service
 
+    if plot is not None:  # refuse a bad --plot before anything is written
+        from kimictl.runtime.tuning.plot import check_png_target
+
+        check_png_target(plot, overwrite=force)
     hw, count, source = service.resolve_system(system, gpus, from_snapshot)
     result = service.run_search(
         system=hw,
@@ -133,7 +139,7 @@ def tune(
     if plot is not None:
         from kimictl.runtime.tuning.plot import save_png
 
-        png = save_png(result, plot)
+        png = save_png(result, plot, overwrite=force)
     if json_out:
         doc = result.to_json()
         doc["hardware_source"] = source

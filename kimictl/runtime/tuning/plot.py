@@ -7,7 +7,7 @@ from pathlib import Path
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.search import SearchResult, pareto_front
 
-__all__ = ["save_png", "terminal_plot"]
+__all__ = ["check_png_target", "save_png", "terminal_plot"]
 
 
 def _fronts(result: SearchResult) -> dict[str, list[tuple[float, float]]]:
@@ -46,13 +46,27 @@ def terminal_plot(result: SearchResult, *, width: int = 80, height: int = 20) ->
     return text
 
 
-def save_png(result: SearchResult, path: str | Path) -> Path:
-    """Write the frontiers to a PNG; InputError when the folder is missing or matplotlib is."""
+def check_png_target(path: str | Path, *, overwrite: bool = False) -> Path:
+    """A .png in an existing folder, not a folder, and not an existing file unless `overwrite`."""
     target = Path(path)
     if target.suffix.lower() != ".png":
         raise InputError(f"--plot {str(path)!r} must name a .png file.")
     if not target.parent.exists():
         raise InputError(f"--plot {str(path)!r}: folder {str(target.parent)!r} does not exist.")
+    if target.is_dir():
+        raise InputError(f"--plot {str(path)!r} is a folder; name a .png file.")
+    if target.exists() and not overwrite:
+        raise InputError(
+            f"--plot {str(path)!r}: the file already exists; kimictl does not overwrite it.",
+            hint="choose another name, or pass --force to replace it",
+        )
+    return target
+
+
+def save_png(result: SearchResult, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the frontiers to a PNG; InputError for a bad target (see check_png_target) or when
+    matplotlib is missing."""
+    target = check_png_target(path, overwrite=overwrite)
     try:
         import matplotlib
 
