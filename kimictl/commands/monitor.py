@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -141,10 +142,11 @@ def monitor(
     window_s = metrics.parse_window(window)
     if not 0.05 <= interval <= 60:
         raise InputError(f"--interval {interval:g} is out of range: use 0.05 to 60 seconds.")
-    if slo_interactivity is not None and slo_interactivity <= 0:
+    # `not 0 < x < inf` also refuses nan, which compares false with everything
+    if slo_interactivity is not None and not 0 < slo_interactivity < math.inf:
         raise InputError(f"--slo-interactivity {slo_interactivity:g} must be > 0 tokens/s/user.")
-    if duration is not None and duration <= 0:
-        raise InputError(f"--duration {duration:g} must be > 0 seconds.")
+    if duration is not None and not 0 < duration < math.inf:
+        raise InputError(f"--duration {duration:g} must be a finite number of seconds > 0.")
     if json_out and not (once or no_tui):
         raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
     if record is not None:
