@@ -195,6 +195,16 @@ def test_unparsable_snapshot_file(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 2 and f"error: snapshot {bad}: not JSON" in err
 
 
+def test_empty_snapshot_is_bad_input_not_ready(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"source": "recorded", "nodes": []}')
+    code, out, err = run(capsys, "--from-snapshot", str(empty))
+    assert code == 2 and out == "" and "READY" not in out
+    assert err.startswith(f"error: snapshot {empty}: the 'nodes' list is empty")
+
+
 def test_profile_by_name_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     profiles = pytest.importorskip("kimictl.runtime.profiles")
     names = [p.name for p in profiles.list_profiles()]

@@ -86,6 +86,9 @@ def test_merge_keeps_every_node_and_marks_simulated() -> None:
         ('{"source": "recorded"}', "'nodes'"),
         ('{"nodes": [{"hostname": "x"}]}', "malformed"),
         ('{"source": "imagined", "nodes": []}', "malformed"),
+        ('{"nodes": [{}]}', "malformed (missing the key 'hostname')"),
+        ('{"source": "recorded", "nodes": []}', "the 'nodes' list is empty"),
+        ("\udcff{", "not JSON (not UTF-8 text)"),
     ],
 )
 def test_bad_snapshot_is_an_input_error_naming_the_file(
@@ -93,7 +96,7 @@ def test_bad_snapshot_is_an_input_error_naming_the_file(
 ) -> None:
     path = tmp_path / "snap.json"
     if content is not None:
-        path.write_text(content)
+        path.write_bytes(content.encode("utf-8", "surrogateescape"))  # \udcff: the byte 0xff
     with pytest.raises(InputError) as info:
         load_snapshots([path])
     assert str(path) in info.value.message

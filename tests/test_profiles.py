@@ -357,6 +357,15 @@ def test_cli_toml_cut_short_says_end_of_file(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {path}:1: not valid TOML (unexpected end of file).\n"
 
 
+def test_cli_profile_not_utf8_exits_2(tmp_path, capsys):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'description = "caf\xe9"\n')
+    assert main(["profiles", "show", str(path)]) == 2
+    assert (
+        capsys.readouterr().err == f"error: {path}: not valid TOML (not UTF-8 text at byte 18).\n"
+    )
+
+
 def test_write_profile_refuses_a_folder_even_with_overwrite(tmp_path):
     folder = tmp_path / "new.toml"
     folder.mkdir()

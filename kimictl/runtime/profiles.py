@@ -351,6 +351,8 @@ def _parse_document(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"Cannot read profile {path}: {exc.strerror or exc}.") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML (not UTF-8 text at byte {exc.start}).") from exc
     try:
         return tomlkit.parse(text), text
     except tomlkit.exceptions.ParseError as exc:

@@ -63,6 +63,11 @@ def load_snapshot(path: str | Path) -> HardwareReport:
         raise InputError(f"snapshot {p}: no such file") from None
     except OSError as error:
         raise InputError(f"snapshot {p}: cannot read it ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise InputError(
+            f"snapshot {p}: not JSON (not UTF-8 text)",
+            hint="pass a file written by `kimictl doctor --save-snapshot`",
+        ) from None
     except json.JSONDecodeError as error:
         raise InputError(
             f"snapshot {p}: not JSON (line {error.lineno}: {error.msg})",
@@ -75,8 +80,15 @@ def load_snapshot(path: str | Path) -> HardwareReport:
         )
     try:
         report = HardwareReport.from_json(raw)
-    except (KeyError, TypeError, ValueError, IndexError) as error:
+    except KeyError as error:
+        raise InputError(f"snapshot {p}: malformed (missing the key {error})") from None
+    except (TypeError, ValueError, IndexError) as error:
         raise InputError(f"snapshot {p}: malformed ({type(error).__name__}: {error})") from None
+    if not report.nodes:  # nothing recorded must not read as a healthy cluster
+        raise InputError(
+            f"snapshot {p}: the 'nodes' list is empty",
+            hint="pass a file written by `kimictl doctor --save-snapshot` on a node",
+        )
     return report if report.source == "simulated" else report.with_source("recorded")
 
 
