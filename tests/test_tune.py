@@ -338,6 +338,18 @@ def test_check_without_concurrency_exits_2(capsys, tmp_path: Path) -> None:
     one_sentence_error(err, "max_concurrency")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_concurrency", "x"), ("mean_tpot_ms", "fast"), ("completed", True)]
+)
+def test_check_with_a_non_number_field_exits_2_naming_it(
+    capsys, tmp_path: Path, field: str, value: object
+) -> None:
+    bench = _bench_file(tmp_path, output_throughput=100.0, **{field: value})
+    code, out, err = run(capsys, "--check", str(bench), "k3-tp16-latency", "--system", "gb300")
+    assert code == 2 and out == ""
+    one_sentence_error(err, f"bench file {bench}, run 0: {field} = {value!r} is not a number.")
+
+
 # --- import hygiene ---------------------------------------------------------------------------
 
 

@@ -26,6 +26,18 @@ from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system
 
 __all__ = ["check_bench", "load_bench_runs"]
 
+# the bench fields --check reads as numbers (vllm bench serve --save-result names)
+_NUMERIC = (
+    "completed",
+    "max_concurrency",
+    "total_input_tokens",
+    "total_output_tokens",
+    "spec_decode_acceptance_length",
+    "output_throughput",
+    "mean_tpot_ms",
+    "mean_ttft_ms",
+)
+
 
 def load_bench_runs(path: str | Path) -> list[dict[str, Any]]:
     """The result dicts in a bench JSON file (one for vllm bench, one per run for kimictl bench)."""
@@ -39,6 +51,18 @@ def load_bench_runs(path: str | Path) -> list[dict[str, Any]]:
     runs = doc.get("runs") if isinstance(doc, dict) and "runs" in doc else [doc]
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise InputError(f"bench file {target}: 'runs' must be a list of result objects.")
+    for index, run in enumerate(runs):
+        kim = run.get("kimictl")
+        mean = kim.get("interactivity_tok_s_per_user") if isinstance(kim, dict) else None
+        fields = [(key, run.get(key)) for key in _NUMERIC]
+        if isinstance(mean, dict):
+            fields.append(("kimictl.interactivity_tok_s_per_user.mean", mean.get("mean")))
+        for key, value in fields:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if value is not None and not number:
+                raise InputError(
+                    f"bench file {target}, run {index}: {key} = {value!r} is not a number."
+                )
     usable = [r for r in runs if r.get("completed")]
     if not usable:
         raise InputError(
