@@ -366,6 +366,15 @@ def test_cli_profile_not_utf8_exits_2(tmp_path, capsys):
     )
 
 
+def test_cli_key_twice_in_a_table_exits_2(tmp_path, capsys):
+    path = tmp_path / "twice.toml"
+    path.write_text('description = "x"\n[model]\nname = "a"\nname = "b"\n')
+    assert main(["profiles", "validate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f'error: {path}: not valid TOML (Key "name" already exists).\n'
+    )
+
+
 def test_write_profile_refuses_a_folder_even_with_overwrite(tmp_path):
     folder = tmp_path / "new.toml"
     folder.mkdir()

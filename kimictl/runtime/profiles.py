@@ -362,6 +362,8 @@ def _parse_document(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
             .replace("Unexpected character: '\\x00'", "unexpected end of file")
         )  # tomlkit reports the end of the text as a NUL character
         raise InputError(f"{path}:{exc.line}: not valid TOML ({reason}).") from exc
+    except tomlkit.exceptions.TOMLKitError as exc:  # e.g. a key twice in one table: no line
+        raise InputError(f"{path}: not valid TOML ({str(exc).rstrip('.')}).") from exc
 
 
 def _validate(path: Path, text: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
