@@ -39,17 +39,19 @@ SPECIALIZED_DECODE_SUBPATH = "models/kimi_k3/nvidia/specialized_decode"
 class Pin:
     name: str  # distribution name as pip knows it
     spec: str  # "==2.14.0" or ">=5.16.1,<5.21.0"
-    install: str  # what to put after `pip install` (extras included)
+    install: str = ""  # what to put after `pip install` (extras included); default name + spec
     required: bool = True  # False: reported as WARN when missing
     why: str = ""
 
+    def __post_init__(self) -> None:
+        if not self.install:  # the version is written once, in `spec`
+            object.__setattr__(self, "install", self.name + self.spec)
+
 
 PINNED: tuple[Pin, ...] = (
-    Pin(
-        "vllm", f"=={VLLM_VERSION}", f"vllm=={VLLM_VERSION}", why="carries the K3 specialized path"
-    ),
-    Pin("torch", "==2.14.0", "torch==2.14.0"),
-    Pin("flashinfer-python", "==0.7.2.post1", "flashinfer-python==0.7.2.post1"),
+    Pin("vllm", f"=={VLLM_VERSION}", why="carries the K3 specialized path"),
+    Pin("torch", "==2.14.0"),
+    Pin("flashinfer-python", "==0.7.2.post1"),
     Pin(
         "nvidia-cutlass-dsl",
         f"=={_CUTLASS_DSL}",
@@ -58,15 +60,14 @@ PINNED: tuple[Pin, ...] = (
     ),
     Pin("nvidia-cutlass-dsl-libs-base", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
     Pin("nvidia-cutlass-dsl-libs-cu13", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
-    Pin("quack-kernels", "==0.6.5", "quack-kernels==0.6.5"),
-    Pin("tokenspeed-mla", "==2.0.3", "tokenspeed-mla==2.0.3"),
-    Pin("apache-tvm-ffi", "==0.1.11", "apache-tvm-ffi==0.1.11"),
-    Pin("xgrammar", "==0.2.8", "xgrammar==0.2.8"),
-    Pin("transformers", ">=5.16.1,<5.21.0", "transformers>=5.16.1,<5.21.0"),
+    Pin("quack-kernels", "==0.6.5"),
+    Pin("tokenspeed-mla", "==2.0.3"),
+    Pin("apache-tvm-ffi", "==0.1.11"),
+    Pin("xgrammar", "==0.2.8"),
+    Pin("transformers", ">=5.16.1,<5.21.0"),
     Pin(
         "cuda-bindings",
         ">=13",
-        "cuda-bindings>=13",
         required=False,
         why="kimictl reads the multicast attribute through it (libcuda via ctypes otherwise)",
     ),
