@@ -151,6 +151,9 @@ def test_host_defaults_to_loopback_and_renders():
         ("vllm serve m --max-model-len lots", "--max-model-len expects a number"),
         ("vllm serve m --gpu-memory-utilization high", "--gpu-memory-utilization expects a number"),
         ("vllm serve m --port", "--port expects a value"),
+        # the same bounds the profile schema applies
+        ("vllm serve m --port 999999", "--port expects a port number 1-65535, got '999999'"),
+        ("vllm serve m --gpu-memory-utilization nan", "expects a finite number, got 'nan'"),
         ("vllm serve m --enforce-eager=maybe", "is a switch"),
         ("vllm serve", "names no model"),
         ("vllm bench serve m", "Expected `vllm serve MODEL ...`"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -400,9 +401,12 @@ def _to_int(flag: str, text: str) -> int:
 
 def _to_float(flag: str, text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError as exc:
         raise InputError(f"{flag} expects a number, got {text!r}.") from exc
+    if not math.isfinite(value):
+        raise InputError(f"{flag} expects a finite number, got {text!r}.")
+    return value
 
 
 def parse_vllm_command(text: str | list[str]) -> ParseResult:
@@ -547,6 +551,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                 values[field_name] = value_text
         elif kind == "int":
             values[field_name] = _to_int(flag, value_text)
+            if field_name == "port" and not 1 <= values[field_name] <= 65535:
+                raise InputError(f"{flag} expects a port number 1-65535, got {value_text!r}.")
         elif kind == "float":
             values[field_name] = _to_float(flag, value_text)
         elif kind == "maxlen":
