@@ -159,6 +159,7 @@ def test_demo_end_to_end_stops_everything(
     saved = json.loads((out / "demo.json").read_text())
     expected = {"kimictl_demo", "a", "b", "difference", "notes", "workload", "interrupted"}
     expected |= {"kept_running", "wall_s", "ready_s", "runs", "bench", "plots", "plots_error"}
+    expected |= {"takeaway"}
     assert expected <= set(saved) and expected <= set(doc)
     assert saved["interrupted"] is False and saved["kept_running"] is False
     assert saved["difference"]["setting"] == "max_num_seqs"
@@ -175,6 +176,11 @@ def test_demo_end_to_end_stops_everything(
     row = headline[0]
     assert row["verdict"] in ("faster", "slower", "no significant difference")
     assert row["ratio"] == pytest.approx(row[names[0]] / row[names[1]])
+    assert [r["metric"] for r in saved["takeaway"]] == [
+        "output tokens/s",
+        "interactivity p50 tok/s/user",
+        "TTFT mean ms",
+    ]
 
     plots = sorted(Path(p).name for p in saved["plots"])
     assert plots == ["latency_cdf.png", "pareto.png", "throughput_time.png"]

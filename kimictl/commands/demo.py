@@ -49,6 +49,18 @@ def _print_result(result: DemoResult) -> None:
         "no specialized K3 path on CPU.",
         highlight=False,
     )
+    for row in result.takeaway():
+        if row["ratio"] is None:
+            continue
+        ci = row["ci95"]
+        sure = (
+            f"95% CI {ci[0]:.2f}-{ci[1]:.2f}, better: {row['better'] or 'not significant'}"
+            if ci
+            else "one run: no CI"
+        )
+        console.print(
+            f"  {row['metric']}: {a} / {b} = {row['ratio']:.2f} ({sure})", highlight=False
+        )
     if result.json_path is not None:
         console.print(f"report: {result.json_path}", highlight=False, soft_wrap=True)
     for path in result.plots:
@@ -80,7 +92,7 @@ def demo(
     ] = 4,
     num_prompts: Annotated[
         int, typer.Option(help="Measured requests per server (a session may overshoot it).")
-    ] = 16,
+    ] = 32,
     warmup: Annotated[int, typer.Option(help="Warm-up requests per server, not counted.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same requests.")] = 0,
     out: Annotated[

@@ -45,6 +45,7 @@ TWIN_MAX_NUM_SEQS = 1
 JSON_NAME = "demo.json"
 PLOTS_DIR = "plots"
 REQUEST_TIMEOUT_S = 120.0
+TAKEAWAY = ("output tokens/s", "TTFT mean ms", "interactivity p50 tok/s/user")
 _PORT_SEARCH = 100  # ports tried above the profile's when they are taken
 
 
@@ -54,7 +55,7 @@ class DemoRequest:
 
     out: Path | None = None
     sessions: int = 4
-    num_prompts: int = 16
+    num_prompts: int = 32
     warmup: int = 1
     keep: bool = False
     seed: int = 0
@@ -96,6 +97,12 @@ class DemoResult:
     wall_s: float
     ready_s: float | None
 
+    def takeaway(self) -> list[dict[str, Any]]:
+        """The A/B rows a CPU user learns from (throughput, first token, per-user speed)."""
+        if self.outcome is None or not self.outcome.ab:
+            return []
+        return [r for r in self.outcome.ab if r["metric"] in TAKEAWAY]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kimictl_demo": 1,
@@ -113,6 +120,7 @@ class DemoResult:
             "wall_s": self.wall_s,
             "ready_s": self.ready_s,
             "runs": [r.to_json() for r in self.records],
+            "takeaway": self.takeaway(),
             "bench": None if self.outcome is None else self.outcome.to_json(),
             "plots": [str(p) for p in self.plots],
             "plots_error": self.plots_error,
