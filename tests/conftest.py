@@ -34,7 +34,7 @@ def start_cpu_server(
     run_dir: Path, *, perturb: str | None = None, port: int | None = None
 ) -> Server:
     """Start a real vLLM CPU server and wait until it answers a one-token completion."""
-    from kimictl.runtime import cpu_runtime, tinymodel
+    from kimictl.runtime import cpu_runtime, launcher, tinymodel
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -42,10 +42,14 @@ def start_cpu_server(
     port = port or free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "vllm.log"
+    env = cpu_runtime.server_env(run_dir)
+    # pytest's folders can be too deep for vLLM's unix socket paths: the launcher's rule decides.
+    env["TMPDIR"] = str(launcher.run_tmp_dir(run_dir, f"test-{port}"))
+    Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cpu_runtime.server_argv(model_dir, port=port),
-            env=cpu_runtime.server_env(run_dir),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
