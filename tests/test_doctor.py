@@ -142,7 +142,7 @@ def test_save_snapshot_never_replaces_an_existing_file_without_force(
     mine.write_text("# my notes\n")
     code, out, err = run(capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(mine))
     assert code == 2 and out == ""
-    assert f"error: --save-snapshot {mine}: the file already exists" in err
+    assert f"error: --save-snapshot '{mine}' already exists" in err
     assert "--force" in err and mine.read_text() == "# my notes\n"
     code, out, _ = run(
         capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(mine), "--force"
@@ -153,7 +153,7 @@ def test_save_snapshot_never_replaces_an_existing_file_without_force(
 @pytest.mark.parametrize(
     ("target", "sentence"),
     [
-        ("folder", "is a folder; name a .json file."),
+        ("folder", "is a folder; name a new file."),
         ("afile/x.json", "afile is a file, not a folder)."),
     ],
 )
@@ -165,7 +165,7 @@ def test_save_snapshot_to_an_unwritable_place_is_bad_input(
     path = tmp_path / target
     code, out, err = run(capsys, *snapshot_args("gb300-tp8-healthy"), "--save-snapshot", str(path))
     assert code == 2 and out == ""
-    assert err.startswith(f"error: --save-snapshot {path}") and sentence in err
+    assert err.startswith("error: --save-snapshot ") and str(path) in err and sentence in err
     assert "kimictl bug" not in err and (tmp_path / "afile").read_text() == "x"
 
 

@@ -144,7 +144,7 @@ def test_plot_never_overwrites_without_force_and_writes_nothing_first(
     profile = tmp_path / "p.toml"
     code, out, err = run(capsys, *GB300_16, "--plot", str(png), "--write", str(profile))
     assert code == 2 and out == ""
-    one_sentence_error(err, f"--plot '{png}': the file already exists")
+    one_sentence_error(err, f"--plot '{png}' already exists")
     assert png.read_bytes() == b"my picture" and not profile.exists()
     doc = run_json(capsys, *GB300_16, "--plot", str(png), "--force")
     assert doc["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
@@ -195,7 +195,7 @@ def test_write_to_a_folder_is_bad_input_even_with_force(capsys, tmp_path: Path) 
     folder.mkdir()
     code, out, err = run(capsys, *GB300_16, "--write", str(folder), "--force")
     assert code == 2 and out == ""
-    one_sentence_error(err, "is a folder, not a profile file")
+    one_sentence_error(err, "is a folder; name a .toml file")
     assert folder.is_dir() and not any(folder.iterdir())
 
 

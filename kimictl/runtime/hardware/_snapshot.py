@@ -21,16 +21,13 @@ __all__ = [
 
 
 def check_snapshot_target(path: str | Path, *, overwrite: bool = False) -> Path:
-    """Refuse a --save-snapshot target that is a folder, or an existing file without overwrite."""
-    target = Path(path)
-    if target.is_dir():
-        raise InputError(f"--save-snapshot {target}: is a folder; name a .json file.")
-    if target.exists() and not overwrite:
-        raise InputError(
-            f"--save-snapshot {target}: the file already exists; kimictl does not overwrite it.",
-            hint="choose another name, or pass --force to replace it",
-        )
-    return target
+    """Refuse a --save-snapshot target that is a folder, or an existing file without overwrite
+    (missing folders are made when it is written)."""
+    from kimictl.runtime.outputs import check_new_file
+
+    return check_new_file(
+        path, flag="--save-snapshot", overwrite=overwrite, folder_must_exist=False
+    )
 
 
 def save_snapshot(report: HardwareReport, path: str | Path, *, overwrite: bool = False) -> Path:

@@ -48,19 +48,9 @@ def terminal_plot(result: SearchResult, *, width: int = 80, height: int = 20) ->
 
 def check_png_target(path: str | Path, *, overwrite: bool = False) -> Path:
     """A .png in an existing folder, not a folder, and not an existing file unless `overwrite`."""
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise InputError(f"--plot {str(path)!r} must name a .png file.")
-    if not target.parent.exists():
-        raise InputError(f"--plot {str(path)!r}: folder {str(target.parent)!r} does not exist.")
-    if target.is_dir():
-        raise InputError(f"--plot {str(path)!r} is a folder; name a .png file.")
-    if target.exists() and not overwrite:
-        raise InputError(
-            f"--plot {str(path)!r}: the file already exists; kimictl does not overwrite it.",
-            hint="choose another name, or pass --force to replace it",
-        )
-    return target
+    from kimictl.runtime.outputs import check_new_file
+
+    return check_new_file(path, flag="--plot", suffix=".png", overwrite=overwrite)
 
 
 def save_png(result: SearchResult, path: str | Path, *, overwrite: bool = False) -> Path:

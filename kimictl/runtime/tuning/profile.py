@@ -77,21 +77,11 @@ def twin_path(path: Path) -> Path:
 def check_write_target(path: str | Path, *, overwrite: bool, with_twin: bool = False) -> Path:
     """The --write file (and its stock twin): a .toml in an existing folder, not a folder, and
     not an existing file unless `overwrite`. Call it before long work (a sweep) as well."""
-    target = Path(path).expanduser()
-    if target.suffix != ".toml":
-        raise InputError(f"--write {str(path)!r} must name a .toml file.")
-    if not target.parent.is_dir():
-        raise InputError(f"--write {str(path)!r}: folder {str(target.parent)!r} does not exist.")
-    for existing in (target, twin_path(target) if with_twin else None):
-        if existing is None:
-            continue
-        if existing.is_dir():
-            raise InputError(f"--write {str(path)!r}: {existing} is a folder, not a profile file.")
-        if existing.exists() and not overwrite:
-            raise InputError(
-                f"{existing} already exists; kimictl does not overwrite a profile silently.",
-                hint="choose another name, or pass --force to replace it",
-            )
+    from kimictl.runtime.outputs import check_new_file
+
+    target = check_new_file(path, flag="--write", suffix=".toml", overwrite=overwrite)
+    if with_twin:
+        check_new_file(twin_path(target), flag="--write", suffix=".toml", overwrite=overwrite)
     return target
 
 
