@@ -1190,12 +1190,10 @@ def format_window(seconds: float) -> str:
 def check_record_target(path: str | os.PathLike[str]) -> None:
     """Refuse a `--record` FILE that would lose or mangle something: a missing folder, a folder,
     or an existing file that is not JSON lines (appending to a TOML or log would corrupt it)."""
+    from kimictl.runtime.outputs import check_new_file
+
     target = os.fspath(path)
-    folder = os.path.dirname(target)
-    if folder and not os.path.isdir(folder):
-        raise InputError(f"--record {target}: folder {folder} does not exist.")
-    if os.path.isdir(target):
-        raise InputError(f"--record {target}: is a folder; name a .jsonl file.")
+    check_new_file(target, flag="--record", overwrite=True)  # appending is no overwrite
     if not os.path.isfile(target):
         return
     with open(target, "rb") as fh:
