@@ -231,7 +231,8 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
         names[1]: TWIN_MAX_NUM_SEQS,
         "why": (
             "the most sequences vLLM batches per step: with several agentic sessions in flight, "
-            "batching trades a little per-user decode speed for throughput and first-token time"
+            "batching trades per-user decode speed (TPOT) for throughput and first-token time "
+            "(TTFT)"
         ),
     }
     notes = [
