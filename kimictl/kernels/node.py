@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import CheckFailed, Unsupported
+from kimictl.runtime.stack import CUTLASS_INSTALL
 
 __all__ = [
     "KERNEL_STACK",
@@ -38,7 +39,7 @@ KERNEL_STACK: tuple[str, ...] = (
     "tokenspeed-mla",
 )
 MIN_DRIVER_CUDA = (13, 0)
-DSL_HINT = 'pip install "nvidia-cutlass-dsl[cu13]==4.8.0" (or kimictl[build])'
+DSL_HINT = f'pip install "{CUTLASS_INSTALL}" (or kimictl[build])'
 
 
 def install_dir() -> Path:

@@ -38,6 +38,7 @@ import httpx
 from kimictl.runtime import runs
 from kimictl.runtime.errors import EndpointError, InputError, KimictlError, LaunchError
 from kimictl.runtime.runs import RunRecord, RunState
+from kimictl.runtime.stack import VLLM_VERSION
 
 if TYPE_CHECKING:
     from kimictl.runtime.deployment import DeploymentSpec
@@ -382,7 +383,7 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
                 hint=(
                     "run `kimictl setup cpu-runtime` first."
                     if plan.runtime == "cpu"
-                    else "install vLLM 0.33.0 on this node (see `kimictl doctor`)."
+                    else f"install vLLM {VLLM_VERSION} on this node (see `kimictl doctor`)."
                 ),
             ) from error
     record = RunRecord(

@@ -20,12 +20,13 @@ from typing import Any
 
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.launcher import LaunchPlan, redact_argv
+from kimictl.runtime.stack import VLLM_VERSION
 
 __all__ = ["FORMATS", "GPUS_PER_NODE", "VLLM_IMAGE", "render", "to_yaml"]
 
 FORMATS = ("slurm", "k8s")
 GPUS_PER_NODE = 4  # one GB300 NVL72 compute tray
-VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
+VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 # Local to the machine that renders: meaningless on the cluster.
 _LOCAL_ENV = ("TMPDIR",)
 

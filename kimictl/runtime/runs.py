@@ -312,7 +312,11 @@ def latest_ab_pair() -> tuple[RunRecord, RunRecord] | None:
 
 
 def _check_url(url: str, text: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as error:
+        raise InputError(f"'{text}' is not a valid URL ({error}).") from error
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise InputError(
             f"'{text}' is not a target: expected a URL (http://HOST:PORT), NAME=URL or a run id.",

@@ -21,6 +21,7 @@ from kimictl.runtime.hardware._types import Unavailable
 __all__ = [
     "PINNED",
     "SPECIALIZED_DECODE_SUBPATH",
+    "CUTLASS_INSTALL",
     "VLLM_VERSION",
     "PackageCheck",
     "Pin",
@@ -31,7 +32,7 @@ __all__ = [
 
 VLLM_VERSION = "0.33.0"
 _CUTLASS_DSL = "4.8.0"  # one version for the DSL and its two library wheels
-_CUTLASS_INSTALL = f"nvidia-cutlass-dsl[cu13]=={_CUTLASS_DSL}"
+CUTLASS_INSTALL = f"nvidia-cutlass-dsl[cu13]=={_CUTLASS_DSL}"
 SPECIALIZED_DECODE_SUBPATH = "models/kimi_k3/nvidia/specialized_decode"
 
 
@@ -55,11 +56,11 @@ PINNED: tuple[Pin, ...] = (
     Pin(
         "nvidia-cutlass-dsl",
         f"=={_CUTLASS_DSL}",
-        _CUTLASS_INSTALL,
+        CUTLASS_INSTALL,
         why="no runtime version check exists: a mismatch fails late, inside kernel compilation",
     ),
-    Pin("nvidia-cutlass-dsl-libs-base", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
-    Pin("nvidia-cutlass-dsl-libs-cu13", f"=={_CUTLASS_DSL}", _CUTLASS_INSTALL),
+    Pin("nvidia-cutlass-dsl-libs-base", f"=={_CUTLASS_DSL}", CUTLASS_INSTALL),
+    Pin("nvidia-cutlass-dsl-libs-cu13", f"=={_CUTLASS_DSL}", CUTLASS_INSTALL),
     Pin("quack-kernels", "==0.6.5"),
     Pin("tokenspeed-mla", "==2.0.3"),
     Pin("apache-tvm-ffi", "==0.1.11"),
