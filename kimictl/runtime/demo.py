@@ -196,7 +196,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     from kimictl.runtime.profiles import load_profile
 
     _check_sizes(request)
-    out = request.out if request.out is not None else default_out_dir()
+    out = request.out.expanduser() if request.out is not None else default_out_dir()
     _check_out(out)
     profile = load_profile(DEMO_PROFILE)
     host = profile.spec.host or "127.0.0.1"
