@@ -10,7 +10,7 @@ On the CPU embedded runtime, one server at a time (the machine has 2 cores):
     python benchmarks/validate_false_alarms.py --runs 5 [--quick] [--json out.json]
         [--capture tests/fixtures/evals]   # also writes the fixtures tests/test_evals.py scores
 
-Results: benchmarks/RESULTS_validate.md.
+Results: benchmarks/RESULTS.md#validate.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 }
 # Kernels in the default build (ALL_CONFIGS) and in the manifest's source hash. tcswap is built
 # only on request (`build(arch, configs=(*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS))`): on the H200 it
-# never beat cuBLAS outside noise (benchmarks/RESULTS_kernels.md), so it is not shipped.
+# never beat cuBLAS outside noise (benchmarks/RESULTS.md#kernels), so it is not shipped.
 SHIPPED_KERNELS = ("tcstream_gemm", "wstream_gemm")
 KernelConfig = WStreamConfig | TcStreamConfig | TcSwapConfig
 ALL_CONFIGS: tuple[KernelConfig, ...] = (*CONFIGS, *TC_CONFIGS)

@@ -569,7 +569,7 @@ def write_plots(
         from kimictl.runtime.errors import Unsupported
 
         raise Unsupported(
-            "--plot needs matplotlib, which is not installed", hint="pip install 'kimictl[plot]'"
+            "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"
         ) from exc
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ The client is a small HTTP/1.1 implementation on an asyncio Protocol: every TCP 
 `data:` line) and the arrival time and token count of each chunk are written straight into the
 request's record; the awaiting coroutine is woken once per request, not once per chunk. That keeps
 the client's CPU per streamed token below `vllm bench serve`'s aiohttp client (measured in
-benchmarks/client_overhead.py, figures in benchmarks/RESULTS_bench.md).
+benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
 
 Metric conventions follow `vllm bench serve` (see shared notes): a chunk is any SSE event carrying
 `choices`; TTFT = first chunk - send; latency = last chunk - send; ITL = gaps between chunks; output

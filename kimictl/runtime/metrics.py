@@ -348,7 +348,7 @@ class _Fast:
 
 def _wanted_samples(text: str) -> list[_Fast]:
     """The samples a snapshot needs, parsed with two C-level regex calls per line (the poller's
-    hot path: ~130 of ~900 lines, see benchmarks/RESULTS_monitor.md)."""
+    hot path: ~130 of ~900 lines, see benchmarks/RESULTS.md#monitor)."""
     out: list[_Fast] = []
     for line in text.splitlines():
         if not line.startswith(_SNAPSHOT_PREFIXES):
@@ -873,7 +873,7 @@ class _KeepAliveGet:
     """A minimal keep-alive HTTP/1.1 GET for plain-http /metrics.
 
     httpx spends ~3 ms of CPU per 56 KB vLLM scrape; this spends a fraction of that, which keeps
-    a 4-endpoint monitor at 1 Hz inside its CPU budget (benchmarks/RESULTS_monitor.md). It reads
+    a 4-endpoint monitor at 1 Hz inside its CPU budget (benchmarks/RESULTS.md#monitor). It reads
     Content-Length, chunked, or to-EOF bodies; https endpoints use httpx instead.
     """
 

@@ -60,7 +60,7 @@ class _Lines(Widget):
     """Lines of rich Text drawn through Textual's Line API, converted to strips once per update.
 
     Redrawing ~5000 cells every second through Static/Content costs several % of a core; strips
-    built straight from segments cost a fraction of that (benchmarks/RESULTS_monitor.md).
+    built straight from segments cost a fraction of that (benchmarks/RESULTS.md#monitor).
     """
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -236,7 +236,7 @@ class ChartsPanel(Widget):
 
     Row 1: output tokens/s; row 2: interactivity p10 with the SLO line. Both rows share one y
     scale across endpoints so columns compare at a glance. (Eight separate chart widgets cost
-    ~3 % of a core at 1 Hz; this costs a fraction: benchmarks/RESULTS_monitor.md.)
+    ~3 % of a core at 1 Hz; this costs a fraction: benchmarks/RESULTS.md#monitor.)
     """
 
     CHART_HEIGHT = 8

@@ -65,7 +65,7 @@ def save_png(result: SearchResult, path: str | Path, *, overwrite: bool = False)
     except ImportError as exc:
         raise InputError(
             "--plot needs matplotlib, which is not installed.",
-            hint='pip install "kimictl[plot]"',
+            hint="pip install matplotlib",
         ) from exc
     fig, ax = mpl.subplots(figsize=(7, 4.5))
     for name, points in _fronts(result).items():
