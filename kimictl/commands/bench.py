@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.secrets import read_api_key
 
 if TYPE_CHECKING:
     from kimictl.runtime.benchreport import BenchOutcome
@@ -38,17 +38,6 @@ def _numbers(text: str, what: str, kind: type) -> list[Any]:
     if not out:
         raise InputError(f"{what} {text!r} is empty; give e.g. {what} 1,2,4")
     return out
-
-
-def _api_key(path: Path | None) -> str | None:
-    if path is not None:
-        try:
-            return path.read_text().strip() or None
-        except OSError as exc:
-            raise InputError(
-                f"--api-key-file {str(path)!r} cannot be read: {exc.strerror}"
-            ) from exc
-    return os.environ.get("VLLM_API_KEY") or None
 
 
 def _targets(
@@ -261,7 +250,7 @@ def bench(
     )
     points = _points(concurrency, rate, burstiness, arrivals, workload == "replay")
     slo_obj = parse_slo(slo) if slo else None
-    targets = _targets(list(target or []), ab, model, gpus, _api_key(api_key_file))
+    targets = _targets(list(target or []), ab, model, gpus, read_api_key(api_key_file))
     cfg = BenchConfig(
         targets=tuple(targets),
         workload=wl,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from kimictl.commands._output import console, emit_json, err_console
 from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.runtime.secrets import read_api_key
 
 if TYPE_CHECKING:
     from kimictl.runtime.evals import CheckResult, ValidationReport
@@ -57,17 +57,6 @@ def _targets(candidate: str | None, reference: str | None) -> tuple[Target, Targ
             "or neither to use the latest `kimictl serve --ab` pair"
         )
     return resolve_target(candidate), resolve_target(reference)
-
-
-def _api_key(path: Path | None) -> str | None:
-    if path is not None:
-        try:
-            return path.read_text().strip() or None
-        except OSError as exc:
-            raise InputError(
-                f"--api-key-file {str(path)!r} cannot be read: {exc.strerror}"
-            ) from exc
-    return os.environ.get("VLLM_API_KEY") or None
 
 
 def _fmt(value: object) -> str:
@@ -191,7 +180,7 @@ def validate(
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
     cand_t, ref_t = _targets(candidate, reference)
-    key = _api_key(api_key_file)
+    key = read_api_key(api_key_file)
     capture: dict[str, object] | None = {} if save_responses is not None else None
     with (
         Endpoint(cand_t.url, name=cand_t.name, model=cand_t.model, api_key=key) as cand_ep,

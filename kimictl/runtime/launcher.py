@@ -38,6 +38,7 @@ import httpx
 from kimictl.runtime import runs
 from kimictl.runtime.errors import EndpointError, InputError, KimictlError, LaunchError
 from kimictl.runtime.runs import RunRecord, RunState
+from kimictl.runtime.secrets import read_api_key
 from kimictl.runtime.stack import VLLM_VERSION
 
 if TYPE_CHECKING:
@@ -894,19 +895,6 @@ class Prepared:
             "checks": [c.to_json() for c in self.checks],
             "runs": [p.to_json() for p in self.plans],
         }
-
-
-def read_api_key(path: Path | None) -> str | None:
-    """The key from `path` (first line), else from VLLM_API_KEY, else None."""
-    if path is None:
-        return os.environ.get("VLLM_API_KEY") or None
-    try:
-        key = path.read_text().strip().splitlines()
-    except OSError as error:
-        raise InputError(f"--api-key-file {path}: cannot read it ({error.strerror}).") from error
-    if not key or not key[0].strip():
-        raise InputError(f"--api-key-file {path} is empty; it must hold the key on its first line.")
-    return key[0].strip()
 
 
 def _is_loopback(host: str) -> bool:
