@@ -434,3 +434,11 @@ def test_logs_follow_ends_when_the_server_stops(_state_dir):
     out, _ = follow.communicate(timeout=20)
     assert follow.returncode == 0
     assert "Starting vLLM server on" in out  # the whole log (--tail 0), then it ended by itself
+
+
+def test_port_out_of_range_is_bad_input(capsys) -> None:
+    from kimictl.cli import main
+
+    assert main(["serve", "cpu-demo", "--port", "99999", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --port 99999 is not a TCP port; allowed: 1-65535.")

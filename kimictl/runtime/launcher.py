@@ -307,6 +307,8 @@ def run_tmp_dir(run_dir: Path, run_id: str) -> Path:
 
 def check_port_free(host: str, port: int) -> None:
     """InputError naming who holds the port (a kimictl run if it is one) when it is taken."""
+    if not 1 <= port <= 65535:
+        raise InputError(f"--port {port} is not a TCP port; allowed: 1-65535.")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # Same option uvicorn sets: a port in TIME_WAIT is free, a listening one is not.
