@@ -205,8 +205,7 @@ def plan_launch(
 
     host = host or spec.host or "127.0.0.1"
     port = port if port is not None else (spec.port or DEFAULT_PORT)
-    if not 0 < port < 65536:
-        raise InputError(f"--port {port} is not a TCP port; allowed: 1-65535.")
+    require_tcp_port(port)
     run_id = run_id or runs.new_run_id(name)
     run_dir = runs.run_dir_for(run_id)
 
@@ -305,10 +304,14 @@ def run_tmp_dir(run_dir: Path, run_id: str) -> Path:
 # ---------------------------------------------------------------- ports
 
 
+def require_tcp_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port} is not a TCP port; allowed: 1-65535.")
+
+
 def check_port_free(host: str, port: int) -> None:
     """InputError naming who holds the port (a kimictl run if it is one) when it is taken."""
-    if not 1 <= port <= 65535:
-        raise InputError(f"--port {port} is not a TCP port; allowed: 1-65535.")
+    require_tcp_port(port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         # Same option uvicorn sets: a port in TIME_WAIT is free, a listening one is not.
