@@ -22,43 +22,71 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TcStreamConfig
-from kimictl.kernels.tcswap_gemm import SWAP_CONFIGS, TcSwapConfig
-from kimictl.kernels.wstream_gemm import CONFIGS, WStreamConfig
-
-__all__ = [
-    "ARCHES",
-    "BuildResult",
-    "DSL_DIST",
-    "EXPERIMENTAL_CONFIGS",
-    "MANIFEST",
-    "WRAPPER",
-    "build",
-    "default_build_dir",
-    "dsl_version",
-    "read_manifest",
-    "source_hash",
-]
-
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
 MANIFEST = "manifest.json"
 WRAPPER = "kimictl_kernels.cpp"
 RUNTIME_LIB = "libcuda_dialect_runtime_static.a"
-# kernel -> its source files; an object is stale when its own kernel's sources change
-_SOURCES: dict[str, tuple[str, ...]] = {
-    "wstream_gemm": ("wstream_gemm.py", "wstream_gemm_dsl.py"),
-    "tcstream_gemm": ("tcstream_gemm.py", "tcstream_gemm_dsl.py"),
-    # tcswap reuses tcstream's MMA and cluster-load helpers
-    "tcswap_gemm": ("tcswap_gemm.py", "tcswap_gemm_dsl.py", "tcstream_gemm_dsl.py"),
-}
-# Kernels in the default build (ALL_CONFIGS) and in the manifest's source hash. tcswap is built
-# only on request (`build(arch, configs=(*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS))`): on the H200 it
-# never beat cuBLAS outside noise (benchmarks/RESULTS.md#kernels), so it is not shipped.
-SHIPPED_KERNELS = ("tcstream_gemm", "wstream_gemm")
-KernelConfig = WStreamConfig | TcStreamConfig | TcSwapConfig
-ALL_CONFIGS: tuple[KernelConfig, ...] = (*CONFIGS, *TC_CONFIGS)
-EXPERIMENTAL_CONFIGS: tuple[KernelConfig, ...] = SWAP_CONFIGS
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family: `kimictl.kernels.<module>` holds its configs and its compile function;
+    an object is stale when one of the family's own source files changes."""
+
+    module: str
+    configs: str  # attribute: tuple of frozen configs (each has .name, .kernel, .m, .rows)
+    compile: str  # attribute: (cfg, arch) -> compiled DSL function
+    sources: tuple[str, ...]
+    shipped: bool  # in the default build and in the manifest's source hash
+    arches: tuple[str, ...] = ARCHES  # a Hopper-only family (wgmma) lists sm_90a alone
+
+
+# Shipped families are what `kimictl kernels build` compiles by default. The others are built
+# only on request (`build(arch, configs=experimental_configs())`): tcswap never beat cuBLAS
+# outside noise on the H200 (benchmarks/RESULTS.md#kernels). A family whose module is absent is
+# skipped, so a new family lands by adding its two files and one line here.
+FAMILIES: dict[str, Family] = {
+    "wstream_gemm": Family(
+        "wstream_gemm", "CONFIGS", "_compile_wstream",
+        ("wstream_gemm.py", "wstream_gemm_dsl.py"), shipped=True,
+    ),
+    "tcstream_gemm": Family(
+        "tcstream_gemm", "TC_CONFIGS", "_compile_tcstream",
+        ("tcstream_gemm.py", "tcstream_gemm_dsl.py"), shipped=True,
+    ),
+    "tcswap_gemm": Family(  # reuses tcstream's MMA and cluster-load helpers
+        "tcswap_gemm", "SWAP_CONFIGS", "_compile_tcswap",
+        ("tcswap_gemm.py", "tcswap_gemm_dsl.py", "tcstream_gemm_dsl.py"), shipped=False,
+    ),
+    "tcpipe_gemm": Family(
+        "tcpipe_gemm", "PIPE_CONFIGS", "_compile_tcpipe",
+        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py"), shipped=False,
+    ),
+    "wgmma_gemm": Family(
+        "wgmma_gemm", "WGMMA_CONFIGS", "_compile_wgmma",
+        ("wgmma_gemm.py", "wgmma_gemm_dsl.py"), shipped=False, arches=("sm_90a",),
+    ),
+}  # fmt: skip
+_HERE = Path(__file__).resolve().parent
+
+
+def _present(fam: Family) -> bool:
+    return all((_HERE / name).is_file() for name in fam.sources)
+
+
+def _configs(shipped: bool) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for fam in FAMILIES.values():
+        if fam.shipped == shipped and _present(fam):
+            module = importlib.import_module(f"kimictl.kernels.{fam.module}")
+            out.extend(getattr(module, fam.configs))
+    return tuple(out)
+
+
+SHIPPED_KERNELS = tuple(k for k, fam in FAMILIES.items() if fam.shipped)
+ALL_CONFIGS: tuple[Any, ...] = _configs(shipped=True)
+EXPERIMENTAL_CONFIGS: tuple[Any, ...] = _configs(shipped=False)
 
 
 def default_build_dir() -> Path:
@@ -70,11 +98,10 @@ def source_hash(kernel: str | None = None) -> str:
     """sha256 over the kernel sources' syntax trees (one kernel's, or every shipped kernel's): a
     build is stale when the code changes, not when a comment or the formatting does."""
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    names = _SOURCES[kernel] if kernel else [n for k in SHIPPED_KERNELS for n in _SOURCES[k]]
-    for name in names:
+    fams = [FAMILIES[kernel]] if kernel else [FAMILIES[k] for k in SHIPPED_KERNELS]
+    for name in (n for fam in fams for n in fam.sources):
         h.update(name.encode())
-        h.update(ast.dump(ast.parse((here / name).read_text())).encode())
+        h.update(ast.dump(ast.parse((_HERE / name).read_text())).encode())
     return h.hexdigest()[:16]
 
 
@@ -203,7 +230,7 @@ def build(
     arch: str,
     out: Path | None = None,
     *,
-    configs: Iterable[KernelConfig] | None = None,
+    configs: Iterable[Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> BuildResult:
     """Compile and export every variant for `arch` into `out/arch/`. Reuses objects whose manifest
@@ -216,18 +243,20 @@ def build(
     os.environ.setdefault("CUTE_DSL_ARCH", arch)
     import cutlass.cute as cute  # noqa: F401  (fails early if the compiler wheel is missing)
 
-    from kimictl.kernels.tcstream_gemm import _compile_tcstream
-    from kimictl.kernels.tcswap_gemm import _compile_tcswap
-    from kimictl.kernels.wstream_gemm import _compile_wstream
-
+    chosen = [
+        cfg
+        for cfg in (configs if configs is not None else ALL_CONFIGS)
+        if arch in FAMILIES[cfg.kernel].arches  # e.g. wgmma exists on Hopper only
+    ]
+    kernels_used = {cfg.kernel for cfg in chosen}
     compilers: dict[str, Callable[[Any, str], Any]] = {
-        "wstream_gemm": _compile_wstream,
-        "tcstream_gemm": _compile_tcstream,
-        "tcswap_gemm": _compile_tcswap,
+        k: getattr(
+            importlib.import_module(f"kimictl.kernels.{FAMILIES[k].module}"), FAMILIES[k].compile
+        )
+        for k in kernels_used
     }
-    stamps = {kernel: f"{source_hash(kernel)} {version}" for kernel in _SOURCES}
+    stamps = {k: f"{source_hash(k)} {version}" for k in kernels_used}
 
-    chosen = list(configs if configs is not None else ALL_CONFIGS)
     arch_dir = (out or default_build_dir()) / arch
     arch_dir.mkdir(parents=True, exist_ok=True)
     src_hash = source_hash()
