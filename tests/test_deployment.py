@@ -6,7 +6,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime.deployment import DeploymentSpec, parse_max_model_len, parse_vllm_command
+from kimictl.cli import main
+from kimictl.runtime.deployment import (
+    FIELD_CHECKS,
+    DeploymentSpec,
+    parse_max_model_len,
+    parse_vllm_command,
+)
 from kimictl.runtime.errors import InputError
 
 UPSTREAM = (
@@ -169,6 +175,88 @@ def test_bad_input_is_one_clear_input_error(text, needle):
     assert "\n" not in info.value.message
 
 
+# a value of the wrong type or out of bounds, wherever it sits on the line: flag, JSON, dotted
+WRONG_VALUES = [
+    (
+        '--speculative-config \'{"method": "dspark", "num_speculative_tokens": "seven"}\'',
+        "--speculative-config.num_speculative_tokens expects a whole number >= 0 "
+        '(the K3 fast path takes at most 7), got "seven".',
+    ),
+    (
+        "-sc.num_speculative_tokens 2.5",
+        "-sc.num_speculative_tokens expects a whole number >= 0 "
+        "(the K3 fast path takes at most 7), got 2.5.",
+    ),
+    (
+        "-sc.enable_adaptive_verification yes",
+        '-sc.enable_adaptive_verification expects true or false, got "yes".',
+    ),
+    (
+        '--speculative-config \'{"rejection_sample_method": "fast"}\'',
+        '--speculative-config.rejection_sample_method expects "standard" | "synthetic" | "block" '
+        '| "fly", got "fast".',
+    ),
+    (
+        "--additional-config.decode_backend fast",
+        '--additional-config.decode_backend expects "auto" | "latency_specialized", got "fast".',
+    ),
+    (
+        "--additional-config '{\"mla_core\": 1}'",
+        '--additional-config.mla_core expects "auto" | "tokenspeed" | "trtllm", got 1.',
+    ),
+    (
+        "-cc '{\"cudagraph_capture_sizes\": [0, 8]}'",
+        "-cc.cudagraph_capture_sizes expects a non-empty list of whole numbers >= 1, "
+        "e.g. [1, 2, 4, 8], got [0,8].",
+    ),
+    (
+        "--cudagraph-capture-sizes 0 8",
+        "--cudagraph-capture-sizes expects a non-empty list of whole numbers >= 1, "
+        "e.g. [1, 2, 4, 8], got [0,8].",
+    ),
+    ("-O.cudagraph_mode FULLY", '-O.cudagraph_mode expects "NONE" | "PIECEWISE" | "FULL"'),
+    ("-tp 0", "-tp expects a whole number >= 1, got '0'."),
+    ("--max-num-seqs -4", "--max-num-seqs expects a whole number >= 1, got '-4'."),
+    ("-O5", "-O expects 0, 1, 2 or 3, got '5'."),
+    ("--optimization-level 9", "--optimization-level expects 0, 1, 2 or 3, got '9'."),
+    (
+        "--max-model-len 0",
+        '--max-model-len expects a whole number >= 1, a size like "128k", or "auto", got \'0\'.',
+    ),
+    ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization expects a number in (0, 1], got"),
+    ("--distributed-executor-backend k8s", '"mp" | "ray" | "uni" | "external_launcher", got'),
+    ("--kv-cache-dtype=", "--kv-cache-dtype expects a non-empty string, got ''."),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), WRONG_VALUES)
+def test_wrong_type_or_bound_is_one_sentence_naming_flag_value_and_allowed(flags, message):
+    with pytest.raises(InputError) as info:
+        parse_vllm_command(f"vllm serve m {flags}")
+    assert message in info.value.message
+    assert info.value.message.endswith(".") and "\n" not in info.value.message
+
+
+@pytest.mark.parametrize(("flags", "message"), WRONG_VALUES[:2] + WRONG_VALUES[9:10])
+def test_doctor_vllm_args_with_a_wrong_value_exits_2_with_the_sentence(flags, message, capsys):
+    line = f"vllm serve moonshotai/Kimi-K3 -tp 8 {flags}"
+    assert main(["doctor", "--vllm-args", line, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_values_inside_the_bounds_pass_and_json_null_means_vllms_default():
+    spec = parse_vllm_command(
+        "vllm serve m -sc.num_speculative_tokens 9 -sc.model null -cc.cudagraph_mode full "
+        "--gpu-memory-utilization 1 -O0 --port 65535 --max-model-len auto"
+    ).spec
+    # more than K3's 7 draft tokens is legal vLLM: rule 17 reports it (test_rules_deployment)
+    assert spec.speculative_config == {"num_speculative_tokens": 9, "model": None}
+    assert spec.compilation_config == {"cudagraph_mode": "full"}  # vLLM upper-cases it
+    assert (spec.gpu_memory_utilization, spec.optimization_level, spec.port) == (1.0, 0, 65535)
+
+
 def test_with_changes_and_rejects_unknown_fields():
     spec = DeploymentSpec(model="m")
     assert spec.with_(tensor_parallel_size=8).tensor_parallel_size == 8
@@ -196,7 +284,11 @@ _json = st.recursive(
     ),
     max_leaves=6,
 )
-_json_obj = st.dictionaries(st.text(max_size=8), _json, max_size=4)
+# keys kimictl checks (FIELD_CHECKS) would need typed values: the free-form part uses other keys
+_checked_keys = {name.partition(".")[2] for name in FIELD_CHECKS if "." in name}
+_json_obj = st.dictionaries(
+    st.text(max_size=8).filter(lambda k: k not in _checked_keys), _json, max_size=4
+)
 _extra = st.sampled_from(
     [
         [],

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kimictl.cli import main
 from kimictl.runtime import k3
-from kimictl.runtime.deployment import DeploymentSpec
+from kimictl.runtime.deployment import FIELD_CHECKS, DeploymentSpec, parse_vllm_command
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.hardware import load_snapshots
 from kimictl.runtime.profiles import (
@@ -183,6 +183,75 @@ def test_bad_profile_names_file_line_key_and_allowed(tmp_path, old, new, needle,
     assert "\n" not in message
 
 
+# keys kimictl knows are checked inside the free-form inline tables too (they land in vLLM's JSON)
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            "num_speculative_tokens = 7",
+            'extra = { num_speculative_tokens = "seven" }',
+            '[speculative] extra.num_speculative_tokens = "seven" is not allowed; it must be a '
+            "whole number >= 0 (the K3 fast path takes at most 7).",
+        ),
+        (
+            'decode_backend = "latency_specialized"',
+            'additional_config = { decode_backend = "fast" }',
+            '[serve] additional_config.decode_backend = "fast" is not allowed; it must be "auto" '
+            '| "latency_specialized".',
+        ),
+        (
+            'cudagraph_mode = "FULL_AND_PIECEWISE"',
+            "extra = { cudagraph_capture_sizes = [0] }",
+            "[compile] extra.cudagraph_capture_sizes = [0] is not allowed; it must be a non-empty "
+            "list of whole numbers >= 1, e.g. [1, 2, 4, 8].",
+        ),
+    ],
+)
+def test_wrong_value_inside_an_inline_table_names_file_line_key(tmp_path, old, new, expected):
+    path = _copy(tmp_path)
+    path.write_text(path.read_text().replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        load_profile(path)
+    line = _line_number(path, new)
+    assert info.value.message == f"{path}:{line}: {expected}"
+
+
+# (profile section, key, TOML value, command flags, DeploymentSpec field, Python value)
+SAME_BOUNDS = [
+    ("speculative", "num_speculative_tokens", '"seven"', "-sc.num_speculative_tokens seven",
+     "speculative_config.num_speculative_tokens", "seven"),
+    ("speculative", "enable_adaptive_verification", "1", "-sc.enable_adaptive_verification 1",
+     "speculative_config.enable_adaptive_verification", 1),
+    ("parallel", "tensor_parallel_size", "0", "-tp 0", "tensor_parallel_size", 0),
+    ("batching", "gpu_memory_utilization", "1.5", "--gpu-memory-utilization 1.5",
+     "gpu_memory_utilization", 1.5),
+    ("compile", "optimization_level", "4", "-O4", "optimization_level", 4),
+    ("model", "max_model_len", "0", "--max-model-len 0", "max_model_len", 0),
+    ("model", "max_model_len", '"0k"', "--max-model-len 0k", "max_model_len", "0k"),
+    ("serve", "port", "70000", "--port 70000", "port", 70000),
+    ("serve", "mla_core", '"fast"', "--additional-config.mla_core fast",
+     "additional_config.mla_core", "fast"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("section", "key", "toml", "flags", "field", "value"), SAME_BOUNDS)
+def test_profile_and_command_refuse_a_value_with_the_same_allowed_text(
+    tmp_path, section, key, toml, flags, field, value
+):
+    with pytest.raises(ValueError) as allowed:  # the one table both entry points use
+        FIELD_CHECKS[field](value)
+    path = tmp_path / "p.toml"
+    path.write_text(f'[model]\nname = "m"\n[{section}]\n{key} = {toml}\n')
+    if section == "model":
+        path.write_text(f'[model]\nname = "m"\n{key} = {toml}\n')
+    with pytest.raises(InputError) as from_profile:
+        load_profile(path)
+    with pytest.raises(InputError) as from_command:
+        parse_vllm_command(f"vllm serve m {flags}")
+    assert from_profile.value.message.endswith(f"it must be {allowed.value}.")
+    assert f" expects {allowed.value}, got " in from_command.value.message
+
+
 def test_invalid_toml_and_missing_model(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text('[model]\nname = "x"\n[parallel\n')
@@ -339,6 +408,21 @@ def test_cli_validate_bad_file_exits_2_with_one_sentence(tmp_path, capsys):
     err = capsys.readouterr().err
     line = _line_number(path, "max_num_seqs = 0")
     assert err.startswith(f"error: {path}:{line}: [batching] max_num_seqs = 0 is not allowed")
+
+
+@pytest.mark.parametrize("command", ["show", "validate"])
+def test_cli_wrong_type_in_json_table_exits_2_with_one_sentence(tmp_path, capsys, command):
+    path = _copy(tmp_path)
+    new = 'extra = { num_speculative_tokens = "seven" }'
+    path.write_text(path.read_text().replace("num_speculative_tokens = 7", new))
+    assert main(["profiles", command, str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"error: {path}:{_line_number(path, new)}: [speculative] extra.num_speculative_tokens = "
+        '"seven" is not allowed; it must be a whole number >= 0 (the K3 fast path takes at most '
+        "7).\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["show", "validate"])

@@ -18,6 +18,11 @@ Conventions of the parser (vLLM 0.33 `vllm serve` syntax):
 - `--host` defaults to 127.0.0.1 (kimictl's default, not vLLM's): a spec always names its host;
 - flags kimictl does not model are kept verbatim, in order, in `extra_args`; the ones that are not
   known vLLM flags at all are also listed in `ParseResult.unrecognised`.
+
+Value types and bounds live in ONE table, `FIELD_CHECKS` (K3's accepted values come from
+runtime.k3): the parser and the profile loader (runtime.profiles) both check every value they read
+against it, so a bad value is the same InputError whichever way it enters. `DeploymentSpec(...)`
+and `with_()` do not check: tools and tests build specs that the K3 rules then judge.
 """
 
 from __future__ import annotations
@@ -27,16 +32,23 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime import k3
 from kimictl.runtime.errors import InputError
 
 __all__ = [
     "DEFAULT_HOST",
+    "FIELD_CHECKS",
     "DeploymentSpec",
     "ParseResult",
+    "ValueCheck",
+    "check_field",
+    "nonempty_text",
+    "one_of",
     "parse_max_model_len",
     "parse_vllm_command",
     "redact_env",
@@ -210,6 +222,167 @@ def parse_max_model_len(text: str, *, flag: str = "--max-model-len") -> int:
     if result != int(result):
         raise InputError(f"{flag} expects a whole number of tokens, got {text!r}.")
     return int(result)
+
+
+# ---------------------------------------------------------------- value types and bounds
+
+ValueCheck = Callable[[Any], Any]
+"""Returns the value (normalised: int, float, list) or raises ValueError(what is allowed)."""
+
+
+def nonempty_text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("a non-empty string")
+    return value
+
+
+def one_of(*allowed: str, ignore_case: bool = False) -> ValueCheck:
+    """A check that accepts only `allowed` (vLLM upper-cases some enum names itself)."""
+
+    def check(value: Any) -> str:
+        key = value.upper() if ignore_case and isinstance(value, str) else value
+        if key not in allowed:
+            raise ValueError(" | ".join(f'"{a}"' for a in allowed))
+        return str(value)
+
+    return check
+
+
+def _whole(low: int, high: int | None = None, allowed: str = "") -> ValueCheck:
+    """A whole number in [low, high] (no upper bound when high is None)."""
+
+    def check(value: Any) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            raise ValueError(allowed or f"a whole number >= {low}")
+        return int(value)
+
+    return check
+
+
+def _switch(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("true or false")
+    return value
+
+
+def _number(low: float, high: float | None, allowed: str) -> ValueCheck:
+    """A finite number in (low, high] (no upper bound when high is None); ints stay ints."""
+
+    def check(value: Any) -> int | float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (
+            not ok
+            or not math.isfinite(value)
+            or value <= low
+            or (high is not None and value > high)
+        ):
+            raise ValueError(allowed)
+        return value
+
+    return check
+
+
+def _max_model_len(value: Any) -> int:
+    allowed = 'a whole number >= 1, a size like "128k", or "auto"'
+    if isinstance(value, str):
+        try:
+            value = parse_max_model_len(value, flag="max_model_len")
+        except InputError:
+            raise ValueError(allowed) from None
+    if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == -1):
+        raise ValueError(allowed)
+    return int(value)
+
+
+def _sizes(value: Any) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        raise ValueError("a non-empty list of whole numbers >= 1, e.g. [1, 2, 4, 8]")
+    return [int(v) for v in value]
+
+
+def _words(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError('a list of strings, e.g. ["--trust-remote-code"]')
+    return [str(v) for v in value]
+
+
+def _fraction(value: Any) -> float:
+    return float(_number(0, 1, "a number in (0, 1]")(value))
+
+
+def _level_or_name(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise ValueError("a whole number or a mode name")
+    return value
+
+
+_count = _whole(1)
+
+# Every value kimictl reads, by DeploymentSpec field, or `<json field>.<key>` for the keys of
+# --speculative-config / --compilation-config / --additional-config that kimictl knows.
+# Other JSON keys pass unchecked (vLLM owns them); a JSON null means "vLLM's default".
+FIELD_CHECKS: dict[str, ValueCheck] = {
+    "model": nonempty_text,
+    "served_model_name": nonempty_text,
+    "tensor_parallel_size": _count,
+    "pipeline_parallel_size": _count,
+    "data_parallel_size": _count,
+    "decode_context_parallel_size": _count,
+    "enable_expert_parallel": _switch,
+    "enable_dbo": _switch,
+    "kv_cache_dtype": nonempty_text,  # vLLM owns the dtype names
+    "max_model_len": _max_model_len,
+    "max_num_seqs": _count,
+    "max_num_batched_tokens": _count,
+    "optimization_level": _whole(0, 3, "0, 1, 2 or 3"),
+    "enforce_eager": _switch,
+    "mamba_cache_dtype": nonempty_text,
+    "mamba_ssm_cache_dtype": nonempty_text,
+    "use_replayssm": _switch,
+    "enable_sleep_mode": _switch,
+    "enable_lora": _switch,
+    "host": nonempty_text,
+    "port": _whole(1, 65535, "a port number 1-65535"),
+    "gpu_memory_utilization": _fraction,
+    "distributed_executor_backend": one_of("mp", "ray", "uni", "external_launcher"),
+    "extra_args": _words,
+    "speculative_config.method": nonempty_text,
+    "speculative_config.model": nonempty_text,
+    # more than k3.MAX_SPECULATIVE_TOKENS is legal vLLM: rule 17 reports it, not the parser
+    "speculative_config.num_speculative_tokens": _whole(
+        0, None, f"a whole number >= 0 (the K3 fast path takes at most {k3.MAX_SPECULATIVE_TOKENS})"
+    ),
+    "speculative_config.draft_tensor_parallel_size": _count,
+    "speculative_config.draft_sample_method": nonempty_text,
+    "speculative_config.rejection_sample_method": one_of("standard", "synthetic", "block", "fly"),
+    "speculative_config.synthetic_acceptance_length": _number(0, None, "a positive number"),
+    "speculative_config.enable_adaptive_verification": _switch,
+    "compilation_config.mode": _level_or_name,
+    "compilation_config.cudagraph_mode": one_of(
+        "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", ignore_case=True
+    ),
+    "compilation_config.cudagraph_capture_sizes": _sizes,
+    **{
+        f"additional_config.{key}": one_of(*allowed)
+        for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
+    },
+}
+
+
+def check_field(name: str, value: Any) -> Any:
+    """`value` checked (and normalised) against FIELD_CHECKS[name]; names not listed pass as they
+    are. Raises ValueError whose text is what is allowed; callers add where the value came from."""
+    check = FIELD_CHECKS.get(name)
+    return value if check is None else check(value)
 
 
 # ---------------------------------------------------------------- flag tables
@@ -441,7 +614,9 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         )
 
     values: dict[str, Any] = {}
+    given: dict[str, tuple[str, str]] = {}  # field -> (flag, text) of the value that stands
     json_values: dict[str, dict[str, Any]] = {}
+    json_flags: dict[tuple[str, str], str] = {}  # (field, key) -> the flag that set it, as typed
     json_is_none: set[str] = set()
     extra: list[str] = []
     unrecognised: list[str] = []
@@ -468,6 +643,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         # -O3 (optimization level glued to the flag)
         if re.fullmatch(r"-O\d+", flag) and inline_value is None:
             values["optimization_level"] = int(flag[2:])
+            given["optimization_level"] = ("-O", flag[2:])
             continue
 
         # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y, -O.mode 3
@@ -484,6 +660,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                 raise InputError(f"{flag} has an empty key in its dotted path.")
             target = json_values.setdefault(field_name, {})
             _set_dotted(target, keys, _dotted_value(inline_value), flag)
+            json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
             continue
 
         negated = False
@@ -533,6 +710,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                 raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
             sizes = [_to_int(flag, w) for w in sizes_words]
             json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes
+            json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
             continue
 
         if inline_value is None:
@@ -543,6 +721,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             inline_value = rest[j]
             j += 1
         value_text = inline_value
+        if kind in ("str", "int", "float", "maxlen"):
+            given[field_name] = (flag, value_text)
 
         if kind == "str":
             if field_name == "model":
@@ -551,8 +731,6 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                 values[field_name] = value_text
         elif kind == "int":
             values[field_name] = _to_int(flag, value_text)
-            if field_name == "port" and not 1 <= values[field_name] <= 65535:
-                raise InputError(f"{flag} expects a port number 1-65535, got {value_text!r}.")
         elif kind == "float":
             values[field_name] = _to_float(flag, value_text)
         elif kind == "maxlen":
@@ -562,6 +740,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         elif kind == "optlevel":
             if re.fullmatch(r"\d+", value_text):
                 values["optimization_level"] = int(value_text)
+                given["optimization_level"] = (flag, value_text)
             else:
                 parsed = _parse_json_value(flag, value_text)
                 if not isinstance(parsed, dict):
@@ -570,6 +749,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                         f"got {value_text!r}."
                     )
                 json_values.setdefault("compilation_config", {}).update(parsed)
+                json_flags.update({("compilation_config", k): f"{flag}.{k}" for k in parsed})
         elif kind == "json":
             parsed = _parse_json_value(flag, value_text)
             if parsed is None and field_name == "speculative_config":
@@ -580,13 +760,29 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                 raise InputError(f"{flag} expects a JSON object, got {value_text!r}.")
             json_is_none.discard(field_name)
             json_values.setdefault(field_name, {}).update(parsed)
+            json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
 
-    if model is None:
+    if not model:
         raise InputError("The command names no model: write `vllm serve MODEL ...`.")
+    for field_name, (flag, value_text) in given.items():
+        if field_name != "model":
+            values[field_name] = _checked(field_name, values[field_name], flag, repr(value_text))
     for field_name, obj in json_values.items():
+        for key, value in obj.items():
+            if value is not None:  # JSON null: vLLM's default
+                where = json_flags.get((field_name, key), f"{_JSON_FLAG_NAME[field_name]}.{key}")
+                obj[key] = _checked(f"{field_name}.{key}", value, where, _dump_json(value))
         values[field_name] = obj
     spec = DeploymentSpec(model=model, env=env, extra_args=extra, **values)
     return ParseResult(spec=spec, unrecognised=unrecognised)
+
+
+def _checked(name: str, value: Any, where: str, shown: str) -> Any:
+    """FIELD_CHECKS[name] applied; a bad value is one sentence naming the flag and the value."""
+    try:
+        return check_field(name, value)
+    except ValueError as exc:
+        raise InputError(f"{where} expects {exc}, got {shown}.") from exc
 
 
 def _looks_like_model_first(rest: list[str]) -> bool:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,15 @@ import tomlkit.exceptions
 from tomlkit.items import Table
 
 from kimictl.runtime import k3
-from kimictl.runtime.deployment import DEFAULT_HOST, DeploymentSpec, parse_max_model_len
+from kimictl.runtime.deployment import (
+    DEFAULT_HOST,
+    FIELD_CHECKS,
+    DeploymentSpec,
+    ValueCheck,
+    check_field,
+    nonempty_text,
+    one_of,
+)
 from kimictl.runtime.errors import InputError
 
 __all__ = [
@@ -98,72 +107,7 @@ class ProfileProblem:
 
 # ---------------------------------------------------------------- schema
 
-Validator = Callable[[Any], Any]  # returns the converted value or raises ValueError(allowed)
-
-
-def _str(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("a non-empty string")
-    return value
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("a whole number >= 1")
-    return int(value)
-
-
-def _int0(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError("a whole number >= 0")
-    return int(value)
-
-
-def _port(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ValueError("a port number 1-65535")
-    return int(value)
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("true or false")
-    return value
-
-
-def _fraction(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError("a number in (0, 1]")
-    return float(value)
-
-
-def _max_model_len(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError('a whole number or a string like "128k" or "auto"')
-    if isinstance(value, int) and (value >= 1 or value == -1):
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return parse_max_model_len(value, flag="max_model_len")
-        except InputError:
-            pass
-    raise ValueError('a whole number or a string like "128k" or "auto"')
-
-
-def _sizes(value: Any) -> list[int]:
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
-    ):
-        raise ValueError("a non-empty list of whole numbers, e.g. [1, 2, 4, 8]")
-    return [int(v) for v in value]
-
-
-def _strlist(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError('a list of strings, e.g. ["--trust-remote-code"]')
-    return [str(v) for v in value]
+Validator = ValueCheck  # returns the converted value or raises ValueError(allowed)
 
 
 def _table(value: Any) -> dict[str, Any]:
@@ -172,106 +116,78 @@ def _table(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _any(value: Any) -> Any:
-    return value
+def _same(*names: str) -> dict[str, str]:
+    return {name: name for name in names}
 
 
-def _choice(*allowed: str) -> Validator:
-    def check(value: Any) -> str:
-        if value not in allowed:
-            raise ValueError(" | ".join(f'"{a}"' for a in allowed))
-        return str(value)
-
-    return check
+def _json_keys(json_field: str) -> dict[str, str]:
+    prefix = f"{json_field}."
+    return {name[len(prefix) :]: name for name in FIELD_CHECKS if name.startswith(prefix)}
 
 
-def _int_or_str(value: Any) -> int | str:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError("a whole number or a name")
-    return value
+# profile key -> DeploymentSpec field (or `<json field>.<key>`), per section. Types and bounds are
+# deployment.FIELD_CHECKS: the same checks `vllm serve` command lines go through.
+_FIELD_OF: dict[str, dict[str, str]] = {
+    "model": {
+        "name": "model",
+        "served_name": "served_model_name",
+        **_same(
+            "max_model_len",
+            "kv_cache_dtype",
+            "mamba_cache_dtype",
+            "mamba_ssm_cache_dtype",
+            "enable_lora",
+            "use_replayssm",
+        ),
+    },  # fmt: skip
+    "parallel": _same(
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "decode_context_parallel_size",
+        "enable_expert_parallel",
+        "enable_dbo",
+        "distributed_executor_backend",
+    ),  # fmt: skip
+    "speculative": _json_keys("speculative_config"),
+    "batching": _same("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"),
+    "compile": {**_same("enforce_eager", "optimization_level"), **_json_keys("compilation_config")},
+    "serve": {
+        **_same("host", "port", "enable_sleep_mode"),
+        **_json_keys("additional_config"),
+        **_same("extra_args"),
+    },
+}
+# inline tables whose keys land in a JSON config: the keys kimictl knows are checked there too
+_JSON_TABLES: dict[tuple[str, str], str] = {
+    ("speculative", "extra"): "speculative_config",
+    ("compile", "extra"): "compilation_config",
+    ("serve", "additional_config"): "additional_config",
+}
+_PROFILE_ONLY: dict[str, dict[str, Validator]] = {
+    "speculative": {"extra": _table},
+    "compile": {"extra": _table},
+    "serve": {
+        "runtime": one_of(*RUNTIMES),
+        "stock_twin": nonempty_text,
+        "additional_config": _table,
+    },
+}
+
+
+def _section_schema(section: str, fields: dict[str, str]) -> dict[str, Validator]:
+    checks = {key: FIELD_CHECKS[name] for key, name in fields.items()}
+    return checks | _PROFILE_ONLY.get(section, {})
 
 
 PROFILE_SECTIONS: dict[str, dict[str, Validator]] = {
-    "model": {
-        "name": _str,
-        "served_name": _str,
-        "max_model_len": _max_model_len,
-        "kv_cache_dtype": _str,
-        "mamba_cache_dtype": _str,
-        "mamba_ssm_cache_dtype": _str,
-        "enable_lora": _bool,
-        "use_replayssm": _bool,
-    },
-    "parallel": {
-        "tensor_parallel_size": _int,
-        "pipeline_parallel_size": _int,
-        "data_parallel_size": _int,
-        "decode_context_parallel_size": _int,
-        "enable_expert_parallel": _bool,
-        "enable_dbo": _bool,
-        "distributed_executor_backend": _choice("mp", "ray", "uni", "external_launcher"),
-    },
-    "speculative": {
-        "method": _str,
-        "model": _str,
-        "num_speculative_tokens": _int0,
-        "draft_tensor_parallel_size": _int,
-        "draft_sample_method": _str,
-        "rejection_sample_method": _choice("standard", "synthetic", "block", "fly"),
-        "synthetic_acceptance_length": lambda v: _fraction_or_len(v),
-        "enable_adaptive_verification": _bool,
-        "extra": _table,
-    },
-    "batching": {
-        "max_num_seqs": _int,
-        "max_num_batched_tokens": _int,
-        "gpu_memory_utilization": _fraction,
-    },
-    "compile": {
-        "enforce_eager": _bool,
-        "optimization_level": lambda v: _level(v),
-        "mode": _int_or_str,
-        "cudagraph_mode": _choice(
-            "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
-        ),
-        "cudagraph_capture_sizes": _sizes,
-        "extra": _table,
-    },
-    "serve": {
-        "runtime": _choice(*RUNTIMES),
-        "host": _str,
-        "port": _port,
-        "stock_twin": _str,
-        "enable_sleep_mode": _bool,
-        "decode_backend": _choice(*k3.DECODE_BACKENDS),
-        "mla_core": _choice(*k3.ADDITIONAL_CONFIG_CHOICES["mla_core"]),
-        "kda_decode_backend": _choice(*k3.ADDITIONAL_CONFIG_CHOICES["kda_decode_backend"]),
-        "kda_spec_decode_backend": _choice(
-            *k3.ADDITIONAL_CONFIG_CHOICES["kda_spec_decode_backend"]
-        ),
-        "kda_prefill_backend": _choice(*k3.ADDITIONAL_CONFIG_CHOICES["kda_prefill_backend"]),
-        "additional_config": _table,
-        "extra_args": _strlist,
-    },
+    **{section: _section_schema(section, fields) for section, fields in _FIELD_OF.items()},
     "env": {},  # any VAR = "value"
     "provenance": {},  # free-form
 }
-_TOP_LEVEL = {"description": _str}
-_ADDITIONAL_KEYS = ("decode_backend", "mla_core", "kda_decode_backend",
-                    "kda_spec_decode_backend", "kda_prefill_backend")  # fmt: skip
-_COMPILE_KEYS = ("mode", "cudagraph_mode", "cudagraph_capture_sizes")
-
-
-def _fraction_or_len(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError("a positive number")
-    return float(value) if isinstance(value, float) else int(value)
-
-
-def _level(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3:
-        raise ValueError("0, 1, 2 or 3")
-    return int(value)
+_TOP_LEVEL = {"description": nonempty_text}
+_ADDITIONAL_KEYS = tuple(_json_keys("additional_config"))
+_COMPILE_KEYS = tuple(_json_keys("compilation_config"))
 
 
 # ---------------------------------------------------------------- locating
@@ -418,14 +334,20 @@ def _validate_section(path: Path, text: str, section: str, table: dict[str, Any]
                 f"{path}:{line}: unknown key {key!r} in [{section}]; allowed keys: "
                 f"{', '.join(schema)}.",
             )
-        try:
-            out[key] = validator(value)
-        except ValueError as exc:
-            raise InputError(
-                f"{path}:{line}: [{section}] {key} = {_show(value)} is not allowed; "
-                f"it must be {exc}.",
-            ) from exc
+        out[key] = _checked(validator, value, f"{path}:{line}: [{section}] {key}")
+        json_field = _JSON_TABLES.get((section, key))
+        if json_field is not None:  # keys kimictl knows are checked inside inline tables too
+            for inner, item in out[key].items():
+                check = partial(check_field, f"{json_field}.{inner}")
+                out[key][inner] = _checked(check, item, f"{path}:{line}: [{section}] {key}.{inner}")
     return out
+
+
+def _checked(check: Validator, value: Any, where: str) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise InputError(f"{where} = {_show(value)} is not allowed; it must be {exc}.") from exc
 
 
 def _show(value: Any) -> str:
