@@ -1,0 +1,173 @@
+"""Pipelined tensor-core GEMM for decode batches: y[M, N] = x[M, K] @ w[N, K]^T (+ residual),
+M = 8, 16, 32, 64.
+
+tcstream and tcswap load weights straight into registers, so the bytes in flight per SM are
+bounded by registers, and every warp re-reads x from global memory per k step. Here each CTA
+streams a (rows x bk) weight tile and the matching (M x bk) x tile global -> shared with
+16-byte `cp.async.cg` (L1 bypass) into a ring of `stages` slots: stages - 1 tiles stay in flight
+whatever the registers. Warps read fragments with 16-byte `ld.shared` and the k permutation of
+tcstream (each thread owns 8 contiguous k of its rows and tokens; A and B see the same
+permutation, so the product is unchanged) and run `mma.sync.m16n8k16` bf16 -> fp32 with weights
+as the 16-row A operand and tokens as the 8-column B operand. Each 16-byte chunk of a tile row is
+stored at chunk ^ 4 * (row & 1): the 8 lanes of one shared-memory phase (rows g, g + 1 of one
+32-k group) then hit 8 distinct bank quads, and the cp.async writes stay conflict free.
+
+The CTA's warps form a `row_warps` x `k_warps` grid (rows / row_warps rows each; the tile's
+32-k groups dealt round-robin over k_warps). `splits` CTAs of one cluster (grid y) take
+contiguous runs of k tiles; all partial C tiles go to shared memory and each CTA of the cluster
+finalises 1/splits of the outputs with 16-byte distributed-shared-memory reads.
+
+PDL: the first stages - 1 weight tiles are issued before `griddepcontrol.wait`, x after it; the
+dependents are released as soon as the prologue is in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PIPE_CONFIGS", "PIPE_MS", "TcPipeConfig"]
+
+PIPE_MS: tuple[int, ...] = (8, 16, 32, 64)
+VEC = 8  # bf16 per 16-byte chunk
+SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90 / sm_100
+MAX_ACC = 64  # fp32 accumulators per thread before register pressure spills
+
+
+@dataclass(frozen=True)
+class TcPipeConfig:
+    m: int  # tokens: 8, 16, 32 or 64
+    rows: int  # weight rows per CTA (a multiple of 16 * row_warps)
+    row_warps: int  # warps side by side over the rows
+    k_warps: int  # warps side by side over each k tile's 32-k groups
+    bk: int = 128  # k per pipeline stage
+    stages: int = 4  # ring slots (stages - 1 tiles in flight)
+    splits: int = 1  # CTAs of one cluster splitting K, reduced through distributed smem
+    residual: bool = False
+    pdl: bool = True
+    kernel = "tcpipe_gemm"
+
+    def __post_init__(self) -> None:
+        if self.m not in PIPE_MS:
+            raise ValueError(f"m must be one of {PIPE_MS}, got {self.m}")
+        if self.bk not in (64, 128, 256):
+            raise ValueError(f"bk must be 64, 128 or 256, got {self.bk}")
+        if self.row_warps < 1 or self.k_warps < 1 or self.warps > 16:
+            raise ValueError(f"1..16 warps, got {self.row_warps} x {self.k_warps}")
+        if self.rows <= 0 or self.rows % (16 * self.row_warps):
+            raise ValueError(f"rows ({self.rows}) must be a multiple of 16 x row_warps")
+        if (self.bk // 32) % self.k_warps:
+            raise ValueError(f"k_warps ({self.k_warps}) must divide bk / 32 = {self.bk // 32}")
+        if not 2 <= self.stages <= 12:
+            raise ValueError(f"stages must be 2..12, got {self.stages}")
+        if self.splits not in (1, 2, 4, 8):
+            raise ValueError(f"splits must be 1, 2, 4 or 8 (a portable cluster), got {self.splits}")
+        if self.acc_regs > MAX_ACC:
+            raise ValueError(f"{self.acc_regs} accumulators per thread (> {MAX_ACC})")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"{self.smem_bytes} B of shared memory (> {SMEM_LIMIT})")
+
+    @property
+    def warps(self) -> int:
+        return self.row_warps * self.k_warps
+
+    @property
+    def warp_rows(self) -> int:
+        return self.rows // self.row_warps
+
+    @property
+    def acc_regs(self) -> int:
+        return (self.warp_rows // 16) * (self.m // 8) * 4
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.rows + self.m) * self.bk * 2
+
+    @property
+    def red_bytes(self) -> int:
+        """fp32 partials of every k-warp for the CTA's rows x tokens (reuses the ring)."""
+        return self.k_warps * self.rows * self.m * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        return max(self.stages * self.stage_bytes, self.red_bytes)
+
+    @property
+    def name(self) -> str:
+        tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
+        split = f"_s{self.splits}" if self.splits > 1 else ""
+        return (
+            f"tcpipe_m{self.m}_r{self.rows}_w{self.row_warps}x{self.k_warps}"
+            f"_k{self.bk}_p{self.stages}{split}{tail}"
+        )
+
+
+# (rows, splits, CTAs per SM) chosen so that ceil(N / rows) * splits lands near 132 or 264 CTAs
+# on the K3 shapes; the CTAs per SM set the ring depth (shared memory / 1 or / 2).
+_GRIDS: tuple[tuple[int, int, int], ...] = (
+    (64, 4, 1),  # fused_qkv_a 2112: 33 x 4 = 132; mla_q_b 2304: 144; shared_gate_up: 96
+    (96, 1, 1),  # kda_in_tp8 12448: 130
+    (48, 1, 2),  # kda_in_tp16 6288: 131; kda_in_tp8: 260
+    (48, 4, 2),  # shared_gate_up 1536: 128; fused_qkv_a: 176
+    (16, 8, 2),  # moe_latent_down_tp8 448: 224; router 896: 448
+    (32, 4, 2),  # router: 112; mla_q_b: 288
+    (32, 8, 2),  # moe_latent_down_tp8: 112; router: 224
+    (112, 4, 1),  # moe_latent_down 3584: 128
+    (112, 2, 1),  # o_proj, moe_latent_up, shared_down 7168: 128
+    (64, 2, 2),  # 7168: 224; moe_latent_down: 112
+    (160, 1, 1),  # lm_head 20480: 128
+)
+_M8_GRIDS = ((64, 4, 1), (48, 1, 2), (112, 2, 1), (16, 8, 2))
+
+
+def _pipe_configs() -> tuple[TcPipeConfig, ...]:
+    out: list[TcPipeConfig] = []
+    for m in (8, 16, 32, 64):
+        for rows, splits, per_sm in _M8_GRIDS if m == 8 else _GRIDS:
+            rw = _row_warps(rows, m)
+            if rw is None:
+                continue
+            kw = max(1, min(4, 8 // rw))
+            stage = (rows + m) * 128 * 2
+            stages = max(3, min(8, (224 * 1024 // per_sm) // stage))
+            out.append(TcPipeConfig(m, rows, rw, kw, 128, stages, splits))
+    # ring depth: the same grid with half the slots
+    out.append(TcPipeConfig(16, 64, 1, 4, 128, 4, 4))
+    return tuple(out)
+
+
+def _row_warps(rows: int, m: int) -> int | None:
+    """Fewest row warps whose per-warp tile fits the accumulator budget."""
+    for rw in range(1, 9):
+        if rows % (16 * rw) == 0 and (rows // rw // 16) * (m // 8) * 4 <= MAX_ACC:
+            return rw
+    return None
+
+
+PIPE_CONFIGS: tuple[TcPipeConfig, ...] = _pipe_configs()
+
+
+def _compile_tcpipe(cfg: TcPipeConfig, arch: str = "sm_90a") -> Any:
+    """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import BFloat16
+
+    from kimictl.kernels.tcpipe_gemm_dsl import TcPipeGemm
+
+    n = cute.sym_int()
+    k = cute.sym_int(divisibility=VEC)
+    mX = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
+    )
+    mW = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
+    )
+    mY = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
+    )
+    mR = cute.runtime.make_fake_compact_tensor(
+        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
+    )
+    stream = cutlass.runtime.make_fake_stream()
+    return cute.compile(TcPipeGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
