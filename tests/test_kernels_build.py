@@ -171,7 +171,7 @@ def test_find_build_prefers_the_installed_cache(tmp_path: Path, monkeypatch: pyt
 def test_tcswap_configs_are_experimental_and_validate():
     names = [c.name for c in SWAP_CONFIGS]
     assert len(set(names)) == len(names)
-    assert kbuild.EXPERIMENTAL_CONFIGS == SWAP_CONFIGS
+    assert set(SWAP_CONFIGS) <= set(kbuild.EXPERIMENTAL_CONFIGS)
     assert not set(names) & {c.name for c in kbuild.ALL_CONFIGS}  # not in the default build
     assert all(c.smem_bytes <= 48 * 1024 for c in SWAP_CONFIGS)
     assert {c.m for c in SWAP_CONFIGS if c.prefetch} == {16, 32, 64}

@@ -35,6 +35,7 @@ class TcStreamConfig:
     splits: int = 1  # CTAs of one cluster splitting K, reduced through distributed smem
     residual: bool = False
     pdl: bool = True
+    early: bool = False  # PDL trigger at the kernel's start (see WStreamConfig.early)
     kernel = "tcstream_gemm"
 
     def __post_init__(self) -> None:
@@ -61,6 +62,7 @@ class TcStreamConfig:
     @property
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
+        tail += "_et" if self.early and self.pdl else ""
         split = f"_s{self.splits}" if self.splits > 1 else ""
         return f"tcstream_m{self.m}_w{self.warps}_u{self.unroll}_g{self.groups}{split}{tail}"
 
@@ -87,6 +89,14 @@ def _tc_configs() -> tuple[TcStreamConfig, ...]:
     out.extend(TcStreamConfig(m, 8, 4, 1, residual=True) for m in TC_MS if m <= 8)
     # PDL off: what programmatic launch buys (or costs) inside a chain of different shapes
     out.extend(TcStreamConfig(8, w, u, 1, pdl=False) for w, u in ((8, 2), (8, 4)))
+    # early PDL trigger; at M >= 16 also 2x the weight bytes in flight (unroll 4)
+    for m in TC_MS:
+        tiles_et = (
+            ((8, 2, 1, 1), (8, 4, 1, 1), (8, 7, 1, 1)) if m <= 8 else ((8, 2, 1, 1), (8, 4, 1, 1))
+        )
+        out.extend(TcStreamConfig(m, w, u, g, s, early=True) for w, u, g, s in tiles_et)
+        if m > 8:
+            out.append(TcStreamConfig(m, 8, 4, 1, 1))
     return tuple(out)
 
 

@@ -68,6 +68,7 @@ class TcStreamGemm:
         self.rows = cfg.rows
         self.residual = cfg.residual
         self.pdl = cfg.pdl
+        self.early = cfg.early
 
     @cute.jit
     def __call__(
@@ -97,6 +98,8 @@ class TcStreamGemm:
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, crank, _ = cute.arch.block_idx()  # crank: this CTA's K slice within the cluster
+        if const_expr(self.pdl and self.early):
+            cute.arch.griddepcontrol_launch_dependents()
         lane = tidx % 32
         warp = tidx // 32
         g = lane // 4  # fragment row (and token) group
@@ -174,7 +177,7 @@ class TcStreamGemm:
                             tCrC[2, j, q] = d2
                             tCrC[3, j, q] = d3
 
-        if const_expr(self.pdl):
+        if const_expr(self.pdl and not self.early):
             cute.arch.griddepcontrol_launch_dependents()
 
         # CTA reduction over the K-splitting warps: sRed[warp, row, token]

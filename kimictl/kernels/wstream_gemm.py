@@ -42,6 +42,10 @@ class WStreamConfig:
     rows: int  # rows of w per CTA
     residual: bool = False  # y = x @ w^T + r
     pdl: bool = True  # launched with programmatic stream serialization
+    # PDL trigger at the kernel's start instead of after the weight loop: the next grid's CTAs
+    # become resident and stream their weights while this grid's tail drains (its
+    # griddepcontrol.wait still waits for this whole grid, so early is always correct)
+    early: bool = False
     kernel = "wstream_gemm"
 
     def __post_init__(self) -> None:
@@ -60,6 +64,7 @@ class WStreamConfig:
     @property
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
+        tail += "_et" if self.early and self.pdl else ""
         return f"wstream_m{self.m}_t{self.threads}_u{self.unroll}_r{self.rows}{tail}"
 
 
@@ -87,6 +92,9 @@ def _all_configs() -> tuple[WStreamConfig, ...]:
         out.append(WStreamConfig(m, 64, 7, 2, residual=True))
     for m in (1, 8):  # measures what PDL buys in a back-to-back chain
         out.append(WStreamConfig(m, 128, 7, 1, pdl=False))
+    for m in range(1, MAX_M + 1):  # early PDL trigger on the tiles that won somewhere
+        for threads, unroll, rows in ((128, 7, 1), (128, 7, 2), (64, 7, 2), (64, 3, 4)):
+            out.append(WStreamConfig(m, threads, unroll, rows, early=True))
     return tuple(out)
 
 

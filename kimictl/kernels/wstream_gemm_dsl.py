@@ -25,6 +25,7 @@ class WStreamGemm:
         self.rows = cfg.rows
         self.residual = cfg.residual
         self.pdl = cfg.pdl
+        self.early = cfg.early
 
     @cute.jit
     def __call__(
@@ -44,6 +45,8 @@ class WStreamGemm:
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.pdl and self.early):
+            cute.arch.griddepcontrol_launch_dependents()
         n = mW.shape[0]
         kv_total = mW.shape[1] // VEC
         # (1, 8) tiles: one 16-byte vector of a row; K % 8 == 0 keeps each one aligned
@@ -93,7 +96,7 @@ class WStreamGemm:
                             s = s + w32[e] * x32[e]
                         tArA[m, r] = s
 
-        if const_expr(self.pdl):
+        if const_expr(self.pdl and not self.early):
             # all of this CTA's weight bytes are read: let the next kernel start its prologue
             cute.arch.griddepcontrol_launch_dependents()
 
