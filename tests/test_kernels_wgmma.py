@@ -1,0 +1,132 @@
+"""The Hopper wgmma family on a machine with no GPU: config validation and naming, the sweep's
+shape (M values, shared-memory fit, residual twins), and the AOT build for sm_90a: two variants
+(a local-reduction one with a fused residual and a 4-CTA cluster one) compile, export an object
+whose embedded cubin targets sm_90, and keep N and K runtime sizes in the C entry point. The
+family exists for sm_90a only: other arches skip it."""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from kimictl.kernels import build as kbuild
+from kimictl.kernels.wgmma_gemm import (
+    SMEM_LIMIT,
+    WGMMA_CONFIGS,
+    WGMMA_MS,
+    WgmmaConfig,
+    _compile_wgmma,
+)
+
+SMALL = [
+    WgmmaConfig(16, 1, 128, 4, residual=True),
+    WgmmaConfig(64, 1, 128, 3, 4, evict_first=True),
+]
+
+
+def test_config_geometry():
+    cfg = WgmmaConfig(32, 2, 64, 5, 2)
+    assert cfg.rows == 128
+    assert cfg.threads == 256
+    assert cfg.stage_bytes == (128 + 32) * 64 * 2
+    assert cfg.smem_bytes >= 5 * cfg.stage_bytes
+    assert cfg.name == "wgmma_m32_g2_k64_st5_s2"
+    assert WgmmaConfig(16, 1, 128, 4, evict_first=True, residual=True).name == (
+        "wgmma_m16_g1_k128_st4_ef_res"
+    )
+    assert WgmmaConfig(8, 1, 128, 4, pdl=False).name.endswith("_nopdl")
+
+
+def test_ctas_per_sm_follows_shared_memory():
+    assert WgmmaConfig(16, 1, 128, 4).ctas_per_sm == 2  # ~83 KB
+    assert WgmmaConfig(16, 1, 128, 10).ctas_per_sm == 1  # ~206 KB
+    assert WgmmaConfig(8, 1, 128, 4).ctas_per_sm == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"m": 12}, "m must be one of"),
+        ({"m": 1}, "m must be one of"),
+        ({"wgs": 3}, "wgs must be 1 or 2"),
+        ({"bk": 96}, "bk must be 64, 128 or 256"),
+        ({"stages": 1}, "stages must be 2..12"),
+        ({"splits": 3}, "portable cluster"),
+        ({"splits": 16}, "portable cluster"),
+        ({"m": 64, "wgs": 2, "bk": 256, "stages": 4}, "shared memory"),
+    ],
+)
+def test_config_rejects_what_the_kernel_cannot_do(kwargs: dict[str, int], match: str):
+    base = {"m": 16, "wgs": 1, "bk": 128, "stages": 4}
+    with pytest.raises(ValueError, match=match):
+        WgmmaConfig(**{**base, **kwargs})
+
+
+def test_sweep_is_small_unique_and_fits():
+    names = [c.name for c in WGMMA_CONFIGS]
+    assert len(names) == len(set(names))
+    assert len(WGMMA_CONFIGS) <= 30
+    assert {c.m for c in WGMMA_CONFIGS} == set(WGMMA_MS)
+    assert all(c.smem_bytes <= SMEM_LIMIT for c in WGMMA_CONFIGS)
+    assert all(c.kernel == "wgmma_gemm" for c in WGMMA_CONFIGS)
+    # every M from 16 on has an unsplit variant and a split for the small-N shapes
+    for m in (16, 32, 64):
+        splits = {c.splits for c in WGMMA_CONFIGS if c.m == m and not c.residual}
+        assert {1, 8} <= splits, m
+    assert {c.m for c in WGMMA_CONFIGS if c.residual} == {16, 64}
+
+
+def test_registered_for_hopper_only():
+    fam = kbuild.FAMILIES["wgmma_gemm"]
+    assert fam.arches == ("sm_90a",)
+    assert fam.configs == "WGMMA_CONFIGS"
+    with pytest.raises(ValueError, match="sm_90a only"):
+        _compile_wgmma(SMALL[0], "sm_100a")
+
+
+def _embedded_sm(obj: Path) -> int:
+    """SM number of the CUDA ELF (e_machine 190) inside an exported host object."""
+    data = obj.read_bytes()
+    i = data.find(b"\x7fELF", 1)
+    while i >= 0:
+        if struct.unpack_from("<H", data, i + 18)[0] == 190:
+            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
+        i = data.find(b"\x7fELF", i + 4)
+    raise AssertionError(f"{obj} holds no cubin")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> kbuild.BuildResult:
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    return kbuild.build("sm_90a", tmp_path_factory.mktemp("wgmma"), configs=SMALL)
+
+
+def test_build_exports_sm90_objects(built: kbuild.BuildResult):
+    manifest = kbuild.read_manifest(built.out_dir)
+    assert manifest is not None
+    assert [k["name"] for k in manifest["kernels"]] == [c.name for c in SMALL]
+    for entry in manifest["kernels"]:
+        assert entry["kernel"] == "wgmma_gemm"
+        assert _embedded_sm(built.out_dir / entry["object"]) == 90
+
+
+def test_entry_points_keep_n_and_k_runtime(built: kbuild.BuildResult):
+    wrapper = (built.out_dir / kbuild.WRAPPER).read_text()
+    for cfg in SMALL:
+        body = wrapper.split(f'extern "C" int kimictl_{cfg.name}(', 1)[1].split("}\n", 1)[0]
+        # W is (n, k) with row stride k; x's and y's leading sizes are the runtime k and n
+        assert re.search(r"t_mW = \{\(void\*\)w, \{n, k\}, \{k\}\}", body), body
+        assert "t_mX = {(void*)x, {k}, {k}}" in body
+        assert "t_mY = {(void*)y, {n}, {n}}" in body
+
+
+def test_other_arches_skip_the_family(tmp_path: Path):
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    result = kbuild.build("sm_100a", tmp_path, configs=SMALL)
+    assert result.kernels == []
+    assert "kimictl_wgmma" not in (result.out_dir / kbuild.WRAPPER).read_text()
