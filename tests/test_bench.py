@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -67,12 +69,48 @@ def test_unreachable_target_is_an_endpoint_error(capsys: pytest.CaptureFixture[s
     assert code == 1 and "cannot read the model list" in err
 
 
+# test_loadgen's emitter, run by a wrapper that prints one line for each completion request it
+# receives. The bench keeps 2 requests in flight on keep-alive connections, so request 3 arrives
+# only after the bench has read a whole response: the tests wait on that, not on the clock.
+REQUEST_REPORTER = r"""
+import asyncio, sys
+emitter = {"__name__": "emitter"}
+exec(compile(open(sys.argv[2]).read(), "emitter", "exec"), emitter)
+
+class Reader:
+    def __init__(self, reader):
+        self.reader = reader
+    async def readuntil(self, separator):
+        head = await self.reader.readuntil(separator)
+        if head.startswith(b"POST "):
+            print("request", flush=True)
+        return head
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
+
+async def handle(reader, writer):
+    await emitter["handle"](Reader(reader), writer)
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+CONCURRENCY = 2
+REQUEST_TIMEOUT_S = 60  # the bench's --timeout: what a client stuck on a dead server waits
+
+
 @pytest.fixture
 def emitter_proc(tmp_path: Path):
-    src = tmp_path / "emitter.py"
-    src.write_text(EMITTER_SRC)
+    (tmp_path / "emitter.py").write_text(EMITTER_SRC)
+    (tmp_path / "reporter.py").write_text(REQUEST_REPORTER)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(src), str(port)])
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "reporter.py"), str(port), str(tmp_path / "emitter.py")],
+        stdout=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 10
     import socket
 
@@ -104,7 +142,7 @@ def _bench_proc(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
             "--output-len",
             "150",
             "--concurrency",
-            "2",
+            str(CONCURRENCY),
             "--num-prompts",
             "1000",
             "--json",
@@ -112,7 +150,7 @@ def _bench_proc(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
             "--csv",
             str(out / "r.csv"),
             "--timeout",
-            "60",
+            str(REQUEST_TIMEOUT_S),
             *extra,
         ],
         stdout=subprocess.PIPE,
@@ -121,21 +159,22 @@ def _bench_proc(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
-def _wait_for_load(url: str) -> None:
-    """Until the bench streams requests (the emitter counts connections; our polls count too)."""
-    import httpx
-
-    polls = 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        polls += 1
-        if (
-            httpx.get(f"{url}/stats").json()["connections"] - polls >= 4
-        ):  # models, metrics, 2 streams
-            time.sleep(1.0)  # let a few requests finish
-            return
-        time.sleep(0.2)
-    raise AssertionError("the bench never started streaming")
+def _wait_for_finished_requests(emitter: subprocess.Popen[bytes], finished: int) -> None:
+    """Until the bench has read `finished` whole responses: the emitter has then received
+    `finished + CONCURRENCY` requests (one line each on its stdout)."""
+    assert emitter.stdout is not None
+    fd, seen = emitter.stdout.fileno(), 0
+    deadline = time.monotonic() + 120  # a bench that never streams fails here, not in a hang
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while seen < finished + CONCURRENCY:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise AssertionError(f"the emitter saw {seen} requests in 120 s")
+            data = os.read(fd, 4096)
+            if not data:
+                raise AssertionError("the emitter exited")
+            seen += data.count(b"\n")
 
 
 def test_server_killed_mid_run_saves_partial_results_and_fails(
@@ -143,11 +182,16 @@ def test_server_killed_mid_run_saves_partial_results_and_fails(
 ) -> None:
     proc, url = emitter_proc
     bench = _bench_proc(url, tmp_path)
-    _wait_for_load(url)
-    proc.kill()  # the server dies under load
-    t0 = time.monotonic()
-    _, err = bench.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10  # no hang: far below the 60 s request timeout
+    _wait_for_finished_requests(proc, 2)
+    proc.kill()  # the server dies under load, 2 requests in flight
+    # No hang: the bench ends before one request timeout has passed (a client waiting on the dead
+    # server would take that long), and no request ended by timing out (errors_by_kind below).
+    try:
+        _, err = bench.communicate(timeout=REQUEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        bench.kill()
+        bench.communicate()
+        pytest.fail(f"the bench still ran {REQUEST_TIMEOUT_S} s after the server died")
     assert bench.returncode == 1
     assert "stopped early" in err and "stopped answering" in err
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -160,9 +204,9 @@ def test_server_killed_mid_run_saves_partial_results_and_fails(
 
 
 def test_ctrl_c_stops_quickly_keeps_finished_and_exits_130(emitter_proc, tmp_path: Path) -> None:
-    _, url = emitter_proc
+    proc, url = emitter_proc
     bench = _bench_proc(url, tmp_path)
-    _wait_for_load(url)
+    _wait_for_finished_requests(proc, 2)
     t0 = time.monotonic()
     bench.send_signal(signal.SIGINT)
     _, err = bench.communicate(timeout=30)
