@@ -31,7 +31,7 @@ __all__ = ["PIPE_CONFIGS", "PIPE_MS", "TcPipeConfig"]
 PIPE_MS: tuple[int, ...] = (8, 16, 32, 64)
 VEC = 8  # bf16 per 16-byte chunk
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90 / sm_100
-MAX_ACC = 64  # fp32 accumulators per thread before register pressure spills
+MAX_ACC = 128  # fp32 accumulators per thread (+ fragments) stay under 255 registers
 
 
 @dataclass(frozen=True)
@@ -102,46 +102,62 @@ class TcPipeConfig:
         )
 
 
-# (rows, splits, CTAs per SM) chosen so that ceil(N / rows) * splits lands near 132 or 264 CTAs
-# on the K3 shapes; the CTAs per SM set the ring depth (shared memory / 1 or / 2).
-_GRIDS: tuple[tuple[int, int, int], ...] = (
-    (64, 4, 1),  # fused_qkv_a 2112: 33 x 4 = 132; mla_q_b 2304: 144; shared_gate_up: 96
-    (96, 1, 1),  # kda_in_tp8 12448: 130
-    (48, 1, 2),  # kda_in_tp16 6288: 131; kda_in_tp8: 260
-    (48, 4, 2),  # shared_gate_up 1536: 128; fused_qkv_a: 176
-    (16, 8, 2),  # moe_latent_down_tp8 448: 224; router 896: 448
-    (32, 4, 2),  # router: 112; mla_q_b: 288
-    (32, 8, 2),  # moe_latent_down_tp8: 112; router: 224
-    (112, 4, 1),  # moe_latent_down 3584: 128
-    (112, 2, 1),  # o_proj, moe_latent_up, shared_down 7168: 128
-    (64, 2, 2),  # 7168: 224; moe_latent_down: 112
-    (160, 1, 1),  # lm_head 20480: 128
+# The sweep, as (m, rows, row_warps, k_warps, bk, stages, splits). Grids: ceil(N / rows) * splits
+# lands near 132 (one CTA per SM, ring up to ~224 KB) or 264 (two per SM, ring <= 112 KB) on the
+# K3 shapes, e.g. 2112/48*4 = 176, 6288/48 = 131, 12448/48 = 260, 448/16*8 = 224, 896/32*4 = 112,
+# 7168/112*2 = 128, 20480/160 = 128. First H200 run (benchmarks/RESULTS_tcpipe.md): every SM
+# moves ~28-32 GB/s at M <= 16 (latency and issue of 4 warps); at M = 64 the per-SM rate drops to
+# ~18-26 GB/s, bound by shared-memory traffic (x is read once per warp-row-group per k), so the
+# M >= 32 rows add 8-warp (bk 256) and 64-rows-per-warp tiles (half the x reads per weight byte).
+# Small shapes gain from rings <= ~64 KB: the next launch's CTAs fit beside this one's and PDL
+# lets them stream their weights during this kernel's tail.
+_SWEEP: tuple[tuple[int, int, int, int, int, int, int], ...] = (
+    (8, 48, 1, 4, 128, 8, 1),
+    (8, 112, 1, 4, 128, 7, 2),
+    (8, 16, 1, 4, 128, 8, 8),
+    (8, 64, 1, 4, 128, 8, 4),
+    (16, 48, 1, 4, 128, 7, 4),
+    (16, 48, 1, 4, 128, 7, 1),
+    (16, 160, 2, 4, 128, 5, 1),
+    (16, 64, 1, 4, 128, 5, 2),
+    (16, 64, 1, 4, 128, 4, 4),
+    (16, 32, 1, 4, 128, 8, 8),
+    (16, 32, 1, 4, 128, 8, 4),
+    (16, 48, 1, 8, 256, 6, 1),
+    (16, 64, 1, 8, 256, 4, 2),
+    (16, 48, 1, 4, 128, 4, 4),
+    (16, 64, 1, 4, 128, 3, 2),
+    (32, 48, 1, 4, 128, 5, 4),
+    (32, 112, 7, 1, 128, 6, 2),
+    (32, 48, 1, 4, 128, 5, 1),
+    (32, 160, 5, 1, 128, 4, 1),
+    (32, 112, 7, 1, 128, 6, 4),
+    (32, 64, 1, 4, 128, 4, 2),
+    (32, 32, 1, 4, 128, 7, 8),
+    (32, 32, 1, 4, 128, 7, 4),
+    (32, 48, 1, 8, 256, 5, 1),
+    (32, 64, 1, 8, 256, 4, 2),
+    (32, 128, 2, 4, 128, 5, 1),
+    (32, 48, 1, 4, 128, 3, 4),
+    (32, 32, 1, 4, 128, 4, 4),
+    (64, 48, 3, 2, 128, 4, 4),
+    (64, 64, 2, 4, 128, 3, 2),
+    (64, 32, 1, 4, 128, 4, 8),
+    (64, 32, 1, 4, 128, 4, 4),
+    (64, 48, 1, 4, 128, 4, 1),
+    (64, 48, 1, 4, 128, 4, 4),
+    (64, 64, 1, 4, 128, 3, 2),
+    (64, 64, 1, 4, 128, 6, 4),
+    (64, 96, 2, 4, 128, 5, 1),
+    (64, 128, 2, 4, 128, 4, 1),
+    (64, 64, 1, 8, 256, 3, 2),
 )
-_M8_GRIDS = ((64, 4, 1), (48, 1, 2), (112, 2, 1), (16, 8, 2))
 
 
 def _pipe_configs() -> tuple[TcPipeConfig, ...]:
-    out: list[TcPipeConfig] = []
-    for m in (8, 16, 32, 64):
-        for rows, splits, per_sm in _M8_GRIDS if m == 8 else _GRIDS:
-            rw = _row_warps(rows, m)
-            if rw is None:
-                continue
-            kw = max(1, min(4, 8 // rw))
-            stage = (rows + m) * 128 * 2
-            stages = max(3, min(8, (224 * 1024 // per_sm) // stage))
-            out.append(TcPipeConfig(m, rows, rw, kw, 128, stages, splits))
-    # ring depth: the same grid with half the slots
-    out.append(TcPipeConfig(16, 64, 1, 4, 128, 4, 4))
+    out = [TcPipeConfig(m, r, rw, kw, bk, p, s) for m, r, rw, kw, bk, p, s in _SWEEP]
+    out.append(TcPipeConfig(16, 48, 1, 4, 128, 7, 4, residual=True))  # the fused residual
     return tuple(out)
-
-
-def _row_warps(rows: int, m: int) -> int | None:
-    """Fewest row warps whose per-warp tile fits the accumulator budget."""
-    for rw in range(1, 9):
-        if rows % (16 * rw) == 0 and (rows // rw // 16) * (m // 8) * 4 <= MAX_ACC:
-            return rw
-    return None
 
 
 PIPE_CONFIGS: tuple[TcPipeConfig, ...] = _pipe_configs()

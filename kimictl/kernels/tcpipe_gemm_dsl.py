@@ -239,9 +239,11 @@ class TcPipeGemm:
                 for jt in cutlass.range_constexpr(self.n_tiles):
                     rb = slot_base + x_row_off + jt * 8 * self.row_bytes + col_off[u]
                     bx.append(ld_shared_v4(rb))
-                for q in cutlass.range_constexpr(self.groups):
+                # both k halves of a 32-k group hit the same accumulators: h outermost keeps
+                # groups x n_tiles independent MMAs between two that chain
+                for h in cutlass.range_constexpr(2):
                     for jt in cutlass.range_constexpr(self.n_tiles):
-                        for h in cutlass.range_constexpr(2):
+                        for q in cutlass.range_constexpr(self.groups):
                             d = mma_16816(
                                 (a_lo[q][2 * h], a_hi[q][2 * h], a_lo[q][2 * h + 1],
                                  a_hi[q][2 * h + 1]),
