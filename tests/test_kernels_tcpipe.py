@@ -40,7 +40,7 @@ def test_name_spells_every_knob():
         ({"bk": 96}, "bk must be"),
         ({"stages": 1}, "stages must be"),
         ({"splits": 3}, "portable cluster"),
-        ({"m": 64, "rows": 64, "row_warps": 1}, "accumulators"),
+        ({"m": 64, "rows": 128, "row_warps": 1}, "accumulators"),
         ({"rows": 160, "row_warps": 2, "stages": 12}, "shared memory"),
     ],
 )
