@@ -9,69 +9,23 @@ TPOT of each tool (median over rounds) and their ratio. The target is agreement 
         [--tokenizer ~/.cache/kimictl/models/tiny-k2-seed0] [--concurrency 4] [--num-prompts 24]
 
 On a shared 2-core box the server's speed drifts far more than 5% between runs, so the script also
-has `--emitter`: both tools measure a local paced SSE server with a known answer (first token after
-TTFT_MS, then one token every TPOT_MS): TPOT and throughput must agree with each other and with
-the emitter's pacing. This isolates what the tools compute from what the server does.
+has `--emitter`: both tools measure the local paced SSE server of benchmarks/_sse_emitter.py, with
+a known answer (first token after TTFT_MS, then one token every TPOT_MS): TPOT and throughput must
+agree with each other and with the emitter's pacing. This isolates what the tools compute from
+what the server does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-EMITTER = r"""
-import asyncio, json, sys, time
-TTFT, TPOT = float(sys.argv[2]) / 1000, float(sys.argv[3]) / 1000
-def ev(d):
-    d = b"data: " + d + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(d), d)
-def reply(writer, status, body):
-    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n" % status
-    writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
-async def handle(reader, writer):
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            n = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    n = int(line.split(b":")[1])
-            body = json.loads(await reader.readexactly(n)) if n else {}
-            if head.startswith(b"GET /v1/models"):
-                reply(writer, b"200 OK", b'{"object":"list","data":[{"id":"m","object":"model"}]}')
-                continue
-            if head.startswith(b"GET"):
-                reply(writer, b"404 Not Found", b"{}")
-                continue
-            out = int(body.get("max_tokens") or 16)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                         b"transfer-encoding: chunked\r\n\r\n")
-            t = time.perf_counter() + TTFT
-            for i in range(out):
-                await asyncio.sleep(max(0.0, t - time.perf_counter()))
-                writer.write(ev(b'{"object":"text_completion","model":"m","choices":[{"index":0,'
-                                b'"text":" tok","finish_reason":null}],"usage":null}'))
-                t += TPOT
-            writer.write(ev(b'{"object":"text_completion","model":"m","choices":[],'
-                            b'"usage":{"prompt_tokens":8,"completion_tokens":%d}}' % out)
-                         + ev(b"[DONE]") + b"0\r\n\r\n")
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    writer.close()
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
-    print("ready", flush=True)
-    async with server:
-        await server.serve_forever()
-asyncio.run(main())
-"""
+from _sse_emitter import running_emitter
 
 
 def _vllm_bench(args: argparse.Namespace, out: Path) -> dict:
@@ -123,31 +77,17 @@ def main() -> None:
         help="measure a local paced SSE server instead of --url, e.g. 100,20",
     )
     args = ap.parse_args()
-    emitter = None
-    if args.emitter:
-        ttft_ms, tpot_ms = (float(x) for x in args.emitter.split(","))
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        src = Path(tempfile.mkdtemp()) / "emitter.py"
-        src.write_text(EMITTER)
-        emitter = subprocess.Popen(
-            [sys.executable, str(src), str(port), str(ttft_ms), str(tpot_ms)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert emitter.stdout is not None and emitter.stdout.readline().strip() == "ready"
-        args.url, args.model = f"http://127.0.0.1:{port}", "m"
+    if not args.emitter:
+        _compare(args)
+        return
+    ttft_ms, tpot_ms = (float(x) for x in args.emitter.split(","))
+    with running_emitter(ttft_ms=ttft_ms, tpot_ms=tpot_ms) as url:
+        args.url, args.model = url, "m"
         print(
             f"emitter: TTFT {ttft_ms:g} ms, then one token every {tpot_ms:g} ms; "
             f"expected TPOT {tpot_ms:g} ms"
         )
-    try:
         _compare(args)
-    finally:
-        if emitter is not None:
-            emitter.kill()
-            emitter.wait()
 
 
 def _compare(args: argparse.Namespace) -> None:

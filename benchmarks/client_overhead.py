@@ -1,11 +1,11 @@
 """Client CPU per streamed token: kimictl's loadgen vs `vllm bench serve`'s client vs plain httpx.
 
-A local SSE emitter (a separate process on loopback, so its CPU is not counted) streams vLLM-shaped
-/v1/completions chunks, one token per chunk, paced so every chunk arrives in its own TCP read (the
-expensive case, as with a real server). Each client runs in its own fresh process and reports the
-CPU time (user + sys, `time.process_time`) of its request phase only, imports excluded; we divide
-by the tokens it received. All clients run in the same invocation, at the same concurrencies,
-against the same emitter, one after another.
+The local SSE emitter (benchmarks/_sse_emitter.py, a separate process on loopback, so its CPU is
+not counted) streams vLLM-shaped /v1/completions chunks, one token per chunk, paced so every chunk
+arrives in its own TCP read (the expensive case, as with a real server). Each client runs in its
+own fresh process and reports the CPU time (user + sys, `time.process_time`) of its request phase
+only, imports excluded; we divide by the tokens it received. All clients run in the same
+invocation, at the same concurrencies, against the same emitter, one after another.
 
     python benchmarks/client_overhead.py [--streams 64,256] [--tokens 200] [--rounds 2]
 
@@ -18,56 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-EMITTER = r"""
-import asyncio, sys, time
-TOKENS = int(sys.argv[2])
-INTERVAL = float(sys.argv[3])
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-def ev(d):
-    d = b"data: " + d + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(d), d)
-TOKEN = ev(b'{"id":"cmpl-0123456789abcdef","object":"text_completion","created":1796020874,'
-           b'"model":"m","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null,'
-           b'"stop_reason":null}],"usage":null}')
-TAIL = ev(b'{"id":"cmpl-0123456789abcdef","object":"text_completion","created":1796020874,'
-          b'"model":"m","choices":[],"usage":{"prompt_tokens":8,"total_tokens":%d,'
-          b'"completion_tokens":%d}}' % (8 + TOKENS, TOKENS)) + ev(b"[DONE]") + b"0\r\n\r\n"
-async def handle(reader, writer):
-    sock = writer.get_extra_info("socket")
-    import socket as s; sock.setsockopt(s.IPPROTO_TCP, s.TCP_NODELAY, 1)
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            n = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    n = int(line.split(b":")[1])
-            await reader.readexactly(n)
-            writer.write(HEAD)
-            t = time.perf_counter()
-            for i in range(TOKENS):
-                writer.write(TOKEN)
-                t += INTERVAL
-                d = t - time.perf_counter()
-                await asyncio.sleep(d if d > 0 else 0)
-            writer.write(TAIL)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    writer.close()
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=1024)
-    print("ready", flush=True)
-    async with server:
-        await server.serve_forever()
-asyncio.run(main())
-"""
+from _sse_emitter import running_emitter
 
 KIMICTL_CLIENT = r"""
 import asyncio, json, sys, time
@@ -153,12 +109,6 @@ print(json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _vllm_python() -> Path | None:
     from kimictl.runtime import cpu_runtime
 
@@ -204,25 +154,9 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, {sys.platform}, python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        (tmp / "emitter.py").write_text(EMITTER)
         for streams in [int(s) for s in args.streams.split(",")]:
             interval = streams / args.rate  # per-stream token interval for the asked total rate
-            port = _free_port()
-            em = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(tmp / "emitter.py"),
-                    str(port),
-                    str(args.tokens),
-                    str(interval),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            try:
-                assert em.stdout is not None and em.stdout.readline().strip() == "ready"
-                url = f"http://127.0.0.1:{port}"
+            with running_emitter(tpot_ms=interval * 1000) as url:
                 n = streams * args.requests_per_stream
                 best: dict[str, dict] = {}
                 for _ in range(args.rounds):
@@ -248,9 +182,6 @@ def main() -> None:
                         f"{name:36s} {r['us_per_token']:12.1f} {per_core:18,.0f} "
                         f"{r['wall_s']:7.1f} {r['chunks']:8d} {r['failed']:6d}"
                     )
-            finally:
-                em.kill()
-                em.wait()
 
 
 if __name__ == "__main__":
