@@ -61,11 +61,11 @@ FAMILIES: dict[str, Family] = {
     ),
     "tcpipe_gemm": Family(
         "tcpipe_gemm", "PIPE_CONFIGS", "_compile_tcpipe",
-        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py"), shipped=False,
+        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py"), shipped=True,
     ),
     "wgmma_gemm": Family(
         "wgmma_gemm", "WGMMA_CONFIGS", "_compile_wgmma",
-        ("wgmma_gemm.py", "wgmma_gemm_dsl.py"), shipped=False, arches=("sm_90a",),
+        ("wgmma_gemm.py", "wgmma_gemm_dsl.py"), shipped=True, arches=("sm_90a",),
     ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent

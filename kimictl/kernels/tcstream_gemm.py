@@ -36,6 +36,7 @@ class TcStreamConfig:
     residual: bool = False
     pdl: bool = True
     early: bool = False  # PDL trigger at the kernel's start (see WStreamConfig.early)
+    ctas: int = 0  # > 0: persistent grid looping over row blocks (see WStreamConfig.ctas)
     kernel = "tcstream_gemm"
 
     def __post_init__(self) -> None:
@@ -45,6 +46,8 @@ class TcStreamConfig:
             raise ValueError(f"warps must be 1..16, got {self.warps}")
         if self.splits not in (1, 2, 4, 8):
             raise ValueError(f"splits must be 1, 2, 4 or 8 (a portable cluster), got {self.splits}")
+        if self.ctas and self.splits > 1:
+            raise ValueError("a persistent grid (ctas > 0) is built for splits = 1 only")
 
     @property
     def smem_bytes(self) -> int:
@@ -63,6 +66,7 @@ class TcStreamConfig:
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
         tail += "_et" if self.early and self.pdl else ""
+        tail += f"_p{self.ctas}" if self.ctas else ""
         split = f"_s{self.splits}" if self.splits > 1 else ""
         return f"tcstream_m{self.m}_w{self.warps}_u{self.unroll}_g{self.groups}{split}{tail}"
 
@@ -97,6 +101,10 @@ def _tc_configs() -> tuple[TcStreamConfig, ...]:
         out.extend(TcStreamConfig(m, w, u, g, s, early=True) for w, u, g, s in tiles_et)
         if m > 8:
             out.append(TcStreamConfig(m, 8, 4, 1, 1))
+        # persistent grids of 1 and 2 CTAs per SM (132 SMs)
+        out.extend(
+            TcStreamConfig(m, 8, u, 1, 1, early=True, ctas=c) for u, c in ((4, 132), (4, 264))
+        )
     return tuple(out)
 
 

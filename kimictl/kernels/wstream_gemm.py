@@ -46,6 +46,9 @@ class WStreamConfig:
     # become resident and stream their weights while this grid's tail drains (its
     # griddepcontrol.wait still waits for this whole grid, so early is always correct)
     early: bool = False
+    # > 0: a persistent grid of at most `ctas` CTAs looping over row blocks (all CTAs start at
+    # once, so an early trigger lets the whole next grid launch at the start of this one)
+    ctas: int = 0
     kernel = "wstream_gemm"
 
     def __post_init__(self) -> None:
@@ -65,6 +68,7 @@ class WStreamConfig:
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
         tail += "_et" if self.early and self.pdl else ""
+        tail += f"_p{self.ctas}" if self.ctas else ""
         return f"wstream_m{self.m}_t{self.threads}_u{self.unroll}_r{self.rows}{tail}"
 
 
@@ -95,6 +99,9 @@ def _all_configs() -> tuple[WStreamConfig, ...]:
     for m in range(1, MAX_M + 1):  # early PDL trigger on the tiles that won somewhere
         for threads, unroll, rows in ((128, 7, 1), (128, 7, 2), (64, 7, 2), (64, 3, 4)):
             out.append(WStreamConfig(m, threads, unroll, rows, early=True))
+        # persistent grids of 2 and 4 CTAs per SM of the H200's 132 (room left for the next grid)
+        for threads, unroll, rows, ctas in ((128, 7, 2, 264), (128, 7, 2, 528), (64, 7, 2, 528)):
+            out.append(WStreamConfig(m, threads, unroll, rows, early=True, ctas=ctas))
     return tuple(out)
 
 

@@ -26,6 +26,7 @@ class WStreamGemm:
         self.residual = cfg.residual
         self.pdl = cfg.pdl
         self.early = cfg.early
+        self.ctas = cfg.ctas
 
     @cute.jit
     def __call__(
@@ -36,7 +37,10 @@ class WStreamGemm:
         mR: cute.Tensor,
         stream: cuda.CUstream,
     ) -> None:
-        grid = (cute.ceil_div(mW.shape[0], self.rows), 1, 1)
+        blocks = cute.ceil_div(mW.shape[0], self.rows)
+        if const_expr(self.ctas > 0):
+            blocks = cutlass.min(blocks, self.ctas)  # persistent: CTAs loop over row blocks
+        grid = (blocks, 1, 1)
         self.kernel(mX, mW, mY, mR).launch(
             grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
@@ -62,64 +66,72 @@ class WStreamGemm:
         atom_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128)
 
         tArA = cute.make_rmem_tensor((self.m, self.rows), Float32)
-        tArA.fill(0.0)
         tWrW = cute.make_rmem_tensor((VEC, self.unroll, self.rows), BFloat16)
         tXrX = cute.make_rmem_tensor((VEC, self.m), BFloat16)
-        step = self.threads * self.unroll
-        n_trips = cute.ceil_div(kv_total, step)
-        for trip in cutlass.range(n_trips):
-            # 1) every weight load of this trip in flight first (rows past N re-read row N-1)
-            for u in cutlass.range_constexpr(self.unroll):
-                kv = trip * step + u * self.threads + tidx
-                for r in cutlass.range_constexpr(self.rows):
-                    row = cutlass.min(bidx * self.rows + r, n - 1)
-                    if kv < kv_total:
-                        cute.copy(atom_w, gW[(None, (row, kv))], tWrW[None, u, r])
-                    else:
-                        tWrW[None, u, r].fill(0.0)
-            # 2) PDL: x is the previous kernel's output; wait only now, weights already moving
-            if const_expr(self.pdl):
-                if trip == 0:
-                    cute.arch.griddepcontrol_wait()
-            # 3) acc[m, r] += sum_e w[r, e] * x[m, e]
-            for u in cutlass.range_constexpr(self.unroll):
-                kv = trip * step + u * self.threads + tidx
-                kv_in = cutlass.min(kv, kv_total - 1)
-                for m in cutlass.range_constexpr(self.m):
-                    cute.copy(atom_x, gX[(None, (m, kv_in))], tXrX[None, m])
-                for r in cutlass.range_constexpr(self.rows):
-                    w32 = tWrW[None, u, r].load().to(Float32)
-                    for m in cutlass.range_constexpr(self.m):
-                        x32 = tXrX[None, m].load().to(Float32)
-                        s = tArA[m, r]
-                        for e in cutlass.range_constexpr(VEC):
-                            s = s + w32[e] * x32[e]
-                        tArA[m, r] = s
-
-        if const_expr(self.pdl and not self.early):
-            # all of this CTA's weight bytes are read: let the next kernel start its prologue
-            cute.arch.griddepcontrol_launch_dependents()
-
-        # CTA reduction: shuffle within warps, then one smem row per warp
         warp = tidx // 32
         lane = tidx % 32
         n_warps = self.threads // 32
         smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout((n_warps, self.m * self.rows)), 16)
-        for m in cutlass.range_constexpr(self.m):
-            for r in cutlass.range_constexpr(self.rows):
-                v = cute.arch.warp_reduction_sum(tArA[m, r])
-                if lane == 0:
-                    sRed[warp, m * self.rows + r] = v
-        cute.arch.sync_threads()
-        if tidx < self.m * self.rows:
-            m = tidx // self.rows
-            r = tidx % self.rows
-            row = bidx * self.rows + r
-            if row < n:
-                s = Float32(0.0)
-                for w in cutlass.range_constexpr(n_warps):
-                    s = s + sRed[w, tidx]
-                if const_expr(self.residual):
-                    s = s + mR[m, row].to(Float32)
-                mY[m, row] = s.to(BFloat16)
+        step = self.threads * self.unroll
+        n_trips = cute.ceil_div(kv_total, step)
+        # one row block per CTA, or (persistent, ctas > 0) a grid-stride loop over row blocks
+        n_blocks = cute.ceil_div(n, self.rows)
+        stride = n_blocks
+        if const_expr(self.ctas > 0):
+            stride = cute.arch.grid_dim()[0]
+        for blk in cutlass.range(bidx, n_blocks, stride):
+            tArA.fill(0.0)
+            for trip in cutlass.range(n_trips):
+                # 1) every weight load of this trip in flight first (rows past N re-read N-1)
+                for u in cutlass.range_constexpr(self.unroll):
+                    kv = trip * step + u * self.threads + tidx
+                    for r in cutlass.range_constexpr(self.rows):
+                        row = cutlass.min(blk * self.rows + r, n - 1)
+                        if kv < kv_total:
+                            cute.copy(atom_w, gW[(None, (row, kv))], tWrW[None, u, r])
+                        else:
+                            tWrW[None, u, r].fill(0.0)
+                # 2) PDL: x is the previous kernel's output; wait only now, weights moving
+                if const_expr(self.pdl):
+                    if trip == 0:
+                        cute.arch.griddepcontrol_wait()
+                # 3) acc[m, r] += sum_e w[r, e] * x[m, e]
+                for u in cutlass.range_constexpr(self.unroll):
+                    kv = trip * step + u * self.threads + tidx
+                    kv_in = cutlass.min(kv, kv_total - 1)
+                    for m in cutlass.range_constexpr(self.m):
+                        cute.copy(atom_x, gX[(None, (m, kv_in))], tXrX[None, m])
+                    for r in cutlass.range_constexpr(self.rows):
+                        w32 = tWrW[None, u, r].load().to(Float32)
+                        for m in cutlass.range_constexpr(self.m):
+                            x32 = tXrX[None, m].load().to(Float32)
+                            s = tArA[m, r]
+                            for e in cutlass.range_constexpr(VEC):
+                                s = s + w32[e] * x32[e]
+                            tArA[m, r] = s
+
+            if const_expr(self.pdl and not self.early):
+                # all of this CTA's weight bytes are read: the next kernel may start its prologue
+                cute.arch.griddepcontrol_launch_dependents()
+
+            # CTA reduction: shuffle within warps, then one smem row per warp
+            for m in cutlass.range_constexpr(self.m):
+                for r in cutlass.range_constexpr(self.rows):
+                    v = cute.arch.warp_reduction_sum(tArA[m, r])
+                    if lane == 0:
+                        sRed[warp, m * self.rows + r] = v
+            cute.arch.sync_threads()
+            if tidx < self.m * self.rows:
+                m = tidx // self.rows
+                r = tidx % self.rows
+                row = blk * self.rows + r
+                if row < n:
+                    s = Float32(0.0)
+                    for w in cutlass.range_constexpr(n_warps):
+                        s = s + sRed[w, tidx]
+                    if const_expr(self.residual):
+                        s = s + mR[m, row].to(Float32)
+                    mY[m, row] = s.to(BFloat16)
+            if const_expr(self.ctas > 0):
+                cute.arch.sync_threads()  # sRed is reused by the next block
