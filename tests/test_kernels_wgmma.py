@@ -1,13 +1,17 @@
 """The Hopper wgmma family on a machine with no GPU: config validation and naming, the sweep's
-shape (M values, shared-memory fit, residual twins), and the AOT build for sm_90a: two variants
-(a local-reduction one with a fused residual and a 4-CTA cluster one) compile, export an object
-whose embedded cubin targets sm_90, and keep N and K runtime sizes in the C entry point. The
+shape (M values, shared-memory fit, residual twins), and the AOT build for sm_90a: three variants
+(a local-reduction one with a fused residual, a 4-CTA cluster one, and an M = 1 one on the N = 8
+tile with the early PDL trigger) compile, export an object whose embedded cubin targets sm_90,
+and keep N and K runtime sizes in the C entry point; the M = 1 x copy stays a 2-d TMA. The
 family exists for sm_90a only: other arches skip it."""
 
 from __future__ import annotations
 
+import os
 import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,7 @@ from kimictl.kernels.wgmma_gemm import (
 SMALL = [
     WgmmaConfig(16, 1, 128, 4, residual=True),
     WgmmaConfig(64, 1, 128, 3, 4, evict_first=True),
+    WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True),
 ]
 
 
@@ -38,6 +43,27 @@ def test_config_geometry():
         "wgmma_m16_g1_k128_st4_ef_res"
     )
     assert WgmmaConfig(8, 1, 128, 4, pdl=False).name.endswith("_nopdl")
+    assert WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True).name == (
+        "wgmma_m1_g1_k128_st4_s2_ef_et"
+    )
+    assert WgmmaConfig(64, 1, 64, 4, 2, wn=256).name == "wgmma_m64_n256_k64_st4_s2"
+
+
+def test_small_m_runs_the_n8_tile():
+    """M = 1..7 pad the x tile (and the ring's bytes per stage) to wgmma's N = 8; M = 8 up use M."""
+    for m in range(1, 9):
+        cfg = WgmmaConfig(m, 1, 128, 4)
+        assert cfg.mma_tokens == 8
+        assert cfg.stage_bytes == (64 + 8) * 128 * 2
+    assert WgmmaConfig(32, 1, 128, 4).mma_tokens == 32
+
+
+def test_x_as_a_operand_geometry():
+    cfg = WgmmaConfig(64, 1, 64, 5, wn=256)
+    assert cfg.rows == 256  # weight rows per CTA = wgmma N
+    assert cfg.threads == 128
+    assert cfg.stage_bytes == (256 + 64) * 64 * 2
+    assert cfg.ctas_per_sm == 1
 
 
 def test_ctas_per_sm_follows_shared_memory():
@@ -50,16 +76,21 @@ def test_ctas_per_sm_follows_shared_memory():
     ("kwargs", "match"),
     [
         ({"m": 12}, "m must be one of"),
-        ({"m": 1}, "m must be one of"),
+        ({"m": 9}, "m must be one of"),
+        ({"m": 0}, "m must be one of"),
         ({"wgs": 3}, "wgs must be 1 or 2"),
         ({"bk": 96}, "bk must be 64, 128 or 256"),
         ({"stages": 1}, "stages must be 2..12"),
         ({"splits": 3}, "portable cluster"),
         ({"splits": 16}, "portable cluster"),
         ({"m": 64, "wgs": 2, "bk": 256, "stages": 4}, "shared memory"),
+        ({"early_trigger": True, "pdl": False}, "early_trigger needs pdl"),
+        ({"wn": 128}, "x as the A operand"),  # m = 16: wgmma's M is 64 tokens
+        ({"m": 64, "wn": 96}, "x as the A operand"),
+        ({"m": 64, "wn": 128, "wgs": 2}, "x as the A operand"),
     ],
 )
-def test_config_rejects_what_the_kernel_cannot_do(kwargs: dict[str, int], match: str):
+def test_config_rejects_what_the_kernel_cannot_do(kwargs: dict[str, int | bool], match: str):
     base = {"m": 16, "wgs": 1, "bk": 128, "stages": 4}
     with pytest.raises(ValueError, match=match):
         WgmmaConfig(**{**base, **kwargs})
@@ -68,7 +99,7 @@ def test_config_rejects_what_the_kernel_cannot_do(kwargs: dict[str, int], match:
 def test_sweep_is_small_unique_and_fits():
     names = [c.name for c in WGMMA_CONFIGS]
     assert len(names) == len(set(names))
-    assert len(WGMMA_CONFIGS) <= 30
+    assert len(WGMMA_CONFIGS) <= 60  # the whole shipped build compiles in a few minutes
     assert {c.m for c in WGMMA_CONFIGS} == set(WGMMA_MS)
     assert all(c.smem_bytes <= SMEM_LIMIT for c in WGMMA_CONFIGS)
     assert all(c.kernel == "wgmma_gemm" for c in WGMMA_CONFIGS)
@@ -77,6 +108,13 @@ def test_sweep_is_small_unique_and_fits():
         splits = {c.splits for c in WGMMA_CONFIGS if c.m == m and not c.residual}
         assert {1, 8} <= splits, m
     assert {c.m for c in WGMMA_CONFIGS if c.residual} == {16, 64}
+    # every M = 1..8 has an unsplit, a split-2 and a split-8 variant on the N = 8 tile
+    for m in range(1, 9):
+        tiles = [c for c in WGMMA_CONFIGS if c.m == m]
+        assert {c.splits for c in tiles} == {1, 2, 8}, m
+        assert all(c.mma_tokens == 8 for c in tiles)
+    # x-as-A measured slower everywhere: none ships
+    assert not any(c.wn for c in WGMMA_CONFIGS)
 
 
 def test_registered_for_hopper_only():
@@ -130,3 +168,24 @@ def test_other_arches_skip_the_family(tmp_path: Path):
     result = kbuild.build("sm_100a", tmp_path, configs=SMALL)
     assert result.kernels == []
     assert "kimictl_wgmma" not in (result.out_dir / kbuild.WRAPPER).read_text()
+
+
+def test_m1_x_copy_stays_two_dimensional(tmp_path: Path):
+    """A static size-1 row mode made the DSL emit a 1-d TMA for x's 8-row box (an illegal
+    instruction on the H200): the M = 1 variant's PTX must load x with a 2-d copy like the
+    weights, and issue the early PDL trigger before the grid dependency wait."""
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    code = (
+        "from kimictl.kernels.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
+        "_compile_wgmma(WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True))"
+    )
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
+           "CUTE_DSL_DUMP_DIR": str(tmp_path)}  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    (ptx_file,) = tmp_path.glob("*.ptx")
+    ptx = ptx_file.read_text()
+    copies = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d", ptx)
+    assert copies and set(copies) == {"2"}, copies
+    assert "m64n8k16" in ptx
+    assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")

@@ -1,5 +1,5 @@
 """Hopper warpgroup-MMA weight-streaming GEMM: y[M, N] = x[M, K] @ w[N, K]^T (+ residual) for
-decode batches M = 8, 16, 32, 64 on sm_90a.
+decode batches M = 1..8, 16, 32, 64 on sm_90a.
 
 The operands are swapped against a textbook GEMM: the weight tile is wgmma's A operand (64 rows
 of w per warpgroup x `bk` of k, K-major in shared memory) and the tokens are wgmma's N (x rows are
@@ -14,6 +14,24 @@ CTA's warpgroups issues wgmma. The weight tiles of the first stages are issued B
 stages right after it. TMA descriptors are built by the host function from the runtime tensors,
 so N and K stay runtime sizes; TMA zero-fills rows past N and k past K.
 
+M = 1..7 use wgmma's smallest token extent, N = 8: the x tile is a TMA box of 8 rows over a
+tensor of M rows, so TMA zero-fills rows M..7 (and the tx count is the full box either way); an
+output column only ever depends on its own token, and the epilogue stores only the M real rows.
+At M = 1 the host function gives x a runtime row count of 1: with a static size-1 mode the DSL
+drops that mode and emits a 1-d TMA copy for the 8-row box (an illegal instruction on the H200).
+
+M = 64 can put x in wgmma's A operand instead (`wn` > 0: the 64 tokens are wgmma's M and `wn` =
+128 or 256 weight rows its N): one instruction then reads the x tile once for 128-256 weight rows,
+where the swapped form re-reads a 64 x bk x tile for every 64 weight rows (shared-memory bytes
+written + read per weight byte, counted: 4x swapped, 3x at wn = 128, 2.5x at wn = 256). Measured
+on the H200 it was slower on every shape (fewer, larger CTAs; benchmarks/RESULTS_wgmma.md), so
+no `wn` variant is in the sweep.
+
+PDL: `early_trigger` issues `griddepcontrol.launch_dependents` as the kernel's first instruction
+instead of after the grid dependency wait, so the next grid may launch (and start its weight
+loads) while this one still waits on its own predecessor. Always correct: the dependent's wait
+still waits for this grid to complete.
+
 Small-N shapes split K over `splits` CTAs of one thread-block cluster (grid y); each CTA writes
 its fp32 partial tile to shared memory and finalises 1/splits of the outputs by reading its
 peers' tiles through distributed shared memory (16-byte `ld.shared::cluster`), in the same
@@ -27,8 +45,10 @@ from typing import Any
 
 __all__ = ["WGMMA_CONFIGS", "WGMMA_MS", "WgmmaConfig"]
 
-WGMMA_MS: tuple[int, ...] = (8, 16, 32, 64)  # wgmma's N: a multiple of 8
+WGMMA_MS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+MMA_MIN_N = 8  # wgmma's smallest N: M = 1..7 run the N = 8 tile with the rows past M unstored
 ROWS_PER_WG = 64  # wgmma's M
+X_AS_A_ROWS = (128, 256)  # wgmma N (weight rows) when x is the A operand (M = 64 only)
 VEC = 8
 SMEM_LIMIT = 227 * 1024  # sm_90 opt-in maximum per CTA
 
@@ -43,6 +63,8 @@ class WgmmaConfig:
     evict_first: bool = False  # weight TMA loads carry an L2 evict-first policy
     residual: bool = False
     pdl: bool = True
+    early_trigger: bool = False  # launch_dependents first thing instead of after the wait
+    wn: int = 0  # > 0: x is wgmma's A (64 tokens), wn weight rows are its N (one warpgroup)
     kernel = "wgmma_gemm"
 
     def __post_init__(self) -> None:
@@ -56,6 +78,12 @@ class WgmmaConfig:
             raise ValueError(f"stages must be 2..12, got {self.stages}")
         if self.splits not in (1, 2, 4, 8):
             raise ValueError(f"splits must be 1, 2, 4 or 8 (a portable cluster), got {self.splits}")
+        if self.early_trigger and not self.pdl:
+            raise ValueError("early_trigger needs pdl")
+        if self.wn and (self.wn not in X_AS_A_ROWS or self.m != 64 or self.wgs != 1):
+            raise ValueError(f"wn (x as the A operand) must be one of {X_AS_A_ROWS} at m=64, wgs=1")
+        if (self.rows // 4 * self.m) % self.splits:
+            raise ValueError(f"{self.name}: the output chunks do not divide among the splits")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(
                 f"{self.name} needs {self.smem_bytes} B of shared memory (limit {SMEM_LIMIT})"
@@ -63,7 +91,13 @@ class WgmmaConfig:
 
     @property
     def rows(self) -> int:
-        return ROWS_PER_WG * self.wgs
+        """Weight rows per CTA."""
+        return self.wn or ROWS_PER_WG * self.wgs
+
+    @property
+    def mma_tokens(self) -> int:
+        """Token rows of the x tile and of the accumulator (>= m: rows past m are not stored)."""
+        return max(self.m, MMA_MIN_N)
 
     @property
     def threads(self) -> int:
@@ -72,11 +106,13 @@ class WgmmaConfig:
     @property
     def stage_bytes(self) -> int:
         """Bytes one ring stage receives: the weight tile and the x tile."""
-        return (self.rows + self.m) * self.bk * 2
+        return (self.rows + self.mma_tokens) * self.bk * 2
 
     @property
     def smem_bytes(self) -> int:
-        """Ring + mbarriers + alignment slack (the fp32 partial tile reuses the weight ring)."""
+        """Ring + mbarriers + alignment slack. The fp32 partial tile (rows x tokens x 4 B) reuses
+        the weight ring (stages x rows x bk x 2 B): it fits for every allowed knob (tokens <= 64,
+        stages >= 2, bk >= 64)."""
         return self.stages * self.stage_bytes + 16 * self.stages + 1024
 
     @property
@@ -88,44 +124,36 @@ class WgmmaConfig:
     def name(self) -> str:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
         split = f"_s{self.splits}" if self.splits > 1 else ""
-        ef = "_ef" if self.evict_first else ""
-        return f"wgmma_m{self.m}_g{self.wgs}_k{self.bk}_st{self.stages}{split}{ef}{tail}"
+        ef = ("_ef" if self.evict_first else "") + ("_et" if self.early_trigger else "")
+        tile = f"n{self.wn}" if self.wn else f"g{self.wgs}"
+        return f"wgmma_m{self.m}_{tile}_k{self.bk}_st{self.stages}{split}{ef}{tail}"
 
 
 def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
-    """A small sweep chosen from the 12 K3 shapes (N 448..20480, K 768..7168).
+    """The variants that won at least one (shape, M) point against the rest of the family in
+    the round-2 H200 run (benchmarks/RESULTS_wgmma.md); the others are gone.
 
-    - N >= 6288 (kda_in, o_proj, moe_latent_up, shared_down, lm_head): N / 64 >= 99 row tiles,
-      no split. Depth: an SM needs ~35-50 KB of weights in flight at 4.3 TB/s; a 64 x 128 bf16
-      tile is 16 KB, so 4-6 stages; a CTA under ~113 KB lets two share an SM, so 195 or 320
-      tiles stay resident together (no second wave).
-    - N 1536..3584 (shared_gate_up, fused_qkv_a, mla_q_b, moe_latent_down): 24..56 row tiles,
-      split 2 or 4 to reach ~100-200 CTAs.
+    - N >= 6288 (kda_in, o_proj, moe_latent_up, shared_down, lm_head): unsplit with a deep ring
+      (one CTA per SM) or 4 stages (two or three CTAs per SM), or split 2.
+    - N 1536..3584 (shared_gate_up, fused_qkv_a, mla_q_b, moe_latent_down): split 2 or 4.
     - N 448 / 896 (moe_latent_down_tp8, router): 7 / 14 row tiles, split 8 (the portable cluster
       limit) gives 56 / 112 CTAs.
-    - Two warpgroups (128 rows) halve the x bytes re-read from L2 per weight byte (matters at
-      M = 64, where x's tile is as large as a 64-row weight tile).
+    - M = 1..7 run the N = 8 tile with the evict-first weight stream; at M = 1 only the three
+      closest to kimictl's own wstream kernels stay (wstream wins M = 1 elsewhere).
+    - `_et` (PDL trigger first thing) where it won its A/B against the plain twin.
+    - x as the A operand (`wn`) measured slower than the swapped tile on every shape (the round-2
+      table): no variant ships; the knob stays for the record and for other parts.
     """
     # (wgs, bk, stages, splits)
     plan: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-        8: ((1, 128, 4, 1), (1, 128, 4, 2), (1, 128, 4, 4), (1, 128, 4, 8)),
-        16: (
-            (1, 128, 4, 1), (1, 128, 10, 1), (1, 128, 4, 2), (1, 128, 5, 2), (1, 128, 4, 4),
-            (1, 128, 4, 8), (2, 128, 3, 1),
-        ),
-        32: (
-            (1, 128, 4, 1), (1, 128, 8, 1), (1, 128, 4, 2), (1, 128, 4, 4), (1, 128, 4, 8),
-            (2, 64, 5, 1),
-        ),
-        64: (
-            (1, 128, 3, 1), (1, 128, 6, 1), (1, 128, 3, 2), (1, 128, 3, 4), (1, 128, 3, 8),
-            (2, 64, 4, 1), (2, 64, 6, 1), (2, 64, 4, 2),
-        ),
-    }  # fmt: skip
+        8: ((1, 128, 4, 1), (1, 128, 4, 2), (1, 128, 4, 8)),
+        16: ((1, 128, 4, 1), (1, 128, 10, 1), (1, 128, 4, 4), (1, 128, 4, 8)),
+        32: ((1, 128, 4, 1), (1, 128, 8, 1), (1, 128, 4, 2), (1, 128, 4, 4), (1, 128, 4, 8)),
+        64: ((1, 128, 3, 4), (1, 128, 3, 8)),
+    }
     out = [
         WgmmaConfig(m, wgs, bk, st, sp) for m, tiles in plan.items() for wgs, bk, st, sp in tiles
     ]
-    # the L2 evict-first hint on the weight stream, A/B against the same tiles
     out += [
         WgmmaConfig(16, 1, 128, 4, 2, evict_first=True),
         WgmmaConfig(64, 1, 128, 6, 1, evict_first=True),
@@ -133,6 +161,23 @@ def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
     ]
     # the fused residual (y = x @ w^T + r), through both epilogues (local and cluster reduction)
     out += [WgmmaConfig(16, 1, 128, 4, 4, residual=True), WgmmaConfig(64, 1, 128, 3, residual=True)]
+    # M = 1..7 on the N = 8 tile
+    out += [
+        WgmmaConfig(1, 1, 128, 4, 1, evict_first=True),
+        WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True),
+        WgmmaConfig(1, 1, 128, 4, 8, evict_first=True),
+    ]
+    out += [
+        WgmmaConfig(m, 1, 128, 4, sp, evict_first=True) for m in range(2, 8) for sp in (1, 2, 8)
+    ]
+    # early PDL trigger twins that won their point
+    out += [WgmmaConfig(8, 1, 128, 4, sp, early_trigger=True) for sp in (1, 2, 8)]
+    out += [
+        WgmmaConfig(16, 1, 128, 4, 2, evict_first=True, early_trigger=True),
+        WgmmaConfig(16, 1, 128, 10, 1, early_trigger=True),
+        WgmmaConfig(32, 1, 128, 4, 2, early_trigger=True),
+        WgmmaConfig(64, 1, 128, 3, 4, early_trigger=True),
+    ]
     return tuple(out)
 
 

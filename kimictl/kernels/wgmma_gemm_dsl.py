@@ -1,5 +1,6 @@
 # The DSL traces this body: shapes and elements are DSL values mypy cannot type.
-# mypy: disable-error-code="index,operator,union-attr,arg-type,call-arg,attr-defined,misc,type-arg,valid-type"
+# mypy: disable-error-code="index,operator,union-attr,arg-type,call-arg,attr-defined"
+# mypy: disable-error-code="misc,type-arg,valid-type"
 """The CuTe DSL body of the Hopper wgmma weight-streaming GEMM (design in wgmma_gemm.py).
 
 Imports cutlass at the top (the DSL rewrites kernel source against this module's globals), so
@@ -60,6 +61,9 @@ def evict_first_policy(*, loc=None, ip=None):
 class WgmmaGemm:
     def __init__(self, cfg: WgmmaConfig) -> None:
         self.m = cfg.m
+        self.mn = cfg.mma_tokens  # x tile / accumulator tokens (>= m)
+        self.xa = cfg.wn > 0  # x is wgmma's A operand
+        self.early_trigger = cfg.early_trigger
         self.wgs = cfg.wgs
         self.rows = cfg.rows
         self.bk = cfg.bk
@@ -80,8 +84,14 @@ class WgmmaGemm:
         mR: cute.Tensor,
         stream: cuda.CUstream,
     ) -> None:
-        tile = (self.rows, self.m, self.bk)
-        # weights = A (rows x bk, K-major), tokens = B (m x bk, K-major), fp32 accumulators
+        if const_expr(self.xa):
+            # tokens = A (64 x bk), weights = B (wn x bk), both K-major
+            tile = (self.mn, self.rows, self.bk)
+            tiler_mn = (64, self.rows)
+        else:
+            # weights = A (rows x bk, K-major), tokens = B (mn x bk, K-major)
+            tile = (self.rows, self.mn, self.bk)
+            tiler_mn = (64, self.mn)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16,
             BFloat16,
@@ -89,33 +99,41 @@ class WgmmaGemm:
             warpgroup.OperandMajorMode.K,
             Float32,
             (self.wgs, 1, 1),
-            tiler_mn=(64, self.m),
+            tiler_mn=tiler_mn,
         )
         a_staged = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, BFloat16, self.stages)
         b_staged = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, BFloat16, self.stages)
-        # descriptors from the runtime tensors: N and K stay dynamic
+        w_staged, x_staged = (b_staged, a_staged) if const_expr(self.xa) else (a_staged, b_staged)
+        if const_expr(self.m == 1):
+            # a static size-1 row mode would be dropped from the TMA (a 1-d copy of 8 x 64
+            # elements, an illegal instruction on the H200): give x a runtime row count of 1
+            kx = mX.shape[1]
+            one = cutlass.min(kx, 1)
+            mX = cute.make_tensor(mX.iterator, cute.make_layout((one, kx), stride=(kx, 1)))
+        # descriptors from the runtime tensors: N and K stay dynamic. x's box has mn >= m rows:
+        # TMA zero-fills the rows past the tensor's m (and still counts the full box's bytes).
         tma_w, tW = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(),
             mW,
-            cute.slice_(a_staged, (None, None, 0)),
+            cute.slice_(w_staged, (None, None, 0)),
             (self.rows, self.bk),
         )
         tma_x, tX = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(),
             mX,
-            cute.slice_(b_staged, (None, None, 0)),
-            (self.m, self.bk),
+            cute.slice_(x_staged, (None, None, 0)),
+            (self.mn, self.bk),
         )
 
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[Int64, self.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(a_staged)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(b_staged)], 1024]
+            sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(w_staged)], 1024]
+            sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(x_staged)], 1024]
 
         self.storage = Storage
         grid = (cute.ceil_div(mW.shape[0], self.rows), self.splits, 1)
-        kern = self.kernel(tma_w, tW, tma_x, tX, mY, mR, tiled_mma, a_staged, b_staged)
+        kern = self.kernel(tma_w, tW, tma_x, tX, mY, mR, tiled_mma, w_staged, x_staged)
         if const_expr(self.splits > 1):
             # the K-splitting CTAs of one row block form a cluster (grid y = cluster y)
             kern.launch(
@@ -138,9 +156,12 @@ class WgmmaGemm:
         mY: cute.Tensor,
         mR: cute.Tensor,
         tiled_mma: cute.TiledMma,
-        a_staged: cute.ComposedLayout,
-        b_staged: cute.ComposedLayout,
+        w_staged: cute.ComposedLayout,
+        x_staged: cute.ComposedLayout,
     ) -> None:
+        if const_expr(self.early_trigger):
+            # PDL: the next grid may launch now; its wait still waits for this grid to finish
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, crank, _ = cute.arch.block_idx()  # crank: this CTA's K slice within the cluster
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -159,33 +180,40 @@ class WgmmaGemm:
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
-        sA = storage.sA.get_tensor(a_staged.outer, swizzle=a_staged.inner)
-        sB = storage.sB.get_tensor(b_staged.outer, swizzle=b_staged.inner)
+        sW = storage.sW.get_tensor(w_staged.outer, swizzle=w_staged.inner)
+        sX = storage.sX.get_tensor(x_staged.outer, swizzle=x_staged.inner)
         # partial tile, row-contiguous per token: sRed[row, token] at row + rows * token. It
         # reuses the weight ring, which is idle once every stage has been consumed.
+        red_ptr = cute.recast_ptr(storage.sW.data_ptr(), dtype=Float32)
         sRed = cute.make_tensor(
-            cute.recast_ptr(storage.sA.data_ptr(), dtype=Float32),
-            cute.make_layout((self.rows, self.m), stride=(1, self.rows)),
+            red_ptr, cute.make_layout((self.rows, self.mn), stride=(1, self.rows))
         )
+        # the same memory as the MMA's C: (rows, tokens) swapped, (tokens, rows) with x as A
+        sC = sRed
+        if const_expr(self.xa):
+            sC = cute.make_tensor(
+                red_ptr, cute.make_layout((self.mn, self.rows), stride=(self.rows, 1))
+            )
 
         # (rows, bk, k tiles) of this CTA's row block; (m, bk, k tiles) of x
         gW = cute.local_tile(tW, (self.rows, self.bk), (bidx, None))
-        gX = cute.local_tile(tX, (self.m, self.bk), (0, None))
+        gX = cute.local_tile(tX, (self.mn, self.bk), (0, None))
         tAsA, tAgA = cpasync.tma_partition(
-            tma_w, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gW, 0, 2)
+            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2)
         )
         tBsB, tBgB = cpasync.tma_partition(
-            tma_x, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gX, 0, 2)
+            tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2)
         )
 
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_mma = tiled_mma.get_slice(wg * 128)
+        sA, sB = (sX, sW) if const_expr(self.xa) else (sW, sX)
         tCsA = thr_mma.partition_A(sA)
         tCsB = thr_mma.partition_B(sB)
         tCrA = tiled_mma.make_fragment_A(tCsA)
         tCrB = tiled_mma.make_fragment_B(tCsB)
         # the accumulator fragment is per thread (A/B descriptors are per warpgroup)
-        tCsC = tiled_mma.get_slice(tidx).partition_C(sRed)
+        tCsC = tiled_mma.get_slice(tidx).partition_C(sC)
         acc = cute.make_rmem_tensor(tCsC.shape, Float32)
         acc.fill(0.0)
         k_blocks = cute.size(tCrA, mode=[2])
@@ -215,7 +243,8 @@ class WgmmaGemm:
                 prod.advance()
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
+            if const_expr(not self.early_trigger):
+                cute.arch.griddepcontrol_launch_dependents()
         # 2) the same stages' x tiles (their barriers already expect both)
         if warp == 0:
             xs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
