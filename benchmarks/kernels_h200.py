@@ -115,8 +115,11 @@ def main() -> int:
         print(f"chain M={c['m']}: cuBLAS {c['cublas_us']:.1f} us ({c['cublas_tbps']:.2f} TB/s), "
               f"dispatched {c['dispatched_us']:.1f} us ({c['dispatched_tbps']:.2f} TB/s), "
               f"x{c['speedup']:.2f}; kimictl-only {c['kimictl_only_us']:.1f} us; per-point "
-              f"table predicts {c['dispatched_predicted_us']:.1f} us")  # fmt: skip
+              f"table predicts {c['dispatched_predicted_us']:.1f} us; families "
+              f"{c.get('chosen_families', 'all')} of "
+              + ", ".join(f"{k} {v:.1f}" for k, v in c.get("candidates", {}).items()))  # fmt: skip
     print(
+        f"geomean per-point rule alone: {s.get('geomean_speedup_per_point', float('nan')):.3f}; "
         f"geomean dispatched speedup (issue grid): {s['geomean_speedup_dispatched']:.3f}; "
         f"best kernel M<=8: {s['geomean_speedup_best_kernel_m_le_8']:.3f}"
     )
@@ -171,15 +174,16 @@ def render_markdown(bj: dict[str, Any]) -> str:
     out += [
         "",
         "| chain (11 projections, lm_head excluded) | M | MB | cuBLAS us | dispatched us | x "
-        "| kimictl-only us | table predicts us |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| kimictl-only us | table predicts us | families kept |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for c in bj["chains"]:
         out.append(
             f"| layer | {c['m']} | {c['mb']} | {c['cublas_us']:.1f} ({c['cublas_tbps']:.2f} TB/s) "
             f"| {c['dispatched_us']:.1f} ({c['dispatched_tbps']:.2f} TB/s) | {c['speedup']:.2f} "
             f"| {c.get('kimictl_only_us', float('nan')):.1f} "
-            f"| {c.get('dispatched_predicted_us', float('nan')):.1f} |"
+            f"| {c.get('dispatched_predicted_us', float('nan')):.1f} "
+            f"| {c.get('chosen_families', 'all')} |"
         )
     out += [
         "",

@@ -139,3 +139,67 @@ def test_chain_guard_sends_every_point_of_that_m_to_cublas_and_survives_json():
     assert t.choose(2112, 7168, 1).name == "b"  # other M untouched
     again = DispatchTable.from_json(json.loads(json.dumps(t.to_json())))
     assert again.choose(2112, 7168, 8).provider == "cublas"
+
+
+def test_family_restriction_picks_the_best_allowed_kernel_and_survives_json():
+    from kimictl.kernels.dispatch import family_of
+
+    assert family_of("wgmma_m8_g1_k128_st4_s8") == "wgmma"
+    assert family_of("wstream_m1_t128_u7_r2_et") == "wstream"
+    t = _table(
+        Measurement(7168, 768, 1, 5.4, {"wgmma_m1_a": 3.72, "tcstream_m1_b": 3.86}),
+        Measurement(7168, 768, 4, 5.4, {"wgmma_m4_a": 3.6, "tcstream_m4_b": 3.9}),
+        Measurement(448, 7168, 1, 7.5, {"wgmma_m1_c": 8.0}),
+    )
+    assert t.choose(7168, 768, 1).name == "wgmma_m1_a"  # per point: the fastest
+    t.restrict(1, ("tcstream", "wstream"))
+    c = t.choose(7168, 768, 1)
+    assert (c.name, c.us) == ("tcstream_m1_b", 3.86) and "chosen by the layer chain" in c.reason
+    assert t.choose(7168, 768, 4).name == "wgmma_m4_a"  # other M untouched
+    # no allowed family at a point: cuBLAS, never a disallowed kernel
+    assert t.choose(448, 7168, 1).provider == "cublas"
+    again = DispatchTable.from_json(json.loads(json.dumps(t.to_json())))
+    assert again.choose(7168, 768, 1).name == "tcstream_m1_b"
+    again.restrict(1, None)
+    assert again.choose(7168, 768, 1).name == "wgmma_m1_a"
+
+
+def test_layer_chain_restriction_needs_to_beat_all_families_by_the_margin():
+    from kimictl.kernels.dispatch import ALL_FAMILIES, CHAIN_MARGIN, pick_family_set
+
+    base = 137.6
+    # within the margin: keep the per-point winners
+    near = {ALL_FAMILIES: base, "tcstream+wstream": base * (1 - CHAIN_MARGIN / 2)}
+    assert pick_family_set(near) == (ALL_FAMILIES, None)
+    # clearly faster: the restriction is kept, with its families
+    far = {ALL_FAMILIES: base, "tcstream+wstream": 124.2, "wgmma": 150.0}
+    assert pick_family_set(far) == ("tcstream+wstream", ("tcstream", "wstream"))
+    # "all" fastest: nothing restricted
+    assert pick_family_set({ALL_FAMILIES: 120.0, "wgmma": 125.0}) == (ALL_FAMILIES, None)
+
+
+def test_settle_chains_restricts_an_m_whose_family_subset_chain_won():
+    from kimictl.kernels.bench import settle_chains
+
+    t = _table(
+        Measurement(7168, 768, 1, 5.4, {"wgmma_m1_a": 3.72, "tcstream_m1_b": 3.86}),
+        Measurement(2112, 7168, 1, 13.0, {"wstream_m1_c": 8.5}),
+        Measurement(7168, 768, 8, 5.4, {"wgmma_m8_a": 3.7}),
+        Measurement(2112, 7168, 8, 13.0, {"wgmma_m8_d": 9.5}),
+    )
+    layer = [("shared_down", 7168, 768), ("fused_qkv_a", 2112, 7168)]
+    chains = [
+        {"m": 1, "layer": list(layer), "bytes": 4.1e7, "cublas_us": 18.4, "kimictl_only_us": 14.0,
+         "candidates": {"all": 14.0, "tcstream+wstream": 12.3, "wgmma": 15.0}},
+        {"m": 8, "layer": list(layer), "bytes": 4.1e7, "cublas_us": 12.0, "kimictl_only_us": 13.0,
+         "candidates": {"all": 13.0}},
+    ]  # fmt: skip
+    settle_chains(t, chains)
+    one, eight = chains
+    assert one["chosen_families"] == "tcstream+wstream" and one["dispatched_us"] == 12.3
+    assert one["choices"] == {"shared_down": "tcstream_m1_b", "fused_qkv_a": "wstream_m1_c"}
+    assert one["dispatched_predicted_us"] == pytest.approx(3.86 + 8.5)
+    assert "layer" not in one and not one.get("guarded")
+    # M = 8: the only chain lost to cuBLAS, so every point of M = 8 goes to cuBLAS
+    assert eight["guarded"] and t.choose(2112, 7168, 8).provider == "cublas"
+    assert t.choose(7168, 768, 1).name == "tcstream_m1_b"

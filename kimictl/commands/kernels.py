@@ -240,6 +240,8 @@ def _render_bench(report: Any) -> None:
     console.print(f"geomean speedup, dispatched vs cuBLAS: {s['geomean_speedup_dispatched']:.2f}x")
     for c in report.chains:
         guard = " (guarded: this M goes to cuBLAS)" if c.get("guarded") else ""
+        fams = c.get("chosen_families", "all")
+        guard += "" if fams == "all" else f" (families kept at this M: {fams})"
         console.print(
             f"layer chain M={c['m']}: cuBLAS {c['cublas_us']:.1f} us, dispatched "
             f"{c['dispatched_us']:.1f} us, x{c['speedup']:.2f}{guard}"

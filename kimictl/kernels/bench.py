@@ -9,6 +9,7 @@ for an unquantized projection) and torch.addmm for the fused-residual comparison
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
@@ -18,15 +19,18 @@ from functools import partial
 from typing import Any
 
 from kimictl.kernels.dispatch import (
+    ALL_FAMILIES,
     BENCH_MS,
     CUBLAS,
     K3_GEMM_SHAPES,
     DispatchTable,
     Measurement,
+    family_of,
     geomean,
+    pick_family_set,
 )
 
-__all__ = ["ROTATE_BYTES", "BenchReport", "BenchRow", "bench", "time_graph"]
+__all__ = ["ROTATE_BYTES", "BenchReport", "BenchRow", "bench", "settle_chains", "time_graph"]
 
 ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 MIN_LAUNCHES = 16
@@ -98,6 +102,15 @@ class BenchReport:
                     if p["m"] <= 8 and p["best_kernel_us"] == p["best_kernel_us"]
                 ]
             ),  # fmt: skip
+            # the per-point rule alone (no layer-chain restriction): best kernel or cuBLAS
+            "geomean_speedup_per_point": geomean(
+                [
+                    max(1.0, p["cublas_us"] / p["best_kernel_us"])
+                    if p["best_kernel_us"] == p["best_kernel_us"]
+                    else 1.0
+                    for p in points
+                ]
+            ),
             "slower_than_cublas": [p for p in points if p["speedup"] and p["speedup"] < 1.0],
         }
 
@@ -160,7 +173,7 @@ def bench(
     *,
     shapes: tuple[tuple[str, int, int], ...] = K3_GEMM_SHAPES,
     ms: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64),
-    chain_ms: tuple[int, ...] = (1, 4, 8),
+    chain_ms: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64),
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     import torch
@@ -214,7 +227,27 @@ def bench(
         torch.cuda.empty_cache()
 
     chains = [_chain(lib, table, m, shapes) for m in chain_ms if (m, False) in by_m]
+    settle_chains(table, chains)
+    return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
+
+
+def settle_chains(table: DispatchTable, chains: list[dict[str, Any]]) -> None:
+    """Per M, from the measured layer-chain candidates: restrict the table to the family set whose
+    chain won (pick_family_set), record the choices, and guard an M whose chain lost to cuBLAS."""
     for chain in chains:
+        # per-point winners of different families can lose together (kernel boundaries
+        # interact): keep the family set whose measured layer chain was fastest for this M
+        best, allowed = pick_family_set(chain["candidates"])
+        table.restrict(chain["m"], allowed)
+        chain["chosen_families"] = best
+        chain["dispatched_us"] = chain["candidates"][best]
+        chain["dispatched_tbps"] = chain["bytes"] / chain["dispatched_us"] / 1e6
+        chain["speedup"] = chain["cublas_us"] / chain["dispatched_us"]
+        chain["choices"] = {s: table.choose(n, k, chain["m"]).name for s, n, k in chain["layer"]}
+        chain["dispatched_predicted_us"] = sum(
+            table.choose(n, k, chain["m"]).us or 0.0 for _, n, k in chain["layer"]
+        )
+        del chain["layer"]
         # the per-point rule is not enough when neighbours interact: a layer chain of the chosen
         # kernels that loses to cuBLAS sends that M back to cuBLAS everywhere
         if chain["dispatched_us"] > chain["cublas_us"]:
@@ -224,7 +257,6 @@ def bench(
                 f"vs cuBLAS {chain['cublas_us']:.1f} us",
             )
             chain["guarded"] = True
-    return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
 
 
 def _chain(
@@ -244,8 +276,8 @@ def _chain(
     def cub(s: str) -> Callable[[], Any]:
         return partial(F.linear, xs[s], ws[s])
 
-    def dispatched(s: str, n: int, k: int) -> Callable[[], Any]:
-        c = table.choose(n, k, m)
+    def dispatched(s: str, n: int, k: int, t: DispatchTable) -> Callable[[], Any]:
+        c = t.choose(n, k, m)
         if c.provider == CUBLAS:
             return cub(s)
         return partial(lib.launch, c.name, xs[s], ws[s], ys[s], ys[s])
@@ -260,23 +292,31 @@ def _chain(
 
     reps = 4  # the layer repeated so replays see a steady state
     cub_us = time_graph([cub(s) for _ in range(reps) for s, _, _ in layer]) * len(layer)
-    dis_us = time_graph([dispatched(s, n, k) for _ in range(reps) for s, n, k in layer])
-    dis_us *= len(layer)
+    # candidate family sets: all (per-point winners), all but one family, one family alone
+    fams = sorted({family_of(c.name) for c in (table.choose(n, k, m) for _, n, k in layer)
+                   if c.provider != CUBLAS})  # fmt: skip
+    sets: dict[str, tuple[str, ...] | None] = {ALL_FAMILIES: None}
+    if len(fams) > 1:
+        for f in fams:
+            sets["+".join(g for g in fams if g != f)] = tuple(g for g in fams if g != f)
+            sets[f] = (f,)
+    candidates: dict[str, float] = {}
+    for label, allowed in sets.items():
+        t = copy.deepcopy(table)
+        t.restrict(m, allowed)
+        us = time_graph([dispatched(s, n, k, t) for _ in range(reps) for s, n, k in layer])
+        candidates[label] = us * len(layer)
     ours_us = time_graph([ours_only(s, n, k) for _ in range(reps) for s, n, k in layer])
     ours_us *= len(layer)
-    # what the per-shape table predicts for this chain: the sum of the chosen points' times
-    predicted = sum(table.choose(n, k, m).us or 0.0 for _, n, k in layer)
     torch.cuda.empty_cache()
     return {
         "m": m,
         "shapes": [s for s, _, _ in layer],
         "mb": round(total_bytes / 1e6, 1),
+        "bytes": total_bytes,
+        "layer": layer,  # (shape, N, K); bench() fills the choice fields and drops this
         "cublas_us": cub_us,
-        "dispatched_us": dis_us,
         "cublas_tbps": total_bytes / cub_us / 1e6,
-        "dispatched_tbps": total_bytes / dis_us / 1e6,
-        "speedup": cub_us / dis_us,
         "kimictl_only_us": ours_us,
-        "dispatched_predicted_us": predicted,
-        "choices": {s: table.choose(n, k, m).name for s, n, k in layer},
+        "candidates": candidates,
     }

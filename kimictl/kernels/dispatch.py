@@ -15,6 +15,8 @@ from typing import Any
 
 __all__ = [
     "K3_GEMM_SHAPES",
+    "family_of",
+    "pick_family_set",
     "decode_gemm",
     "load_node_table",
     "BENCH_MS",
@@ -41,6 +43,26 @@ K3_GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
 )
 BENCH_MS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 CUBLAS = "cublas"
+
+
+ALL_FAMILIES = "all"  # layer-chain candidate: every family (the per-point winners)
+CHAIN_MARGIN = 0.02  # a restricted family set must beat "all" by more than run-to-run noise
+
+
+def family_of(variant: str) -> str:
+    """Kernel family of a variant name (`wgmma_m8_...` -> `wgmma`): names start with it."""
+    return variant.split("_", 1)[0]
+
+
+def pick_family_set(candidates: dict[str, float]) -> tuple[str, tuple[str, ...] | None]:
+    """From measured layer-chain times per candidate ("all", "wgmma", "tcstream+wstream", ...):
+    the label kept and the families it allows (None = all). A restriction is kept only when its
+    chain beat the per-point winners' chain by more than CHAIN_MARGIN."""
+    base = candidates[ALL_FAMILIES]
+    label = min(candidates, key=lambda c: (candidates[c], c != ALL_FAMILIES))
+    if label == ALL_FAMILIES or candidates[label] >= base * (1 - CHAIN_MARGIN):
+        return ALL_FAMILIES, None
+    return label, tuple(label.split("+"))
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,9 @@ class DispatchTable:
     source: str = "measured"
     # M values whose dispatched layer chain measured slower than the cuBLAS chain: all cuBLAS
     guarded_ms: dict[int, str] = field(default_factory=dict)
+    # M -> the kernel families allowed at that M, when a layer chain restricted to them measured
+    # faster than the chain of per-point winners (families interact at kernel boundaries)
+    families_ms: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def add(self, m: Measurement) -> None:
         self.measurements[m.key] = m
@@ -89,6 +114,13 @@ class DispatchTable:
     def guard(self, m: int, reason: str) -> None:
         """Send every point of this M to cuBLAS (a chain of the chosen kernels lost to cuBLAS)."""
         self.guarded_ms[m] = reason
+
+    def restrict(self, m: int, families: tuple[str, ...] | None) -> None:
+        """Allow only these kernel families at M (None: all of them again)."""
+        if families is None:
+            self.families_ms.pop(m, None)
+        else:
+            self.families_ms[m] = tuple(sorted(families))
 
     def choose(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
         meas = self.measurements.get((n, k, m, residual))
@@ -99,14 +131,20 @@ class DispatchTable:
             return Choice(CUBLAS, CUBLAS, us, us, f"chain guard: {self.guarded_ms[m]}")
         if not math.isfinite(meas.cublas_us) or meas.cublas_us <= 0:
             return Choice(CUBLAS, CUBLAS, None, None, "no valid cuBLAS time: cuBLAS")
-        valid = {k_: v for k_, v in meas.kernels.items() if math.isfinite(v) and v > 0}
+        allowed = self.families_ms.get(m)
+        valid = {
+            k_: v
+            for k_, v in meas.kernels.items()
+            if math.isfinite(v) and v > 0 and (allowed is None or family_of(k_) in allowed)
+        }
         if not valid:
             return Choice(CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, "no kimictl kernel for M")
         best = min(valid, key=lambda name: (valid[name], name))
         if valid[best] < meas.cublas_us:
-            return Choice(
-                "kimictl", best, valid[best], meas.cublas_us, "measured faster than cuBLAS"
-            )
+            why = "measured faster than cuBLAS"
+            if allowed is not None:
+                why += f" (families at M={m}: {', '.join(allowed)}, chosen by the layer chain)"
+            return Choice("kimictl", best, valid[best], meas.cublas_us, why)
         return Choice(
             CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, f"best kimictl ({best}) not faster"
         )
@@ -117,6 +155,7 @@ class DispatchTable:
             "arch": self.arch,
             "source": self.source,
             "guarded_ms": {str(m): r for m, r in self.guarded_ms.items()},
+            "families_ms": {str(m): list(f) for m, f in self.families_ms.items()},
             "entries": [
                 {
                     "n": m.n,
@@ -135,6 +174,8 @@ class DispatchTable:
         table = cls(str(raw["device"]), str(raw["arch"]), source=str(raw.get("source", "recorded")))
         for m, reason in raw.get("guarded_ms", {}).items():
             table.guard(int(m), str(reason))
+        for m, fams in raw.get("families_ms", {}).items():
+            table.restrict(int(m), tuple(str(f) for f in fams))
         for e in raw["entries"]:
             table.add(
                 Measurement(
