@@ -1,9 +1,10 @@
 """The Hopper wgmma family on a machine with no GPU: config validation and naming, the sweep's
 shape (M values, shared-memory fit, residual twins), and the AOT build for sm_90a: three variants
-(a local-reduction one with a fused residual, a 4-CTA cluster one, and an M = 1 one on the N = 8
-tile with the early PDL trigger) compile, export an object whose embedded cubin targets sm_90,
-and keep N and K runtime sizes in the C entry point; the M = 1 x copy stays a 2-d TMA. The
-family exists for sm_90a only: other arches skip it."""
+(a local-reduction one with a fused residual, a 4-CTA cluster one with the producer warp, and an
+M = 1 one on the N = 8 tile with the early PDL trigger) compile, export an object whose embedded
+cubin targets sm_90, and keep N and K runtime sizes in the C entry point; the M = 1 x copy stays
+a 2-d TMA; the producer-warp variant keeps one wgmma group in flight. The family exists for
+sm_90a only: other arches skip it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from kimictl.kernels.wgmma_gemm import (
 
 SMALL = [
     WgmmaConfig(16, 1, 128, 4, residual=True),
-    WgmmaConfig(64, 1, 128, 3, 4, evict_first=True),
+    WgmmaConfig(64, 1, 128, 6, 4, evict_first=True, ws=True),
     WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True),
 ]
 
@@ -47,6 +48,20 @@ def test_config_geometry():
         "wgmma_m1_g1_k128_st4_s2_ef_et"
     )
     assert WgmmaConfig(64, 1, 64, 4, 2, wn=256).name == "wgmma_m64_n256_k64_st4_s2"
+
+
+def test_producer_warp_geometry():
+    """`ws` adds one producer warp to the MMA warpgroups and names the variant `_ws`."""
+    cfg = WgmmaConfig(64, 1, 128, 6, 2, evict_first=True, ws=True)
+    assert cfg.mma_threads == 128
+    assert cfg.threads == 160
+    assert cfg.name == "wgmma_m64_g1_k128_st6_s2_ef_ws"
+    assert WgmmaConfig(16, 2, 128, 4, ws=True, residual=True).threads == 288
+    assert WgmmaConfig(16, 1, 128, 10, ws=True, residual=True).name == (
+        "wgmma_m16_g1_k128_st10_ws_res"
+    )
+    # the ring and its shared memory do not change with ws
+    assert cfg.smem_bytes == WgmmaConfig(64, 1, 128, 6, 2, evict_first=True).smem_bytes
 
 
 def test_small_m_runs_the_n8_tile():
@@ -85,6 +100,7 @@ def test_ctas_per_sm_follows_shared_memory():
         ({"splits": 16}, "portable cluster"),
         ({"m": 64, "wgs": 2, "bk": 256, "stages": 4}, "shared memory"),
         ({"early_trigger": True, "pdl": False}, "early_trigger needs pdl"),
+        ({"stages": 2, "ws": True}, "stages >= 3"),
         ({"wn": 128}, "x as the A operand"),  # m = 16: wgmma's M is 64 tokens
         ({"m": 64, "wn": 96}, "x as the A operand"),
         ({"m": 64, "wn": 128, "wgs": 2}, "x as the A operand"),
@@ -108,11 +124,19 @@ def test_sweep_is_small_unique_and_fits():
         splits = {c.splits for c in WGMMA_CONFIGS if c.m == m and not c.residual}
         assert {1, 8} <= splits, m
     assert {c.m for c in WGMMA_CONFIGS if c.residual} == {16, 64}
-    # every M = 1..8 has an unsplit, a split-2 and a split-8 variant on the N = 8 tile
+    # every M = 2..8 has an unsplit, a split-2 and a split-8 variant on the N = 8 tile; M = 1
+    # keeps the unsplit one (kimictl's 1-row GEMV wins the other M = 1 points)
     for m in range(1, 9):
         tiles = [c for c in WGMMA_CONFIGS if c.m == m]
-        assert {c.splits for c in tiles} == {1, 2, 8}, m
         assert all(c.mma_tokens == 8 for c in tiles)
+        assert {1, 2, 8} <= {c.splits for c in tiles} if m > 1 else {c.splits for c in tiles} == {1}
+    # round 3: M = 8..64 each have the producer-warp deep ring, unsplit and split 2 / 4 / 8, all
+    # with one CTA per SM
+    for m in (8, 16, 32, 64):
+        deep = [c for c in WGMMA_CONFIGS if c.m == m and c.ws and c.bk == 128 and not c.residual]
+        assert {1, 2, 4, 8} <= {c.splits for c in deep}, m
+        assert min(c.ctas_per_sm for c in deep if c.stages >= 6) == 1
+    assert not any(c.ws for c in WGMMA_CONFIGS if c.m < 8)
     # x-as-A measured slower everywhere: none ships
     assert not any(c.wn for c in WGMMA_CONFIGS)
 
@@ -189,3 +213,24 @@ def test_m1_x_copy_stays_two_dimensional(tmp_path: Path):
     assert copies and set(copies) == {"2"}, copies
     assert "m64n8k16" in ptx
     assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("griddepcontrol.wait")
+    # the round-2 mainloop: every stage's MMAs are waited for (wait_group 0) before release
+    assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx) == ["0"]
+
+
+def test_producer_warp_keeps_one_wgmma_group_in_flight(tmp_path: Path):
+    """The `ws` variant launches 160 threads (one MMA warpgroup + the producer warp) and its MMA
+    warps wait with `wgmma.wait_group 1` in the loop (then 0 once after it)."""
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    code = (
+        "from kimictl.kernels.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
+        "_compile_wgmma(WgmmaConfig(32, 1, 128, 8, 2, evict_first=True, ws=True))"
+    )
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
+           "CUTE_DSL_DUMP_DIR": str(tmp_path)}  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    (ptx_file,) = tmp_path.glob("*.ptx")
+    ptx = ptx_file.read_text()
+    assert re.search(r"\.reqntid 160, 1, 1", ptx)
+    assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx) == ["1", "0"]
+    assert "m64n32k16" in ptx

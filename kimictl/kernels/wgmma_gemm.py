@@ -14,6 +14,15 @@ CTA's warpgroups issues wgmma. The weight tiles of the first stages are issued B
 stages right after it. TMA descriptors are built by the host function from the runtime tensors,
 so N and K stay runtime sizes; TMA zero-fills rows past N and k past K.
 
+`ws` (round 3) specialises the warps: a fifth warp issues every TMA (it refills a stage as soon as
+the MMA warps release it) and the MMA warpgroup keeps one wgmma group in flight
+(`wgmma.wait_group 1`): it issues stage s's MMAs, then releases stage s - 1, whose MMAs are now
+known complete, and goes on to wait for stage s + 1 while stage s's MMAs run. Without `ws` the
+loop waits for each stage's MMAs (`wait_group 0`) before releasing and refilling it from warp 0,
+so a refill never starts before that stage's MMAs finish. With `ws` the MMA warps hold two
+stages, so it pays with deep rings (6-12 stages, one CTA per SM); on 4-stage rings it measured
+no better than the round-2 loop.
+
 M = 1..7 use wgmma's smallest token extent, N = 8: the x tile is a TMA box of 8 rows over a
 tensor of M rows, so TMA zero-fills rows M..7 (and the tx count is the full box either way); an
 output column only ever depends on its own token, and the epilogue stores only the M real rows.
@@ -65,6 +74,7 @@ class WgmmaConfig:
     pdl: bool = True
     early_trigger: bool = False  # launch_dependents first thing instead of after the wait
     wn: int = 0  # > 0: x is wgmma's A (64 tokens), wn weight rows are its N (one warpgroup)
+    ws: bool = False  # a producer warp issues the TMA, MMA warps keep one wgmma group in flight
     kernel = "wgmma_gemm"
 
     def __post_init__(self) -> None:
@@ -82,6 +92,8 @@ class WgmmaConfig:
             raise ValueError("early_trigger needs pdl")
         if self.wn and (self.wn not in X_AS_A_ROWS or self.m != 64 or self.wgs != 1):
             raise ValueError(f"wn (x as the A operand) must be one of {X_AS_A_ROWS} at m=64, wgs=1")
+        if self.ws and self.stages < 3:
+            raise ValueError("ws keeps two stages with the MMA warps: it needs stages >= 3")
         if (self.rows // 4 * self.m) % self.splits:
             raise ValueError(f"{self.name}: the output chunks do not divide among the splits")
         if self.smem_bytes > SMEM_LIMIT:
@@ -100,8 +112,14 @@ class WgmmaConfig:
         return max(self.m, MMA_MIN_N)
 
     @property
-    def threads(self) -> int:
+    def mma_threads(self) -> int:
+        """Threads that issue wgmma (whole warpgroups)."""
         return 128 * self.wgs
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: the MMA warpgroups, plus the producer warp with `ws`."""
+        return self.mma_threads + (32 if self.ws else 0)
 
     @property
     def stage_bytes(self) -> int:
@@ -125,58 +143,49 @@ class WgmmaConfig:
         tail = ("_res" if self.residual else "") + ("" if self.pdl else "_nopdl")
         split = f"_s{self.splits}" if self.splits > 1 else ""
         ef = ("_ef" if self.evict_first else "") + ("_et" if self.early_trigger else "")
+        ef += "_ws" if self.ws else ""
         tile = f"n{self.wn}" if self.wn else f"g{self.wgs}"
         return f"wgmma_m{self.m}_{tile}_k{self.bk}_st{self.stages}{split}{ef}{tail}"
 
 
 def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
-    """The variants that won at least one (shape, M) point against the rest of the family in
-    the round-2 H200 run (benchmarks/RESULTS_wgmma.md); the others are gone.
+    """The 45 variants that were the fastest kernel (any family, or cuBLAS) at one or more
+    (shape, M) points in the round-3 H200 run (benchmarks/RESULTS_wgmma.md); the rest are gone.
 
-    - N >= 6288 (kda_in, o_proj, moe_latent_up, shared_down, lm_head): unsplit with a deep ring
-      (one CTA per SM) or 4 stages (two or three CTAs per SM), or split 2.
-    - N 1536..3584 (shared_gate_up, fused_qkv_a, mla_q_b, moe_latent_down): split 2 or 4.
-    - N 448 / 896 (moe_latent_down_tp8, router): 7 / 14 row tiles, split 8 (the portable cluster
-      limit) gives 56 / 112 CTAs.
-    - M = 1..7 run the N = 8 tile with the evict-first weight stream; at M = 1 only the three
-      closest to kimictl's own wstream kernels stay (wstream wins M = 1 elsewhere).
-    - `_et` (PDL trigger first thing) where it won its A/B against the plain twin.
-    - x as the A operand (`wn`) measured slower than the swapped tile on every shape (the round-2
-      table): no variant ships; the knob stays for the record and for other parts.
+    - M = 8..64, round 3: the producer warp (`ws`) with the deepest ring that fits one CTA per
+      SM (st12 / st10 / st8 / st6 at M = 8 / 16 / 32 / 64), unsplit for N >= 6288 and split
+      2 / 4 / 8 for the smaller N; at M = 32 and 64 a k64 x 8-stage ring also won points.
+    - M = 8 and 16 keep three round-2 tiles (4 stages, two or three CTAs per SM) that still won
+      a point (shared_down, kda_in_tp8 at M = 8; shared_down at M = 16).
+    - M = 1..7 run the N = 8 tile with the evict-first weight stream, unchanged from round 2
+      (no producer-warp variant was measured there); M = 1 keeps only the one that won a point.
+    - The fused residual: the producer-warp tile at M = 16 and 64 (local reduction) and the
+      split-4 cluster tile at M = 16 (cluster reduction).
+    - x as the A operand (`wn`) measured slower than the swapped tile on every shape in round 2:
+      no variant ships; the knob stays for the record.
     """
-    # (wgs, bk, stages, splits)
-    plan: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-        8: ((1, 128, 4, 1), (1, 128, 4, 2), (1, 128, 4, 8)),
-        16: ((1, 128, 4, 1), (1, 128, 10, 1), (1, 128, 4, 4), (1, 128, 4, 8)),
-        32: ((1, 128, 4, 1), (1, 128, 8, 1), (1, 128, 4, 2), (1, 128, 4, 4), (1, 128, 4, 8)),
-        64: ((1, 128, 3, 4), (1, 128, 3, 8)),
-    }
-    out = [
-        WgmmaConfig(m, wgs, bk, st, sp) for m, tiles in plan.items() for wgs, bk, st, sp in tiles
-    ]
+
+    def ws(m: int, bk: int, stages: int, splits: int = 1, residual: bool = False) -> WgmmaConfig:
+        return WgmmaConfig(m, 1, bk, stages, splits, True, residual, ws=True)
+
+    deep = {8: 12, 16: 10, 32: 8, 64: 6}  # stages of the one-CTA-per-SM ring (bk = 128)
+    out = [ws(m, 128, st, sp) for m, st in deep.items() for sp in (1, 2, 4, 8)]
+    out += [ws(8, 128, 4, 8), ws(32, 128, 4, 8), ws(32, 64, 8), ws(64, 64, 8)]
     out += [
-        WgmmaConfig(16, 1, 128, 4, 2, evict_first=True),
-        WgmmaConfig(64, 1, 128, 6, 1, evict_first=True),
-        WgmmaConfig(64, 2, 64, 4, 1, evict_first=True),
+        WgmmaConfig(8, 1, 128, 4),
+        WgmmaConfig(8, 1, 128, 4, 2, early_trigger=True),
+        WgmmaConfig(16, 1, 128, 4),
     ]
     # the fused residual (y = x @ w^T + r), through both epilogues (local and cluster reduction)
-    out += [WgmmaConfig(16, 1, 128, 4, 4, residual=True), WgmmaConfig(64, 1, 128, 3, residual=True)]
-    # M = 1..7 on the N = 8 tile
     out += [
-        WgmmaConfig(1, 1, 128, 4, 1, evict_first=True),
-        WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True),
-        WgmmaConfig(1, 1, 128, 4, 8, evict_first=True),
+        ws(16, 128, 10, residual=True),
+        ws(64, 128, 6, residual=True),
+        WgmmaConfig(16, 1, 128, 4, 4, residual=True),
     ]
+    # M = 1..7 on the N = 8 tile
+    out += [WgmmaConfig(1, 1, 128, 4, 1, evict_first=True)]
     out += [
         WgmmaConfig(m, 1, 128, 4, sp, evict_first=True) for m in range(2, 8) for sp in (1, 2, 8)
-    ]
-    # early PDL trigger twins that won their point
-    out += [WgmmaConfig(8, 1, 128, 4, sp, early_trigger=True) for sp in (1, 2, 8)]
-    out += [
-        WgmmaConfig(16, 1, 128, 4, 2, evict_first=True, early_trigger=True),
-        WgmmaConfig(16, 1, 128, 10, 1, early_trigger=True),
-        WgmmaConfig(32, 1, 128, 4, 2, early_trigger=True),
-        WgmmaConfig(64, 1, 128, 3, 4, early_trigger=True),
     ]
     return tuple(out)
 

@@ -70,6 +70,9 @@ class WgmmaGemm:
         self.stages = cfg.stages
         self.splits = cfg.splits
         self.threads = cfg.threads
+        self.mma_threads = cfg.mma_threads
+        self.ws = cfg.ws
+        self.pw = cfg.mma_threads // 32  # the producer warp with ws (else warp 0 produces)
         self.residual = cfg.residual
         self.pdl = cfg.pdl
         self.tx_bytes = cfg.stage_bytes
@@ -176,7 +179,7 @@ class WgmmaGemm:
             barrier_storage=storage.bars.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.threads // 32),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_threads // 32),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -205,7 +208,8 @@ class WgmmaGemm:
             tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2)
         )
 
-        wg = cute.arch.make_warp_uniform(tidx // 128)
+        # the producer warp (ws) partitions like the last warpgroup and never issues wgmma
+        wg = cute.arch.make_warp_uniform(cutlass.min(tidx // 128, self.wgs - 1))
         thr_mma = tiled_mma.get_slice(wg * 128)
         sA, sB = (sX, sW) if const_expr(self.xa) else (sW, sX)
         tCsA = thr_mma.partition_A(sA)
@@ -213,7 +217,7 @@ class WgmmaGemm:
         tCrA = tiled_mma.make_fragment_A(tCsA)
         tCrB = tiled_mma.make_fragment_B(tCsB)
         # the accumulator fragment is per thread (A/B descriptors are per warpgroup)
-        tCsC = tiled_mma.get_slice(tidx).partition_C(sC)
+        tCsC = tiled_mma.get_slice(cutlass.min(tidx, self.mma_threads - 1)).partition_C(sC)
         acc = cute.make_rmem_tensor(tCsC.shape, Float32)
         acc.fill(0.0)
         k_blocks = cute.size(tCrA, mode=[2])
@@ -229,8 +233,9 @@ class WgmmaGemm:
         if const_expr(self.evict_first):
             pol = evict_first_policy()
         prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        pwarp = self.pw if const_expr(self.ws) else 0
         # 1) PDL: the first stages' weights stream before the grid dependency wait
-        if warp == 0:
+        if warp == pwarp:
             for _ in cutlass.range(npre, unroll=1):
                 pipe.producer_acquire(prod)
                 cute.copy(
@@ -246,7 +251,7 @@ class WgmmaGemm:
             if const_expr(not self.early_trigger):
                 cute.arch.griddepcontrol_launch_dependents()
         # 2) the same stages' x tiles (their barriers already expect both)
-        if warp == 0:
+        if warp == pwarp:
             xs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for _ in cutlass.range(npre, unroll=1):
                 cute.copy(
@@ -257,26 +262,14 @@ class WgmmaGemm:
                 )
                 xs.advance()
 
-        # 3) mainloop: wait a stage, 64 x m x bk of MMAs per warpgroup, release it, refill it
         cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        for _ in cutlass.range(kcnt, unroll=1):
-            pipe.consumer_wait(cons)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(k_blocks):
-                cute.gemm(
-                    tiled_mma,
-                    acc,
-                    tCrA[(None, None, kb, cons.index)],
-                    tCrB[(None, None, kb, cons.index)],
-                    acc,
-                )
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe.consumer_release(cons)
-            cons.advance()
-            if warp == 0:
-                if prod.count < kcnt:
+        if const_expr(self.ws):
+            # 3ws) the producer warp refills each stage as soon as the MMA warps release it; the
+            # MMA warps keep one wgmma group in flight: stage s's MMAs run while they wait for
+            # stage s + 1, and stage s - 1 is released once wait_group(1) says it is read
+            if warp == self.pw:
+                for _ in cutlass.range(kcnt - npre, unroll=1):
                     pipe.producer_acquire(prod)
                     bar = pipe.producer_get_barrier(prod)
                     cute.copy(
@@ -288,11 +281,65 @@ class WgmmaGemm:
                         tma_bar_ptr=bar,
                     )  # fmt: skip
                     prod.advance()
+            else:
+                rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                for i in cutlass.range(kcnt, unroll=1):
+                    pipe.consumer_wait(cons)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(
+                            tiled_mma,
+                            acc,
+                            tCrA[(None, None, kb, cons.index)],
+                            tCrB[(None, None, kb, cons.index)],
+                            acc,
+                        )
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    if i > 0:
+                        pipe.consumer_release(rel)
+                        rel.advance()
+                    cons.advance()
+                warpgroup.wait_group(0)
+        # 3) mainloop: wait a stage, 64 x m x bk of MMAs per warpgroup, release it, refill it
+        if const_expr(not self.ws):
+            for _ in cutlass.range(kcnt, unroll=1):
+                pipe.consumer_wait(cons)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        tCrA[(None, None, kb, cons.index)],
+                        tCrB[(None, None, kb, cons.index)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe.consumer_release(cons)
+                cons.advance()
+                if warp == 0:
+                    if prod.count < kcnt:
+                        pipe.producer_acquire(prod)
+                        bar = pipe.producer_get_barrier(prod)
+                        cute.copy(
+                            tma_w, tAgA[(None, k0 + prod.count)], tAsA[(None, prod.index)],
+                            tma_bar_ptr=bar, cache_policy=pol,
+                        )  # fmt: skip
+                        cute.copy(
+                            tma_x, tBgB[(None, k0 + prod.count)], tBsB[(None, prod.index)],
+                            tma_bar_ptr=bar,
+                        )  # fmt: skip
+                        prod.advance()
 
         # 4) partial tile to shared memory (once no warpgroup reads the ring any more), then
         # reduce over the cluster's K slices
         cute.arch.sync_threads()
-        cute.autovec_copy(acc, tCsC)
+        if const_expr(self.ws):
+            if tidx < self.mma_threads:
+                cute.autovec_copy(acc, tCsC)
+        else:
+            cute.autovec_copy(acc, tCsC)
         if const_expr(self.splits > 1):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
