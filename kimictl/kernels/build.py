@@ -49,15 +49,15 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "wstream_gemm": Family(
         "wstream_gemm", "CONFIGS", "_compile_wstream",
-        ("wstream_gemm.py", "wstream_gemm_dsl.py"), shipped=True,
+        ("wstream_gemm.py", "wstream_gemm_dsl.py", "aot.py"), shipped=True,
     ),
     "tcstream_gemm": Family(
         "tcstream_gemm", "TC_CONFIGS", "_compile_tcstream",
-        ("tcstream_gemm.py", "tcstream_gemm_dsl.py"), shipped=True,
+        ("tcstream_gemm.py", "tcstream_gemm_dsl.py", "aot.py"), shipped=True,
     ),
     "tcswap_gemm": Family(  # reuses tcstream's MMA and cluster-load helpers
         "tcswap_gemm", "SWAP_CONFIGS", "_compile_tcswap",
-        ("tcswap_gemm.py", "tcswap_gemm_dsl.py", "tcstream_gemm_dsl.py"), shipped=False,
+        ("tcswap_gemm.py", "tcswap_gemm_dsl.py", "tcstream_gemm_dsl.py", "aot.py"), shipped=False,
     ),
     "tcpipe_gemm": Family(
         "tcpipe_gemm", "PIPE_CONFIGS", "_compile_tcpipe",
@@ -65,7 +65,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "wgmma_gemm": Family(
         "wgmma_gemm", "WGMMA_CONFIGS", "_compile_wgmma",
-        ("wgmma_gemm.py", "wgmma_gemm_dsl.py"), shipped=True, arches=("sm_90a",),
+        ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py"), shipped=True, arches=("sm_90a",),
     ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent

@@ -113,25 +113,7 @@ TC_CONFIGS: tuple[TcStreamConfig, ...] = _tc_configs()
 
 def _compile_tcstream(cfg: TcStreamConfig, arch: str = "sm_90a") -> Any:
     """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import BFloat16
-
+    from kimictl.kernels.aot import compile_gemm
     from kimictl.kernels.tcstream_gemm_dsl import TcStreamGemm
 
-    n = cute.sym_int()
-    k = cute.sym_int(divisibility=VEC)
-    mX = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
-    )
-    mW = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
-    )
-    mY = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    mR = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    stream = cutlass.runtime.make_fake_stream()
-    return cute.compile(TcStreamGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
+    return compile_gemm(TcStreamGemm(cfg), cfg.m, arch)

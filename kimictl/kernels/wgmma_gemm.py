@@ -197,25 +197,7 @@ def _compile_wgmma(cfg: WgmmaConfig, arch: str = "sm_90a") -> Any:
     """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
     if arch != "sm_90a":
         raise ValueError(f"wgmma_gemm exists for sm_90a only, got {arch}")
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import BFloat16
-
+    from kimictl.kernels.aot import compile_gemm
     from kimictl.kernels.wgmma_gemm_dsl import WgmmaGemm
 
-    n = cute.sym_int()
-    k = cute.sym_int(divisibility=VEC)
-    mX = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
-    )
-    mW = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
-    )
-    mY = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    mR = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    stream = cutlass.runtime.make_fake_stream()
-    return cute.compile(WgmmaGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
+    return compile_gemm(WgmmaGemm(cfg), cfg.m, arch)

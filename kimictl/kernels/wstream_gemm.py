@@ -130,29 +130,10 @@ def kernel_name(cfg: WStreamConfig) -> str:
 
 def _compile_wstream(cfg: WStreamConfig, arch: str = "sm_90a") -> Any:
     """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
-    import cuda.bindings.driver as cuda  # noqa: F401  (the DSL resolves the stream type)
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import BFloat16
-
-    n = cute.sym_int()
-    k = cute.sym_int(divisibility=VEC)  # 16-byte rows: every (row, k/8) vector is aligned
-    mX = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
-    )
-    mW = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
-    )
-    mY = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    mR = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    stream = cutlass.runtime.make_fake_stream()
+    from kimictl.kernels.aot import compile_gemm
     from kimictl.kernels.wstream_gemm_dsl import WStreamGemm
 
-    return cute.compile(WStreamGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
+    return compile_gemm(WStreamGemm(cfg), cfg.m, arch)
 
 
 # The C entry point build.py generates for each variant (see build.C_WRAPPER):
