@@ -17,6 +17,7 @@ from kimictl.kernels.tcpipe_gemm import MAX_ACC, PIPE_CONFIGS, SMEM_LIMIT, TcPip
 SMALL = [
     TcPipeConfig(16, 48, 1, 2, bk=64, stages=3, residual=True),
     TcPipeConfig(64, 64, 2, 4, bk=128, stages=3, splits=4),
+    TcPipeConfig(8, 16, 1, 1, bk=256, stages=2),  # one warp: rows alternate per chunk (rstep 1)
 ]
 
 
@@ -62,11 +63,31 @@ def test_smem_holds_the_ring_and_the_reduction():
 def test_sweep_is_small_unique_and_fits_the_sm():
     names = [c.name for c in PIPE_CONFIGS]
     assert len(names) == len(set(names))
-    assert len(PIPE_CONFIGS) <= 40
-    assert {c.m for c in PIPE_CONFIGS} == {8, 16, 32, 64}
+    assert len(PIPE_CONFIGS) <= 50
+    assert {c.m for c in PIPE_CONFIGS} == {8, 16, 32, 64}  # sm_100 has no other M >= 16 family
     for c in PIPE_CONFIGS:
         assert c.smem_bytes <= SMEM_LIMIT and c.acc_regs <= MAX_ACC
-        assert c.warps <= 8
+        assert c.warps <= 16
+        # the DSL's fast loads need a fixed chunk column per thread
+        assert (32 * c.warps) % (c.bk // 8) == 0
+
+
+# One CTA per row block on the large shapes at M = 64 (round 2's H200 run): N / rows CTAs fill
+# the 132 SMs once (at one or two CTAs per SM) instead of leaving a partial last wave.
+@pytest.mark.parametrize(
+    ("n", "name", "ctas"),
+    [
+        (12448, "tcpipe_m64_r48_w1x4_k128_p4", 260),
+        (6288, "tcpipe_m64_r48_w1x4_k128_p3_s2", 262),
+        (20480, "tcpipe_m64_r160_w5x2_k128_p3", 128),
+    ],
+)
+def test_m64_grids_fill_whole_waves(n: int, name: str, ctas: int):
+    cfg = next(c for c in PIPE_CONFIGS if c.name == name)
+    grid = -(-n // cfg.rows) * cfg.splits
+    per_sm = 2 if cfg.smem_bytes + 1024 <= 228 * 1024 // 2 else 1
+    assert grid == ctas
+    assert 0.95 <= grid / (132 * per_sm) <= 1.0
 
 
 def _embedded_sm(obj: Path) -> int:

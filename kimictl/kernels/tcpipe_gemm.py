@@ -19,6 +19,14 @@ finalises 1/splits of the outputs with 16-byte distributed-shared-memory reads.
 
 PDL: the first stages - 1 weight tiles are issued before `griddepcontrol.wait`, x after it; the
 dependents are released as soon as the prologue is in flight.
+
+Loads in the main loop: a thread always owns the same 16-byte chunk column of its rows (threads
+is a multiple of the chunks per row), so a full k tile of in-range rows costs one 64-bit add and
+one cp.async per chunk; only the last k tile (K % bk) and the CTA holding the last rows of N take
+the clamped, zero-filling path. Same variant, round 2's H200 run against the clamped-only code:
+1-3 % faster on the large grids, 5-12 % on the short-K shapes (o_proj, shared_down, mla_q_b), and
+7-19 % slower where a few CTAs each stream all of K (router, fused_qkv_a without split-K), points
+that other variants and families serve.
 """
 
 from __future__ import annotations
@@ -103,54 +111,26 @@ class TcPipeConfig:
 
 
 # The sweep, as (m, rows, row_warps, k_warps, bk, stages, splits). Grids: ceil(N / rows) * splits
-# lands near 132 (one CTA per SM, ring up to ~224 KB) or 264 (two per SM, ring <= 112 KB) on the
-# K3 shapes, e.g. 2112/48*4 = 176, 6288/48 = 131, 12448/48 = 260, 448/16*8 = 224, 896/32*4 = 112,
-# 7168/112*2 = 128, 20480/160 = 128. First H200 run (benchmarks/RESULTS_tcpipe.md): every SM
-# moves ~28-32 GB/s at M <= 16 (latency and issue of 4 warps); at M = 64 the per-SM rate drops to
-# ~18-26 GB/s, bound by shared-memory traffic (x is read once per warp-row-group per k), so the
-# M >= 32 rows add 8-warp (bk 256) and 64-rows-per-warp tiles (half the x reads per weight byte).
-# Small shapes gain from rings <= ~64 KB: the next launch's CTAs fit beside this one's and PDL
-# lets them stream their weights during this kernel's tail.
+# lands near 132 (one CTA per SM, ring up to ~224 KB) or 264 (two per SM, ring <= ~113 KB) on the
+# K3 shapes, e.g. 12448/48 = 260, 6288/48*2 = 262, 7168/112*2 = 128, 20480/160 = 128. Kept: the
+# variants that beat cuBLAS somewhere in round 2's H200 run (benchmarks/RESULTS_tcpipe.md), plus
+# tcpipe's best M = 64 tile of each large shape, where none beats cuBLAS yet (on sm_100 tcpipe is
+# the only tensor-core family for M >= 16, so every M keeps a variant).
 _SWEEP: tuple[tuple[int, int, int, int, int, int, int], ...] = (
     (8, 48, 1, 4, 128, 8, 1),
     (8, 112, 1, 4, 128, 7, 2),
-    (8, 16, 1, 4, 128, 8, 8),
-    (8, 64, 1, 4, 128, 8, 4),
-    (16, 48, 1, 4, 128, 7, 4),
     (16, 48, 1, 4, 128, 7, 1),
     (16, 160, 2, 4, 128, 5, 1),
-    (16, 64, 1, 4, 128, 5, 2),
-    (16, 64, 1, 4, 128, 4, 4),
-    (16, 32, 1, 4, 128, 8, 8),
-    (16, 32, 1, 4, 128, 8, 4),
     (16, 48, 1, 8, 256, 6, 1),
-    (16, 64, 1, 8, 256, 4, 2),
-    (16, 48, 1, 4, 128, 4, 4),
-    (16, 64, 1, 4, 128, 3, 2),
-    (32, 48, 1, 4, 128, 5, 4),
-    (32, 112, 7, 1, 128, 6, 2),
-    (32, 48, 1, 4, 128, 5, 1),
-    (32, 160, 5, 1, 128, 4, 1),
-    (32, 112, 7, 1, 128, 6, 4),
-    (32, 64, 1, 4, 128, 4, 2),
-    (32, 32, 1, 4, 128, 7, 8),
-    (32, 32, 1, 4, 128, 7, 4),
-    (32, 48, 1, 8, 256, 5, 1),
-    (32, 64, 1, 8, 256, 4, 2),
-    (32, 128, 2, 4, 128, 5, 1),
-    (32, 48, 1, 4, 128, 3, 4),
-    (32, 32, 1, 4, 128, 4, 4),
-    (64, 48, 3, 2, 128, 4, 4),
-    (64, 64, 2, 4, 128, 3, 2),
-    (64, 32, 1, 4, 128, 4, 8),
-    (64, 32, 1, 4, 128, 4, 4),
-    (64, 48, 1, 4, 128, 4, 1),
-    (64, 48, 1, 4, 128, 4, 4),
-    (64, 64, 1, 4, 128, 3, 2),
-    (64, 64, 1, 4, 128, 6, 4),
-    (64, 96, 2, 4, 128, 5, 1),
-    (64, 128, 2, 4, 128, 4, 1),
-    (64, 64, 1, 8, 256, 3, 2),
+    (32, 48, 1, 4, 128, 5, 1),  # kda_in_tp8
+    (32, 48, 1, 8, 256, 5, 1),  # kda_in_tp16
+    (32, 160, 5, 2, 128, 4, 1),  # lm_head: 128 CTAs of 10 warps
+    (32, 112, 7, 1, 128, 6, 2),  # moe_latent_up: 128 CTAs
+    (32, 64, 1, 4, 128, 4, 2),  # moe_latent_down
+    (64, 48, 1, 4, 128, 4, 1),  # kda_in_tp8: 260 CTAs, one per SM
+    (64, 48, 1, 4, 128, 3, 2),  # kda_in_tp16: 262 CTAs at two per SM (86 KB ring)
+    (64, 160, 5, 2, 128, 3, 1),  # lm_head: 128 CTAs of 10 warps (32 rows each)
+    (64, 32, 1, 4, 128, 4, 1),  # moe_latent_up, o_proj, shared_down: 224 CTAs at two per SM
 )
 
 

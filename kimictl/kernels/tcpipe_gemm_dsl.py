@@ -169,6 +169,22 @@ class TcPipeGemm:
                 if idx < chunks:
                     cp_async_cg16(saddr, gaddr, nbytes)
 
+    @cute.jit
+    def load_tile_fast(self, sdst, gthread, rstride, soff, rfirst, total, tile):
+        """load_tile for a full k tile with every row in range: the thread's chunk column is fixed
+        (threads % chunks-per-row == 0), so each chunk is one 64-bit add and one cp.async."""
+        chunks = total * self.cpr
+        rstep = self.threads // self.cpr
+        g = gthread + Int64(tile * self.row_bytes)
+        for c in cutlass.range_constexpr((chunks + self.threads - 1) // self.threads):
+            saddr = sdst + soff[(c * rstep) % 2] + c * rstep * self.row_bytes
+            if const_expr((c + 1) * self.threads <= chunks):
+                cp_async_cg16(saddr, g, 16)
+            else:
+                if rfirst + c * rstep < total:
+                    cp_async_cg16(saddr, g, 16)
+            g = g + rstride
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         tidx, _, _ = cute.arch.thread_idx()
@@ -193,6 +209,19 @@ class TcPipeGemm:
         t0 = crank * per
         nt = cutlass.max(cutlass.min(ktiles - t0, per), 0)
         row0 = bidx * self.rows
+
+        # fast-path loads: thread tidx always owns chunk column tidx % cpr of rows
+        # tidx // cpr + c * rstep; the swizzle then only depends on the parity of c * rstep
+        rfirst = tidx // self.cpr
+        ch0 = tidx % self.cpr
+        rstride = Int64(self.threads // self.cpr) * k * 2
+        gw = wbase + (Int64(row0 + rfirst) * k + ch0 * VEC) * 2
+        gx = xbase + (Int64(rfirst) * k + ch0 * VEC) * 2
+        soff = [
+            rfirst * self.row_bytes + (ch0 ^ ((rfirst & 1) * 4)) * 16,
+            rfirst * self.row_bytes + (ch0 ^ (((rfirst + 1) & 1) * 4)) * 16,
+        ]
+        wfull = row0 + self.rows <= n  # every weight row of this CTA exists
 
         # fragment byte offsets inside one slot (the swizzle only depends on g & 1)
         sw = (g & 1) * 4
@@ -224,8 +253,14 @@ class TcPipeGemm:
             j = i + self.stages - 1
             if j < nt:
                 nslot = j % self.stages
-                self.load_tile(sbase, wbase, k, row0, n, self.rows, t0 + j, nslot, tidx)
-                self.load_tile(sbase + self.x_off, xbase, k, 0, self.m, self.m, t0 + j, nslot, tidx)
+                tj = t0 + j
+                sdst = sbase + nslot * self.stage_bytes
+                if wfull and (tj + 1) * self.bk <= k:
+                    self.load_tile_fast(sdst, gw, rstride, soff, rfirst, self.rows, tj)
+                    self.load_tile_fast(sdst + self.x_off, gx, rstride, soff, rfirst, self.m, tj)
+                else:
+                    self.load_tile(sbase, wbase, k, row0, n, self.rows, tj, nslot, tidx)
+                    self.load_tile(sbase + self.x_off, xbase, k, 0, self.m, self.m, tj, nslot, tidx)
             cute.arch.cp_async_commit_group()
             slot_base = sbase + (i % self.stages) * self.stage_bytes
             for u in cutlass.range_constexpr(self.kg_per_warp):
