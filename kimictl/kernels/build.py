@@ -61,7 +61,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "tcpipe_gemm": Family(
         "tcpipe_gemm", "PIPE_CONFIGS", "_compile_tcpipe",
-        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py"), shipped=True,
+        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py", "aot.py"), shipped=True,
     ),
     "wgmma_gemm": Family(
         "wgmma_gemm", "WGMMA_CONFIGS", "_compile_wgmma",

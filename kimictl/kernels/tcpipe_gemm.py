@@ -145,25 +145,7 @@ PIPE_CONFIGS: tuple[TcPipeConfig, ...] = _pipe_configs()
 
 def _compile_tcpipe(cfg: TcPipeConfig, arch: str = "sm_90a") -> Any:
     """Compile one variant from hashable facts only: fake tensors, dynamic N and K."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import BFloat16
-
+    from kimictl.kernels.aot import compile_gemm
     from kimictl.kernels.tcpipe_gemm_dsl import TcPipeGemm
 
-    n = cute.sym_int()
-    k = cute.sym_int(divisibility=VEC)
-    mX = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, k), stride_order=(1, 0), assumed_align=16
-    )
-    mW = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (n, k), stride_order=(1, 0), assumed_align=16
-    )
-    mY = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    mR = cute.runtime.make_fake_compact_tensor(
-        BFloat16, (cfg.m, n), stride_order=(1, 0), assumed_align=16
-    )
-    stream = cutlass.runtime.make_fake_stream()
-    return cute.compile(TcPipeGemm(cfg), mX, mW, mY, mR, stream, options=f"--gpu-arch {arch}")
+    return compile_gemm(TcPipeGemm(cfg), cfg.m, arch)
