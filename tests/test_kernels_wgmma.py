@@ -115,7 +115,7 @@ def test_config_rejects_what_the_kernel_cannot_do(kwargs: dict[str, int | bool],
 def test_sweep_is_small_unique_and_fits():
     names = [c.name for c in WGMMA_CONFIGS]
     assert len(names) == len(set(names))
-    assert len(WGMMA_CONFIGS) <= 60  # the whole shipped build compiles in a few minutes
+    assert len(WGMMA_CONFIGS) <= 80  # the whole shipped build compiles in a few minutes
     assert {c.m for c in WGMMA_CONFIGS} == set(WGMMA_MS)
     assert all(c.smem_bytes <= SMEM_LIMIT for c in WGMMA_CONFIGS)
     assert all(c.kernel == "wgmma_gemm" for c in WGMMA_CONFIGS)
@@ -136,7 +136,8 @@ def test_sweep_is_small_unique_and_fits():
         deep = [c for c in WGMMA_CONFIGS if c.m == m and c.ws and c.bk == 128 and not c.residual]
         assert {1, 2, 4, 8} <= {c.splits for c in deep}, m
         assert min(c.ctas_per_sm for c in deep if c.stages >= 6) == 1
-    assert not any(c.ws for c in WGMMA_CONFIGS if c.m < 8)
+    # M = 2..7 also get the M = 8 deep ring (the same 8-row x tile); M = 1 stays on the GEMV
+    assert {c.m for c in WGMMA_CONFIGS if c.ws} == set(range(2, 9)) | {16, 32, 64}
     # x-as-A measured slower everywhere: none ships
     assert not any(c.wn for c in WGMMA_CONFIGS)
 

@@ -157,8 +157,9 @@ def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
       2 / 4 / 8 for the smaller N; at M = 32 and 64 a k64 x 8-stage ring also won points.
     - M = 8 and 16 keep three round-2 tiles (4 stages, two or three CTAs per SM) that still won
       a point (shared_down, kda_in_tp8 at M = 8; shared_down at M = 16).
-    - M = 1..7 run the N = 8 tile with the evict-first weight stream, unchanged from round 2
-      (no producer-warp variant was measured there); M = 1 keeps only the one that won a point.
+    - M = 1..7 run the N = 8 tile with the evict-first weight stream, unchanged from round 2;
+      M = 1 keeps only the one that won a point. M = 2..7 also get the M = 8 producer-warp ring
+      (lead, after round 3: measured in the final combined run).
     - The fused residual: the producer-warp tile at M = 16 and 64 (local reduction) and the
       split-4 cluster tile at M = 16 (cluster reduction).
     - x as the A operand (`wn`) measured slower than the swapped tile on every shape in round 2:
@@ -187,6 +188,8 @@ def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
     out += [
         WgmmaConfig(m, 1, 128, 4, sp, evict_first=True) for m in range(2, 8) for sp in (1, 2, 8)
     ]
+    # M = 2..7 on the producer-warp ring that wins M = 8 (same 8-row x tile, same smem)
+    out += [ws(m, 128, deep[8], sp) for m in range(2, 8) for sp in (1, 2, 4, 8)]
     return tuple(out)
 
 
