@@ -14,7 +14,6 @@ import pytest
 from kimictl.kernels import build as kbuild
 from kimictl.kernels.harness import arch_of
 from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TC_MS, TcStreamConfig
-from kimictl.kernels.tcswap_gemm import SWAP_CONFIGS, TcSwapConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M, TILES, WStreamConfig, default_config
 
 # Three variants span the regimes that change the generated code: SIMT M=1 one row per CTA, SIMT
@@ -168,35 +167,17 @@ def test_find_build_prefers_the_installed_cache(tmp_path: Path, monkeypatch: pyt
     assert find_build("sm_100a", [cache, tree]) is None
 
 
-def test_tcswap_configs_are_experimental_and_validate():
-    names = [c.name for c in SWAP_CONFIGS]
-    assert len(set(names)) == len(names)
-    assert set(SWAP_CONFIGS) <= set(kbuild.EXPERIMENTAL_CONFIGS)
-    assert not set(names) & {c.name for c in kbuild.ALL_CONFIGS}  # not in the default build
-    assert all(c.smem_bytes <= 48 * 1024 for c in SWAP_CONFIGS)
-    assert {c.m for c in SWAP_CONFIGS if c.prefetch} == {16, 32, 64}
-    cfg = TcSwapConfig(64, 4, 1, 4, 4, prefetch=True)
-    assert (cfg.rows, cfg.m_tiles, cfg.smem_bytes) == (32, 4, 4 * 32 * 64 * 4)
-    assert cfg.name == "tcswap_m64_w4_u1_b4_s4_pf"
-    with pytest.raises(ValueError):
-        TcSwapConfig(65, 4, 1, 4)
-    with pytest.raises(ValueError):
-        TcSwapConfig(16, 4, 1, 4, 3)  # a cluster of 3 CTAs is not built
+def test_only_shipped_families_enter_the_manifest_hash(monkeypatch: pytest.MonkeyPatch):
+    from dataclasses import replace
 
-
-def test_experimental_tcswap_builds_without_changing_the_shipped_hash(tmp_path: Path):
-    if kbuild.dsl_version() is None:
-        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
-    cfg = TcSwapConfig(32, 4, 1, 4, 4, prefetch=True)  # cluster + prefetch: every code path
-    assert cfg in SWAP_CONFIGS
-    result = kbuild.build("sm_90a", tmp_path, configs=[cfg])
-    manifest = kbuild.read_manifest(result.out_dir)
-    assert manifest is not None
-    (entry,) = manifest["kernels"]
-    assert entry["kernel"] == "tcswap_gemm" and entry["prefetch"] is True
-    assert _embedded_sm(result.out_dir / entry["object"]) == 90
-    stamp = (result.out_dir / f"{cfg.name}.stamp").read_text()
-    assert stamp == f"{kbuild.source_hash('tcswap_gemm')} {kbuild.dsl_version()}"
-    # the shipped hash (what the H200 verify fixture is checked against) covers shipped kernels only
-    assert manifest["source_hash"] == kbuild.source_hash()
-    assert kbuild.source_hash("tcswap_gemm") != kbuild.source_hash("tcstream_gemm")
+    shipped = kbuild.source_hash()
+    assert shipped == kbuild.source_hash()  # deterministic
+    # a family taken out of the default build leaves the shipped hash and the default configs
+    monkeypatch.setitem(
+        kbuild.FAMILIES, "tcpipe_gemm", replace(kbuild.FAMILIES["tcpipe_gemm"], shipped=False)
+    )
+    assert kbuild.source_hash() != shipped
+    assert {c.kernel for c in kbuild._configs(shipped=False)} == {"tcpipe_gemm"}
+    assert "tcpipe_gemm" not in {c.kernel for c in kbuild._configs(shipped=True)}
+    # a family's own hash covers the shared compile helper too
+    assert "aot.py" in kbuild.FAMILIES["wstream_gemm"].sources
