@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.kernels import build as kbuild
+from kimictl.kernels.build import embedded_sm
 from kimictl.kernels.harness import arch_of
 from kimictl.kernels.tcstream_gemm import TC_CONFIGS, TC_MS, TcStreamConfig
 from kimictl.kernels.wstream_gemm import CONFIGS, MAX_M, TILES, WStreamConfig, default_config
@@ -25,17 +26,6 @@ SMALL = [
     WStreamConfig(8, 32, 3, 4, residual=True),
     TcStreamConfig(16, 4, 2, 1, 2),
 ]
-
-
-def _embedded_sm(obj: Path) -> int:
-    """SM number of the CUDA ELF (e_machine 190) embedded in an exported host object."""
-    data = obj.read_bytes()
-    i = data.find(b"\x7fELF", 1)
-    while i >= 0:
-        if struct.unpack_from("<H", data, i + 18)[0] == 190:
-            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
-        i = data.find(b"\x7fELF", i + 4)
-    raise AssertionError(f"{obj} holds no cubin")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +48,7 @@ def test_build_exports_objects_for_the_arch(built, arch: str, sm: int):
     for entry in manifest["kernels"]:
         obj = result.out_dir / entry["object"]
         assert obj.stat().st_size > 1000
-        assert _embedded_sm(obj) == sm
+        assert embedded_sm(obj) == sm
         assert entry["kernel"] in ("wstream_gemm", "tcstream_gemm")
         assert entry["symbol"] == f"kimictl_{entry['name']}"
     assert manifest["runtime_lib"] == kbuild.RUNTIME_LIB
@@ -181,3 +171,18 @@ def test_only_shipped_families_enter_the_manifest_hash(monkeypatch: pytest.Monke
     assert "tcpipe_gemm" not in {c.kernel for c in kbuild._configs(shipped=True)}
     # a family's own hash covers the shared compile helper too
     assert "aot.py" in kbuild.FAMILIES["wstream_gemm"].sources
+
+
+def test_embedded_sm_reads_the_cubin_and_is_none_without_one(tmp_path: Path):
+    # a minimal host object: some bytes, then an ELF header whose e_machine is 190 (CUDA) and
+    # whose e_flags carry sm_90 in bits 8..15, as the DSL's exported objects do
+    cubin = bytearray(0x40)
+    cubin[0:4] = b"\x7fELF"
+    struct.pack_into("<H", cubin, 18, 190)
+    struct.pack_into("<I", cubin, 0x30, 90 << 8)
+    obj = tmp_path / "k.o"
+    obj.write_bytes(b"\x7fELF" + b"\0" * 60 + bytes(cubin))
+    assert kbuild.embedded_sm(obj) == 90
+    plain = tmp_path / "plain.o"
+    plain.write_bytes(b"\x7fELF" + b"\0" * 200)
+    assert kbuild.embedded_sm(plain) is None

@@ -3,12 +3,12 @@ constraints, and the AOT build for sm_90a and sm_100a on a machine with no GPU."
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import pytest
 
 from kimictl.kernels import build as kbuild
+from kimictl.kernels.build import embedded_sm
 from kimictl.kernels.tcpipe_gemm import MAX_ACC, PIPE_CONFIGS, SMEM_LIMIT, TcPipeConfig
 
 # The two code paths that differ beyond constants: one CTA per row block (shared-memory
@@ -90,17 +90,6 @@ def test_m64_grids_fill_whole_waves(n: int, name: str, ctas: int):
     assert 0.95 <= grid / (132 * per_sm) <= 1.0
 
 
-def _embedded_sm(obj: Path) -> int:
-    """SM number of the CUDA ELF (e_machine 190) embedded in an exported host object."""
-    data = obj.read_bytes()
-    i = data.find(b"\x7fELF", 1)
-    while i >= 0:
-        if struct.unpack_from("<H", data, i + 18)[0] == 190:
-            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
-        i = data.find(b"\x7fELF", i + 4)
-    raise AssertionError(f"{obj} holds no cubin")
-
-
 @pytest.mark.parametrize(("arch", "sm"), [("sm_90a", 90), ("sm_100a", 100)])
 def test_build_exports_tcpipe_variants(tmp_path: Path, arch: str, sm: int):
     if kbuild.dsl_version() is None:
@@ -112,5 +101,5 @@ def test_build_exports_tcpipe_variants(tmp_path: Path, arch: str, sm: int):
     wrapper = (result.out_dir / kbuild.WRAPPER).read_text()
     for entry in manifest["kernels"]:
         assert entry["kernel"] == "tcpipe_gemm"
-        assert _embedded_sm(result.out_dir / entry["object"]) == sm
+        assert embedded_sm(result.out_dir / entry["object"]) == sm
         assert f'extern "C" int kimictl_{entry["name"]}(void* x, void* w' in wrapper

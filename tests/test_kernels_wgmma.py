@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.kernels import build as kbuild
+from kimictl.kernels.build import embedded_sm
 from kimictl.kernels.wgmma_gemm import (
     SMEM_LIMIT,
     WGMMA_CONFIGS,
@@ -150,17 +150,6 @@ def test_registered_for_hopper_only():
         _compile_wgmma(SMALL[0], "sm_100a")
 
 
-def _embedded_sm(obj: Path) -> int:
-    """SM number of the CUDA ELF (e_machine 190) inside an exported host object."""
-    data = obj.read_bytes()
-    i = data.find(b"\x7fELF", 1)
-    while i >= 0:
-        if struct.unpack_from("<H", data, i + 18)[0] == 190:
-            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
-        i = data.find(b"\x7fELF", i + 4)
-    raise AssertionError(f"{obj} holds no cubin")
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> kbuild.BuildResult:
     if kbuild.dsl_version() is None:
@@ -174,7 +163,7 @@ def test_build_exports_sm90_objects(built: kbuild.BuildResult):
     assert [k["name"] for k in manifest["kernels"]] == [c.name for c in SMALL]
     for entry in manifest["kernels"]:
         assert entry["kernel"] == "wgmma_gemm"
-        assert _embedded_sm(built.out_dir / entry["object"]) == 90
+        assert embedded_sm(built.out_dir / entry["object"]) == 90
 
 
 def test_entry_points_keep_n_and_k_runtime(built: kbuild.BuildResult):

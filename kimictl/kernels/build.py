@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -126,6 +127,17 @@ class BuildResult:
             "reused": self.reused,
             "seconds": round(self.seconds, 2),
         }
+
+
+def embedded_sm(obj: Path) -> int | None:
+    """SM number of the CUDA ELF (e_machine 190) inside an exported host object, None if none."""
+    data = obj.read_bytes()
+    i = data.find(b"\x7fELF", 1)
+    while i >= 0:
+        if struct.unpack_from("<H", data, i + 18)[0] == 190:
+            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
+        i = data.find(b"\x7fELF", i + 4)
+    return None
 
 
 def read_manifest(arch_dir: Path) -> dict[str, Any] | None:
@@ -278,6 +290,10 @@ def build(
             except Exception as exc:
                 raise RuntimeError(f"building {name} for {arch} failed: {exc}") from exc
             side.write_text(stamp)
+        # the cubin inside must be for the arch asked (a stray CUTE_DSL_ARCH must not slip through)
+        sm = embedded_sm(obj)
+        if sm != int(arch[3:-1]):
+            raise RuntimeError(f"{name}.o holds a cubin for sm_{sm}, not {arch}: rebuild it")
         header = hdr.read_text()
         entries.append((name, header))
         kernels.append(
