@@ -190,6 +190,38 @@ def test_demo_end_to_end_stops_everything(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_demo_keep_leaves_both_servers_serving_until_stopped(
+    tmp_path: Path, state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import httpx
+
+    _cpu_runtime_or_skip()
+    out = tmp_path / "kept"
+    args = ["demo", "--keep", "--sessions", "2", "--num-prompts", "4", "--warmup", "0"]
+    try:
+        code = main([*args, "--out", str(out), "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err[-3000:]
+        saved = json.loads((out / "demo.json").read_text())
+        assert saved["kept_running"] is True and saved["interrupted"] is False
+        live = runs.list_runs()
+        assert sorted(r.id for r in live) == sorted(r["id"] for r in saved["runs"])
+        for record in live:  # still serving after the demo returned: real HTTP
+            reply = httpx.get(f"{record.url}/v1/models", timeout=30)
+            assert reply.status_code == 200
+            assert [m["id"] for m in reply.json()["data"]] == [record.model]
+        assert main(["stop", "--all", "--json"]) == 0
+        capsys.readouterr()
+        assert runs.list_runs() == []
+        for record in runs.list_runs(include_finished=True):
+            assert record.state is runs.RunState.STOPPED and not runs.is_alive(record)
+    finally:  # never leave servers behind, whatever failed above
+        if runs.list_runs():
+            main(["stop", "--all", "--grace", "2"])
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_during_start_up_stops_both_servers(tmp_path: Path, state: Path) -> None:
     _cpu_runtime_or_skip()
