@@ -184,21 +184,26 @@ def test_other_arches_skip_the_family(tmp_path: Path):
     assert "kimictl_wgmma" not in (result.out_dir / kbuild.WRAPPER).read_text()
 
 
-def test_m1_x_copy_stays_two_dimensional(tmp_path: Path):
-    """A static size-1 row mode made the DSL emit a 1-d TMA for x's 8-row box (an illegal
-    instruction on the H200): the M = 1 variant's PTX must load x with a 2-d copy like the
-    weights, and issue the early PDL trigger before the grid dependency wait."""
+def _ptx_of(cfg_args: str, tmp_path: Path) -> str:
+    """PTX of `WgmmaConfig(<cfg_args>)` built for sm_90a in a fresh process (the DSL dumps it)."""
     if kbuild.dsl_version() is None:
         pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
     code = (
         "from kimictl.kernels.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
-        "_compile_wgmma(WgmmaConfig(1, 1, 128, 4, 2, evict_first=True, early_trigger=True))"
+        f"_compile_wgmma(WgmmaConfig({cfg_args}))"
     )
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
            "CUTE_DSL_DUMP_DIR": str(tmp_path)}  # fmt: skip
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     (ptx_file,) = tmp_path.glob("*.ptx")
-    ptx = ptx_file.read_text()
+    return ptx_file.read_text()
+
+
+def test_m1_x_copy_stays_two_dimensional(tmp_path: Path):
+    """A static size-1 row mode made the DSL emit a 1-d TMA for x's 8-row box (an illegal
+    instruction on the H200): the M = 1 variant's PTX must load x with a 2-d copy like the
+    weights, and issue the early PDL trigger before the grid dependency wait."""
+    ptx = _ptx_of("1, 1, 128, 4, 2, evict_first=True, early_trigger=True", tmp_path)
     copies = re.findall(r"cp\.async\.bulk\.tensor\.(\d)d", ptx)
     assert copies and set(copies) == {"2"}, copies
     assert "m64n8k16" in ptx
@@ -210,17 +215,7 @@ def test_m1_x_copy_stays_two_dimensional(tmp_path: Path):
 def test_producer_warp_keeps_one_wgmma_group_in_flight(tmp_path: Path):
     """The `ws` variant launches 160 threads (one MMA warpgroup + the producer warp) and its MMA
     warps wait with `wgmma.wait_group 1` in the loop (then 0 once after it)."""
-    if kbuild.dsl_version() is None:
-        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
-    code = (
-        "from kimictl.kernels.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
-        "_compile_wgmma(WgmmaConfig(32, 1, 128, 8, 2, evict_first=True, ws=True))"
-    )
-    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",
-           "CUTE_DSL_DUMP_DIR": str(tmp_path)}  # fmt: skip
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
-    (ptx_file,) = tmp_path.glob("*.ptx")
-    ptx = ptx_file.read_text()
+    ptx = _ptx_of("32, 1, 128, 8, 2, evict_first=True, ws=True", tmp_path)
     assert re.search(r"\.reqntid 160, 1, 1", ptx)
     assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx) == ["1", "0"]
     assert "m64n32k16" in ptx

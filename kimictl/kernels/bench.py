@@ -243,10 +243,9 @@ def settle_chains(table: DispatchTable, chains: list[dict[str, Any]]) -> None:
         chain["dispatched_us"] = chain["candidates"][best]
         chain["dispatched_tbps"] = chain["bytes"] / chain["dispatched_us"] / 1e6
         chain["speedup"] = chain["cublas_us"] / chain["dispatched_us"]
-        chain["choices"] = {s: table.choose(n, k, chain["m"]).name for s, n, k in chain["layer"]}
-        chain["dispatched_predicted_us"] = sum(
-            table.choose(n, k, chain["m"]).us or 0.0 for _, n, k in chain["layer"]
-        )
+        chosen = {s: table.choose(n, k, chain["m"]) for s, n, k in chain["layer"]}
+        chain["choices"] = {s: c.name for s, c in chosen.items()}
+        chain["dispatched_predicted_us"] = sum(c.us or 0.0 for c in chosen.values())
         del chain["layer"]
         # the per-point rule is not enough when neighbours interact: a layer chain of the chosen
         # kernels that loses to cuBLAS sends that M back to cuBLAS everywhere

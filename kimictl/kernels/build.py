@@ -83,7 +83,6 @@ def _configs(shipped: bool) -> tuple[Any, ...]:
     return tuple(out)
 
 
-SHIPPED_KERNELS = tuple(k for k, fam in FAMILIES.items() if fam.shipped)
 ALL_CONFIGS: tuple[Any, ...] = _configs(shipped=True)
 EXPERIMENTAL_CONFIGS: tuple[Any, ...] = _configs(shipped=False)
 
