@@ -46,6 +46,21 @@ def test_build_rejects_unknown_arch(capsys):
     assert "--arch 'sm_80' is not supported; allowed: sm_90a, sm_100a, sm_103a" in err
 
 
+def test_build_out_that_is_a_file_is_bad_input_and_the_file_survives(tmp_path):
+    from kimictl.kernels.build import dsl_version
+
+    if dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    out = tmp_path / "notes.txt"
+    out.write_text("mine\n")
+    # its own process: importing the DSL here would change later in-process builds' DSL state
+    cmd = [sys.executable, "-m", "kimictl.cli", "kernels", "build", "--arch", "sm_90a"]
+    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot use {out / 'sm_90a'} as the build folder (Not a directory)" in proc.stderr
+    assert "kimictl bug" not in proc.stderr and out.read_text() == "mine\n"
+
+
 def test_dry_run_without_stack_is_bad_input(capsys):
     assert main(["kernels", "install", "--dry-run"]) == 2
     assert "--dry-run applies to --stack only" in capsys.readouterr().err

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.errors import InputError
+
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
 MANIFEST = "manifest.json"
@@ -267,7 +269,10 @@ def build(
     stamps = {k: f"{source_hash(k)} {version}" for k in kernels_used}
 
     arch_dir = (out or default_build_dir()) / arch
-    arch_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        arch_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission: the user's input, not a bug
+        raise InputError(f"cannot use {arch_dir} as the build folder ({exc.strerror})") from exc
     src_hash = source_hash()
     t0 = time.perf_counter()
     kernels: list[dict[str, Any]] = []
