@@ -102,6 +102,41 @@ def start_cpu_server_retrying(run_dir: Path, attempts: int = 2, **kwargs: object
     raise AssertionError("unreachable")
 
 
+def run_cli_diagnosed(
+    args: list[str], *, timeout: float, server: Server | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m kimictl ARGS` in its own process. If it outlives `timeout`, fail with where it
+    was (faulthandler's stacks), what the machine was running and the server log's tail."""
+    import os
+    import signal
+    import sys
+
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kimictl", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        out, err = proc.communicate()
+        top = subprocess.run(
+            ["ps", "-eo", "pid,ppid,stat,pcpu,rss,etimes,args", "--sort=-pcpu"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        log = server.log_path.read_text(errors="replace")[-3000:] if server else ""
+        pytest.fail(
+            f"kimictl {' '.join(args)} ran past {timeout:g} s.\n--- its stderr:\n{err[-6000:]}"
+            f"\n--- processes:\n{top[:4000]}\n--- server log tail:\n{log}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="session")
 def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_cpu_server_retrying(tmp_path_factory.mktemp("cpu-server"))

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import run_cli_diagnosed
 
 from kimictl.cli import main
 from kimictl.runtime.gpu_telemetry import GpuTelemetry
@@ -378,6 +379,29 @@ def test_once_with_nothing_answering_exits_1(capsys: pytest.CaptureFixture[str])
     assert "no endpoint answered /metrics" in captured.err
 
 
+async def test_once_ends_even_when_a_scrape_never_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scrape stuck past its own timeout must not keep --once (or --duration) alive."""
+    from kimictl.runtime import metrics
+
+    async def stuck(self: EndpointPoller, client: Any, *, interval: float) -> bool:
+        await asyncio.Event().wait()  # never set
+        return False
+
+    monkeypatch.setattr(EndpointPoller, "poll", stuck)
+    poller = EndpointPoller("e", "http://127.0.0.1:9")
+    began = time.monotonic()
+    doc = await asyncio.wait_for(
+        metrics.watch(
+            [poller], interval=0.05, window_s=0.2, duration_s=0.3, on_tick=lambda d: None
+        ),
+        timeout=30,
+    )
+    assert time.monotonic() - began < 0.3 + metrics.scrape_timeout(0.05) + 3
+    assert doc["endpoints"]["e"]["last_ok_at"] is None
+
+
 def test_help_imports_no_textual() -> None:
     code = (
         "import sys; from kimictl.cli import main; "
@@ -448,21 +472,10 @@ def test_once_json_on_the_real_server(cpu_server: Any) -> None:
     thread = threading.Thread(target=load)
     thread.start()
     try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kimictl",
-                "monitor",
-                "--once",
-                "--json",
-                "--window",
-                "4s",
-                cpu_server.url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        out = run_cli_diagnosed(
+            ["monitor", "--once", "--json", "--window", "4s", cpu_server.url],
+            timeout=240,
+            server=cpu_server,
         )
     finally:
         stop.set()

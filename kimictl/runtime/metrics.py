@@ -814,6 +814,13 @@ class MetricsSeries:
 # --- polling endpoints (shared by the TUI and headless `kimictl monitor`) -------------------------
 CHART_WINDOW_S = 10.0  # each history point is the figure over the 10 s before it
 MAX_BACKOFF_S = 10.0
+
+
+def scrape_timeout(interval: float) -> float:
+    """A loaded server can take a while to render /metrics: allow 2 intervals (2-10 s)."""
+    return max(2.0, min(2 * interval, 10.0))
+
+
 STALE_AFTER_INTERVALS = 2.5
 HISTORY_POINTS = 900
 
@@ -1057,8 +1064,7 @@ class EndpointPoller:
         now = time.monotonic()
         if not self.due(now):
             return False
-        # a loaded server can take a while to render /metrics: allow 2 intervals (2-10 s)
-        timeout = max(2.0, min(2 * interval, 10.0))
+        timeout = scrape_timeout(interval)
         try:
             if self.keepalive and self.url.startswith("http://"):
                 if self._conn is None:
@@ -1268,22 +1274,34 @@ async def _watch_loop(
     full_window: bool,
 ) -> dict[str, Any]:
     ab = ab_pair_of([p.name for p in pollers])
-    start = time.monotonic()
-    last: dict[str, Any] = {}
-    tick = 0
-    while True:
-        await poll_all(pollers, client, interval=interval)
+
+    def snapshot() -> dict[str, Any]:
         views = [p.view(window_s, interval=interval) for p in pollers]
         gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
-        last = monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
-        on_tick(last)
-        tick += 1
-        if full_window:
-            answering = [p for p in pollers if p.series.latest is not None]
-            if answering and all(p.series.span_s >= window_s for p in answering):
-                return last
-        if duration_s is not None and time.monotonic() - start >= duration_s:
-            return last
-        # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
-        next_at = start + tick * interval
-        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        return monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
+
+    start = time.monotonic()
+    # a hard stop one scrape timeout past --duration: whatever an await does (a socket that
+    # ignores its own timeout, a stalled loop), --once and --duration always end
+    deadline = None
+    if duration_s is not None:
+        deadline = asyncio.get_running_loop().time() + duration_s + scrape_timeout(interval) + 1
+    tick = 0
+    try:
+        async with asyncio.timeout_at(deadline):
+            while True:
+                await poll_all(pollers, client, interval=interval)
+                last = snapshot()
+                on_tick(last)
+                tick += 1
+                if full_window:
+                    answering = [p for p in pollers if p.series.latest is not None]
+                    if answering and all(p.series.span_s >= window_s for p in answering):
+                        return last
+                if duration_s is not None and time.monotonic() - start >= duration_s:
+                    return last
+                # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
+                next_at = start + tick * interval
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    except TimeoutError:
+        return snapshot()
