@@ -114,6 +114,7 @@ def run_cli_diagnosed(
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kimictl", *args],
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
