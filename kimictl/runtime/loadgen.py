@@ -796,30 +796,51 @@ async def run_load(
     out = RecordList()
     endpoints = {t.name: _Endpoint(t.url, t.api_key) for t in targets}
     t_run = time.perf_counter()
+
+    def point_run(
+        t: LoadTarget,
+        point: LoadPoint,
+        *,
+        repeat: int,
+        warmup: bool,
+        sessions_seed: int,
+        num_prompts: int | None,
+        duration: float | None,
+        rng_seed: int,
+    ) -> _PointRun:
+        return _PointRun(
+            target=t,
+            endpoint=endpoints[t.name],
+            point=point,
+            repeat=repeat,
+            warmup=warmup,
+            sessions=workload.sessions(sessions_seed),
+            num_prompts=num_prompts,
+            duration=duration,
+            timeout=timeout,
+            chat=chat,
+            ignore_eos=ignore_eos,
+            t_run=t_run,
+            out=out,
+            stop=stop,
+            on_record=on_record,
+            rng=random.Random(rng_seed),
+        )
+
     try:
         if warmup > 0:
             for t in targets:
                 if stop.is_set() or out.stop_reason:
                     break
-                pr = _PointRun(
-                    target=t,
-                    endpoint=endpoints[t.name],
-                    point=LoadPoint(
-                        concurrency=min(warmup, max(p.concurrency or 1 for p in points))
-                    ),
+                pr = point_run(
+                    t,
+                    LoadPoint(concurrency=min(warmup, max(p.concurrency or 1 for p in points))),
                     repeat=0,
                     warmup=True,
-                    sessions=workload.sessions(seed + 7919),
+                    sessions_seed=seed + 7919,
                     num_prompts=warmup,
                     duration=None,
-                    timeout=timeout,
-                    chat=chat,
-                    ignore_eos=ignore_eos,
-                    t_run=t_run,
-                    out=out,
-                    stop=stop,
-                    on_record=on_record,
-                    rng=random.Random(seed),
+                    rng_seed=seed,
                 )
                 await _run_point(pr, stop)
                 if pr.abort and not pr.any_success:
@@ -830,23 +851,15 @@ async def run_load(
                 on_point(t, point, r)
             key = (t.name, point.label, r)
             before = await _scrape(t) if scrape_metrics else None
-            pr = _PointRun(
-                target=t,
-                endpoint=endpoints[t.name],
-                point=point,
+            pr = point_run(
+                t,
+                point,
                 repeat=r,
                 warmup=False,
-                sessions=workload.sessions(seed),
+                sessions_seed=seed,
                 num_prompts=num_prompts,
                 duration=duration,
-                timeout=timeout,
-                chat=chat,
-                ignore_eos=ignore_eos,
-                t_run=t_run,
-                out=out,
-                stop=stop,
-                on_record=on_record,
-                rng=random.Random(seed * 1000003 + i),
+                rng_seed=seed * 1000003 + i,
             )
             await _run_point(pr, stop)
             if pr.first is not None:
