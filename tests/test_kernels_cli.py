@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -128,7 +129,6 @@ def test_driver_must_support_cuda_13(driver, ok):
 
 
 def test_bench_rendering_of_the_recorded_h200_run(capsys):
-    from pathlib import Path
 
     from kimictl.commands.kernels import _render_bench
     from kimictl.kernels.bench import BenchReport
@@ -145,3 +145,79 @@ def test_bench_rendering_of_the_recorded_h200_run(capsys):
     assert "decode GEMMs on NVIDIA H200" in out
     assert "lm_head" in out and "layer chain M=1" in out
     assert f"{raw['summary']['geomean_speedup_dispatched']:.2f}x" in out
+
+
+# ---- kernels table: what the recorded H200 table runs where (no GPU needed)
+
+H200_TABLE = Path(__file__).parent / "fixtures" / "kernels" / "bench_h200_table.json"
+H200_FINAL_BENCH = (
+    Path(__file__).parents[1] / "benchmarks" / "results" / "kernels_h200_final_bench.json"
+)
+
+
+def _table_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["kernels", "table", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_table_of_the_recorded_h200_run(capsys):
+    doc = _table_json(capsys, "--from", str(H200_TABLE))
+    final = json.loads(H200_FINAL_BENCH.read_text())
+    # the same table gives the figure the device's bench reported
+    assert doc["geomean_speedup"] == pytest.approx(final["summary"]["geomean_speedup_dispatched"])
+    assert len(doc["points"]) == 84 and doc["unmeasured_points"] == 0
+    kept = {(p["shape"], p["m"]) for p in doc["points"] if p["provider"] == "cublas"}
+    assert kept == {("kda_in_tp8", 64), ("kda_in_tp16", 64), ("lm_head", 64)}
+    assert doc["kimictl_points"] == 81
+    # never a kernel measured slower than cuBLAS; the layer chain's family restriction holds
+    assert all(p["speedup"] >= 1.0 for p in doc["points"])
+    m1 = {p["kernel"].split("_", 1)[0] for p in doc["points"] if p["m"] == 1}
+    assert m1 <= set(doc["families_ms"]["1"]) == {"tcstream", "wstream"}
+    # a bench report holding the table reads the same
+    assert _table_json(capsys, "--from", str(H200_FINAL_BENCH))["points"] == doc["points"]
+
+
+def test_table_renders_every_shape_and_the_geomean(capsys):
+    assert main(["kernels", "table", "--from", str(H200_TABLE)]) == 0
+    out = capsys.readouterr().out
+    from kimictl.kernels.dispatch import K3_GEMM_SHAPES
+
+    assert all(name in out for name, _n, _k in K3_GEMM_SHAPES)
+    assert "81 of 84 points" in out and "1.39x" in out and "cuBLAS" in out
+    assert "M=1: only tcstream, wstream" in out
+
+
+def test_table_finds_the_node_install_and_asks_when_there_are_several(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path))
+    assert main(["kernels", "table"]) == 1  # nothing installed on this node
+    assert "kimictl kernels install" in capsys.readouterr().err
+    (tmp_path / "kernels" / "sm_90a").mkdir(parents=True)
+    (tmp_path / "kernels" / "sm_90a" / "dispatch.json").write_text(H200_TABLE.read_text())
+    assert _table_json(capsys)["arch"] == "sm_90a"
+    (tmp_path / "kernels" / "sm_100a").mkdir()
+    (tmp_path / "kernels" / "sm_100a" / "dispatch.json").write_text(H200_TABLE.read_text())
+    assert main(["kernels", "table"]) == 2
+    assert "--arch" in capsys.readouterr().err
+    assert _table_json(capsys, "--arch", "sm_90a")["kimictl_points"] == 81
+    assert main(["kernels", "table", "--arch", "sm_103a"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "cannot read"),
+        ("{", "is not JSON"),
+        ('{"device": "x"}', "is not a kimictl dispatch table"),
+        ("[1, 2]", "is not a kimictl dispatch table"),
+    ],
+)
+def test_table_bad_file_exits_2_with_one_sentence(capsys, tmp_path, content, said):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["kernels", "table", "--from", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+    assert content is None or path.read_text() == content

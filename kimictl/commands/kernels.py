@@ -28,6 +28,10 @@ STACK_HELP = "Check/install vLLM 0.33.0's pinned kernel stack instead of the ker
 DRY_HELP = "With --stack: report what would be installed, install nothing."
 FROM_HELP = "Folder holding a `kimictl kernels build` output."
 NO_BENCH_HELP = "Skip bench (then no dispatch table is written)."
+TABLE_FROM_HELP = (
+    "A dispatch table or a `kernels bench --json` report (default: this node's installed table)."
+)
+TABLE_ARCH_HELP = "Which installed table, when this node has several."
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 
 
@@ -246,3 +250,63 @@ def _render_bench(report: Any) -> None:
             f"layer chain M={c['m']}: cuBLAS {c['cublas_us']:.1f} us, dispatched "
             f"{c['dispatched_us']:.1f} us, x{c['speedup']:.2f}{guard}"
         )
+
+
+@app.command("table")
+def show_table(
+    from_file: Annotated[Path | None, typer.Option("--from", help=TABLE_FROM_HELP)] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help=TABLE_ARCH_HELP)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show what the dispatch table runs for each K3 shape and M: kimictl kernel or cuBLAS."""
+    from kimictl.kernels.dispatch import routes
+    from kimictl.kernels.node import read_dispatch_table
+
+    if arch is not None and arch not in ARCH_CHOICES:
+        raise InputError(f"--arch {arch!r} is not supported; allowed: {', '.join(ARCH_CHOICES)}")
+    doc = routes(read_dispatch_table(from_file, arch))
+    if json_out:
+        emit_json(doc)
+        return
+    _render_routes(doc)
+
+
+def _render_routes(doc: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from kimictl.kernels.dispatch import BENCH_MS, family_of
+
+    t = Table(
+        title=f"dispatch on {doc['device']} ({doc['arch']}, {doc['source']})",
+        caption="cell: speedup over cuBLAS, then the kernel family",
+        title_justify="left",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+    )
+    t.add_column("shape (N x K)", no_wrap=True)
+    for m in BENCH_MS:
+        t.add_column(f"M={m}", justify="right")
+    rows: dict[str, list[str]] = {}
+    for p in doc["points"]:
+        if p["us"] is None:
+            cell = "[dim]-[/dim]"
+        elif p["provider"] == "cublas":
+            cell = "cuBLAS"
+        else:
+            cell = f"[green]{p['speedup']:.2f}x[/green]\n{family_of(p['kernel'])}"
+        rows.setdefault(p["shape"], [f"{p['shape']}\n[dim]{p['n']}x{p['k']}[/dim]"]).append(cell)
+    for row in rows.values():
+        t.add_row(*row)
+    console.print(t)
+    g = doc["geomean_speedup"]
+    console.print(
+        f"kimictl kernels at {doc['kimictl_points']} of {len(doc['points'])} points "
+        f"({doc['unmeasured_points']} not measured: cuBLAS); geomean "
+        + (f"{g:.2f}x over cuBLAS" if g is not None else "n/a (nothing measured)")
+    )
+    for m, fams in doc["families_ms"].items():
+        console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
+    for m, reason in doc["guarded_ms"].items():
+        console.print(f"M={m}: all cuBLAS ({reason})")

@@ -64,34 +64,32 @@ class BenchReport:
     def summary(self, ms: tuple[int, ...] = BENCH_MS) -> dict[str, Any]:
         """Dispatched speedup over cuBLAS per grid point and its geometric mean."""
         points: list[dict[str, Any]] = []
-        for name, n, k in K3_GEMM_SHAPES:
-            for m in ms:
-                c = self.table.choose(n, k, m)
-                if c.cublas_us is None:
-                    continue
-                best_kernel = min(
-                    (r.us for r in self.rows if (r.n, r.k, r.m) == (n, k, m) and not r.residual
-                     and r.provider not in (CUBLAS, "cublas_addmm")),
-                    default=float("nan"),
-                )  # fmt: skip
-                points.append(
-                    {
-                        "shape": name,
-                        "n": n,
-                        "k": k,
-                        "m": m,
-                        "mb": round(n * k * 2 / 1e6, 1),
-                        "cublas_us": c.cublas_us,
-                        "cublas_tbps": n * k * 2 / c.cublas_us / 1e6,
-                        "best_kernel_us": best_kernel,
-                        "best_kernel_tbps": n * k * 2 / best_kernel / 1e6
-                        if best_kernel == best_kernel
-                        else None,
-                        "dispatched": c.name,
-                        "dispatched_us": c.us,
-                        "speedup": c.speedup,
-                    }
-                )
+        for name, n, k, m, c in self.table.grid(ms):
+            if c.cublas_us is None:
+                continue
+            best_kernel = min(
+                (r.us for r in self.rows if (r.n, r.k, r.m) == (n, k, m) and not r.residual
+                 and r.provider not in (CUBLAS, "cublas_addmm")),
+                default=float("nan"),
+            )  # fmt: skip
+            points.append(
+                {
+                    "shape": name,
+                    "n": n,
+                    "k": k,
+                    "m": m,
+                    "mb": round(n * k * 2 / 1e6, 1),
+                    "cublas_us": c.cublas_us,
+                    "cublas_tbps": n * k * 2 / c.cublas_us / 1e6,
+                    "best_kernel_us": best_kernel,
+                    "best_kernel_tbps": n * k * 2 / best_kernel / 1e6
+                    if best_kernel == best_kernel
+                    else None,
+                    "dispatched": c.name,
+                    "dispatched_us": c.us,
+                    "speedup": c.speedup,
+                }
+            )
         return {
             "points": points,
             "geomean_speedup_dispatched": geomean([p["speedup"] for p in points if p["speedup"]]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ __all__ = [
     "family_of",
     "pick_family_set",
     "decode_gemm",
-    "load_node_table",
+    "routes",
     "BENCH_MS",
     "Choice",
     "DispatchTable",
@@ -149,6 +150,12 @@ class DispatchTable:
             CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, f"best kimictl ({best}) not faster"
         )
 
+    def grid(self, ms: tuple[int, ...] = BENCH_MS) -> Iterator[tuple[str, int, int, int, Choice]]:
+        """(shape, N, K, M, choice) for each of K3's shapes x ms, in K3_GEMM_SHAPES order."""
+        for name, n, k in K3_GEMM_SHAPES:
+            for m in ms:
+                yield name, n, k, m, self.choose(n, k, m)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
@@ -207,12 +214,36 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def load_node_table(arch: str) -> DispatchTable | None:
-    """The table `kimictl kernels install` recorded on this node, or None."""
-    from kimictl.runtime.paths import cache_dir
-
-    path = cache_dir() / "kernels" / arch / "dispatch.json"
-    return DispatchTable.load(path) if path.is_file() else None
+def routes(table: DispatchTable) -> dict[str, Any]:
+    """Where the table sends each K3 shape x M (the document of `kimictl kernels table --json`).
+    `speedup` is cuBLAS time / the choice's time (1.0 where cuBLAS is kept, None unmeasured)."""
+    points = [
+        {
+            "shape": name,
+            "n": n,
+            "k": k,
+            "m": m,
+            "provider": c.provider,
+            "kernel": c.name,
+            "us": c.us,
+            "cublas_us": c.cublas_us,
+            "speedup": c.speedup,
+            "reason": c.reason,
+        }
+        for name, n, k, m, c in table.grid()
+    ]
+    speedups = [float(p["speedup"]) for p in points if p["speedup"]]
+    return {
+        "device": table.device,
+        "arch": table.arch,
+        "source": table.source,
+        "guarded_ms": {str(m): r for m, r in table.guarded_ms.items()},
+        "families_ms": {str(m): list(f) for m, f in table.families_ms.items()},
+        "points": points,
+        "geomean_speedup": geomean(speedups) if speedups else None,
+        "kimictl_points": sum(p["provider"] == "kimictl" for p in points),
+        "unmeasured_points": sum(p["us"] is None for p in points),
+    }
 
 
 def decode_gemm(

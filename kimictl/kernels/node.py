@@ -8,13 +8,15 @@ version and says what pip would install.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.errors import CheckFailed, Unsupported
+from kimictl.kernels.dispatch import DispatchTable
+from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
 from kimictl.runtime.stack import CUTLASS_INSTALL
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "install_kernels",
     "open_node_library",
     "plan_stack",
+    "read_dispatch_table",
     "require_gpu",
 ]
 
@@ -50,6 +53,37 @@ def install_dir() -> Path:
 
 def dispatch_table_path(arch: str) -> Path:
     return install_dir() / arch / "dispatch.json"
+
+
+def read_dispatch_table(path: Path | None, arch: str | None) -> DispatchTable:
+    """The table in `path` (a dispatch table, or a `kernels bench --json` report holding one), else
+    the one `kimictl kernels install` recorded on this node: for `arch`, or the only one there."""
+    if path is None:
+        candidates = [dispatch_table_path(arch)] if arch else install_dir().glob("*/dispatch.json")
+        found = sorted(f for f in candidates if f.is_file())
+        if not found:
+            where = f"for {arch} " if arch else ""
+            raise Unsupported(
+                f"no dispatch table {where}on this node (looked in {install_dir()}).",
+                hint="`kimictl kernels install` on the GPU node records one; or pass --from FILE.",
+            )
+        if len(found) > 1:
+            archs = ", ".join(f.parent.name for f in found)
+            raise InputError(f"this node has dispatch tables for {archs}: pick one with --arch.")
+        path = found[0]
+    try:
+        raw = json.loads(path.read_text())
+        if isinstance(raw, dict) and "dispatch_table" in raw:
+            raw = raw["dispatch_table"]
+        return DispatchTable.from_json(raw)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}).") from None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise InputError(
+            f"{path} is not a kimictl dispatch table or `kernels bench --json` report."
+        ) from None
 
 
 def require_gpu(action: str) -> tuple[Any, str]:
