@@ -233,12 +233,9 @@ def routes(table: DispatchTable) -> dict[str, Any]:
         for name, n, k, m, c in table.grid()
     ]
     speedups = [float(p["speedup"]) for p in points if p["speedup"]]
+    head = {key: v for key, v in table.to_json().items() if key != "entries"}
     return {
-        "device": table.device,
-        "arch": table.arch,
-        "source": table.source,
-        "guarded_ms": {str(m): r for m, r in table.guarded_ms.items()},
-        "families_ms": {str(m): list(f) for m, f in table.families_ms.items()},
+        **head,
         "points": points,
         "geomean_speedup": geomean(speedups) if speedups else None,
         "kimictl_points": sum(p["provider"] == "kimictl" for p in points),
