@@ -187,6 +187,20 @@ def test_table_renders_every_shape_and_the_geomean(capsys):
     assert "M=1: only tcstream, wstream" in out
 
 
+def test_table_with_unmeasured_points_sends_them_to_cublas(capsys, tmp_path):
+    raw = json.loads(H200_TABLE.read_text())
+    raw["entries"] = [e for e in raw["entries"] if (e["n"], e["m"]) == (2112, 1)]
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(raw))
+    doc = _table_json(capsys, "--from", str(path))
+    assert doc["unmeasured_points"] == 83 and doc["kimictl_points"] == 1
+    (only,) = [p for p in doc["points"] if p["us"] is not None]
+    assert doc["geomean_speedup"] == pytest.approx(only["speedup"]) and only["speedup"] > 1
+    assert all(p["kernel"] == "cublas" for p in doc["points"] if p["us"] is None)
+    assert main(["kernels", "table", "--from", str(path)]) == 0
+    assert "83 not measured on this node" in capsys.readouterr().out
+
+
 def test_table_finds_the_node_install_and_asks_when_there_are_several(
     capsys, tmp_path, monkeypatch
 ):

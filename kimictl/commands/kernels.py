@@ -301,9 +301,11 @@ def _render_routes(doc: dict[str, Any]) -> None:
         t.add_row(*row)
     console.print(t)
     g = doc["geomean_speedup"]
+    unmeasured = doc["unmeasured_points"]
     console.print(
-        f"kimictl kernels at {doc['kimictl_points']} of {len(doc['points'])} points "
-        f"({doc['unmeasured_points']} not measured: cuBLAS); geomean "
+        f"kimictl kernels at {doc['kimictl_points']} of {len(doc['points'])} points"
+        + (f" ({unmeasured} not measured on this node: cuBLAS)" if unmeasured else "")
+        + "; geomean "
         + (f"{g:.2f}x over cuBLAS" if g is not None else "n/a (nothing measured)")
     )
     for m, fams in doc["families_ms"].items():
