@@ -44,6 +44,10 @@ class Family:
     shipped: bool  # in the default build and in the manifest's source hash
     arches: tuple[str, ...] = ARCHES  # a Hopper-only family (wgmma) lists sm_90a alone
 
+    def load(self) -> Any:
+        """The family's module (configs and compile function; the DSL itself loads lazily)."""
+        return importlib.import_module(f"kimictl.kernels.{self.module}")
+
 
 # Shipped families are what `kimictl kernels build` compiles by default and what the manifest's
 # source hash covers; a family with shipped=False is built only on request
@@ -80,8 +84,7 @@ def _configs(shipped: bool) -> tuple[Any, ...]:
     out: list[Any] = []
     for fam in FAMILIES.values():
         if fam.shipped == shipped and _present(fam):
-            module = importlib.import_module(f"kimictl.kernels.{fam.module}")
-            out.extend(getattr(module, fam.configs))
+            out.extend(getattr(fam.load(), fam.configs))
     return tuple(out)
 
 
@@ -261,10 +264,7 @@ def build(
     ]
     kernels_used = {cfg.kernel for cfg in chosen}
     compilers: dict[str, Callable[[Any, str], Any]] = {
-        k: getattr(
-            importlib.import_module(f"kimictl.kernels.{FAMILIES[k].module}"), FAMILIES[k].compile
-        )
-        for k in kernels_used
+        k: getattr(FAMILIES[k].load(), FAMILIES[k].compile) for k in kernels_used
     }
     stamps = {k: f"{source_hash(k)} {version}" for k in kernels_used}
 
