@@ -107,8 +107,6 @@ class ProfileProblem:
 
 # ---------------------------------------------------------------- schema
 
-Validator = ValueCheck  # returns the converted value or raises ValueError(allowed)
-
 
 def _table(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
@@ -164,7 +162,7 @@ _JSON_TABLES: dict[tuple[str, str], str] = {
     ("compile", "extra"): "compilation_config",
     ("serve", "additional_config"): "additional_config",
 }
-_PROFILE_ONLY: dict[str, dict[str, Validator]] = {
+_PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
     "speculative": {"extra": _table},
     "compile": {"extra": _table},
     "serve": {
@@ -175,12 +173,12 @@ _PROFILE_ONLY: dict[str, dict[str, Validator]] = {
 }
 
 
-def _section_schema(section: str, fields: dict[str, str]) -> dict[str, Validator]:
+def _section_schema(section: str, fields: dict[str, str]) -> dict[str, ValueCheck]:
     checks = {key: FIELD_CHECKS[name] for key, name in fields.items()}
     return checks | _PROFILE_ONLY.get(section, {})
 
 
-PROFILE_SECTIONS: dict[str, dict[str, Validator]] = {
+PROFILE_SECTIONS: dict[str, dict[str, ValueCheck]] = {
     **{section: _section_schema(section, fields) for section, fields in _FIELD_OF.items()},
     "env": {},  # any VAR = "value"
     "provenance": {},  # free-form
@@ -343,7 +341,7 @@ def _validate_section(path: Path, text: str, section: str, table: dict[str, Any]
     return out
 
 
-def _checked(check: Validator, value: Any, where: str) -> Any:
+def _checked(check: ValueCheck, value: Any, where: str) -> Any:
     try:
         return check(value)
     except ValueError as exc:
