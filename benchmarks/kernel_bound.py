@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -28,11 +27,9 @@ TARGET_TBPS = 3.8  # issue 7: on every shape of >= 16 MB at M <= 8
 BIG_MB = 16.0
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def main() -> int:
+    from kimictl.kernels.dispatch import geomean
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--floor", type=Path, default=RESULTS / "kernel_floor_h200.json")
     ap.add_argument("--bench", type=Path, default=RESULTS / "kernels_h200_final_bench.json")
@@ -59,7 +56,7 @@ def main() -> int:
             speedups = [
                 max(1.0, p["cublas_us"] / (floor + p["mb"] / tbps)) for p in points
             ]  # MB / (TB/s) = us
-            g = _geomean(speedups)
+            g = geomean(speedups)
             bounds.append(
                 {"floor": f_label, "floor_us": floor, "rate": r_label, "tbps": tbps, "geomean": g}
             )
