@@ -200,6 +200,14 @@ async def test_dead_server_aborts_the_run_and_keeps_records() -> None:
     assert 3 <= len(recs) < 50 and all(r.error_kind == "connect" for r in recs)
 
 
+async def test_dead_server_fails_a_run_too_short_for_three_failures_in_a_row() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    recs = await _one(url, "ok", num_prompts=2, concurrency=1)
+    assert recs.stop_reason and "stopped answering" in recs.stop_reason
+    assert "2 connection failures" in recs.stop_reason
+    assert len(recs) == 2 and all(r.error_kind == "connect" for r in recs)
+
+
 async def test_stop_event_cancels_hung_requests_quickly(emitter: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(0.3, stop.set)

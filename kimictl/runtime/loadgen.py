@@ -570,11 +570,19 @@ class _PointRun:
         self.reserved = 0
         self.inflight = 0
         self.max_inflight = 0
-        self.connect_failures = 0
+        self.connect_failures = 0  # in a row
+        self.last_connect_error = ""
         self.any_success = False
         self.abort: str | None = None
         self.first: float | None = None
         self.last: float = 0.0
+
+    def _give_up(self) -> None:
+        if not self.abort:
+            self.abort = (
+                f"{self.target.name} ({self.target.url}) stopped answering: "
+                f"{self.connect_failures} connection failures in a row ({self.last_connect_error})"
+            )
 
     def _exhausted(self) -> bool:
         """No further request, even inside a running session: stopped, aborted or out of time."""
@@ -660,11 +668,9 @@ class _PointRun:
                 self.connect_failures = 0
             elif rec.error_kind in ("connect", "disconnect"):
                 self.connect_failures += 1
-                if self.connect_failures >= 3 and not self.abort:
-                    self.abort = (
-                        f"{self.target.name} ({self.target.url}) stopped answering: "
-                        f"{self.connect_failures} connection failures in a row ({rec.error})"
-                    )
+                self.last_connect_error = rec.error or rec.error_kind
+                if self.connect_failures >= 3:
+                    self._give_up()
             if self.on_record is not None:
                 self.on_record(rec)
 
@@ -730,6 +736,10 @@ class _PointRun:
             await self._closed(self.point.concurrency or 1)
         else:
             await self._open()
+        # a point too short for 3 failures in a row must not pass as done when no request of it
+        # ever got an answer and the last ones could not connect
+        if not self.any_success and self.connect_failures:
+            self._give_up()
 
 
 def _gap(point: LoadPoint, rng: random.Random) -> float:
