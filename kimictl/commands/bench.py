@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.secrets import read_api_key
 
 if TYPE_CHECKING:
     from kimictl.runtime.benchreport import BenchOutcome

@@ -132,7 +132,7 @@ def tune(
     )
     written = None
     if write is not None and result.choice is not None:
-        from kimictl.runtime.tuning.profile import write_choice
+        from kimictl.runtime.tuning.choice_profile import write_choice
 
         written = write_choice(result, write, overwrite=force, hardware_source=source)
     png = None
@@ -343,8 +343,8 @@ def _measure(
 ) -> None:
     if slo is None:
         raise InputError("--measure needs --slo, e.g. --slo 'interactivity_p10>=20'.")
+    from kimictl.runtime.tuning.choice_profile import check_write_target
     from kimictl.runtime.tuning.measure import measure, write_measured
-    from kimictl.runtime.tuning.profile import check_write_target
     from kimictl.runtime.tuning.service import parse_tokens
 
     if write is not None:  # refuse a bad --write before the sweep, not after it

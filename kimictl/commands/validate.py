@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kimictl.commands._output import console, emit_json, err_console
+from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import CheckFailed, InputError
-from kimictl.runtime.secrets import read_api_key
 
 if TYPE_CHECKING:
     from kimictl.runtime.evals import CheckResult, ValidationReport

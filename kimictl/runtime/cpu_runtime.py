@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kimictl.runtime.errors import LaunchError, Unsupported
+from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
 from kimictl.runtime.paths import cache_dir
 
 __all__ = [
@@ -47,10 +47,10 @@ def _run(argv: list[str], log: Path) -> None:
     with log.open("ab") as out:
         proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
         raise LaunchError(
-            f"`{' '.join(argv[:4])} ...` failed with exit code {proc.returncode}; log: {log}",
-            hint="last lines:\n" + "\n".join(tail),
+            f"`{' '.join(argv[:4])} ...` failed with exit code {proc.returncode}: "
+            f"{child_failure(log)}",
+            hint=f"full log: {log}",
         )
 
 

@@ -10,6 +10,9 @@ KimictlError (exit 1)
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 __all__ = [
     "CheckFailed",
     "EndpointError",
@@ -17,6 +20,7 @@ __all__ = [
     "KimictlError",
     "LaunchError",
     "Unsupported",
+    "child_failure",
 ]
 
 
@@ -49,3 +53,21 @@ class LaunchError(KimictlError):
 
 class Unsupported(KimictlError):
     exit_code = 1
+
+
+# `ModuleNotFoundError: No module named 'x'`, `pip._internal.exceptions.InstallationError: ...`
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*$")
+
+
+def child_failure(log: Path) -> str:
+    """The line of a child's log that says why it failed: its last exception line (the one a
+    traceback ends with), else its last non-empty line. Never a slice starting mid-path."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return f"(its log {log} cannot be read)"
+    lines = [line for line in lines if line]
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    return lines[-1] if lines else "(it printed nothing)"

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from kimictl.runtime import runs
+from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError, KimictlError, LaunchError
 from kimictl.runtime.runs import RunRecord, RunState
-from kimictl.runtime.secrets import read_api_key
 from kimictl.runtime.stack import VLLM_VERSION
 
 if TYPE_CHECKING:

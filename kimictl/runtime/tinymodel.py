@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from kimictl.runtime import cpu_runtime
-from kimictl.runtime.errors import InputError, LaunchError
+from kimictl.runtime.errors import InputError, LaunchError, child_failure
 from kimictl.runtime.paths import cache_dir
 
 __all__ = ["TINY_MODEL", "build", "resolve_model"]
@@ -42,13 +42,21 @@ def build(seed: int = 0, perturb: str | None = None, *, force: bool = False) -> 
     cpu_runtime.require_installed()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    argv = [str(cpu_runtime.python_path()), str(_BUILDER), "--out", str(tmp), "--seed", str(seed)]
+    # -I: isolated mode, so the script's own folder (kimictl/runtime/) is not on sys.path and
+    # cannot shadow a library's import; no user site-packages, no PYTHON* variables.
+    argv = [str(cpu_runtime.python_path()), "-I", str(_BUILDER), "--out", str(tmp)]
+    argv += ["--seed", str(seed)]
     if perturb:
         argv += ["--perturb", perturb]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    log = target.parent / f"{target.name}.build.log"
+    with log.open("w") as out:
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LaunchError(f"building the tiny model failed: {proc.stderr.strip()[-500:]}")
+        raise LaunchError(
+            f"building the tiny model failed: {child_failure(log)}",
+            hint=f"full log: {log}",
+        )
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)

@@ -278,7 +278,7 @@ def write_measured(
             stock = load_profile(base.stock_twin).spec.with_(max_num_seqs=result.best)
         except InputError:
             stock = None
-    from kimictl.runtime.tuning.profile import write_spec_pair
+    from kimictl.runtime.tuning.choice_profile import write_spec_pair
 
     return write_spec_pair(
         path,
