@@ -157,7 +157,7 @@ _NAME_FRAGMENTS: tuple[tuple[str, str], ...] = (
 
 
 def system_from_report(report: Any) -> tuple[System, int]:
-    """(system, GPU count) from a hardware report (kimictl.runtime.hardware.HardwareReport).
+    """(system, GPU count) from a hardware report (kimictl.runtime.checks.hardware.HardwareReport).
 
     Raises InputError when the report has no GPUs or a GPU this model does not describe.
     """
