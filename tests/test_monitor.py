@@ -293,7 +293,9 @@ def test_once_json_against_replayed_server(
     ep = doc["endpoints"]["x"]
     assert ep["window_s"] >= 0.5
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0
-    assert ep["interactivity_p10"] <= ep["interactivity_p50"] <= ep["interactivity_p90"]
+    # replayed with vLLM's default buckets: the percentiles are bucket ranges, ordered
+    bounds = [ep["unresolved"][k] for k in ("interactivity_p10", "interactivity_p50")]
+    assert ep["interactivity_p10"] is None and bounds[0]["low"] <= bounds[1]["low"]
 
 
 def test_no_tui_records_jsonl_lines(

@@ -48,7 +48,7 @@ def _render_table(doc: dict[str, Any]) -> None:
 
     from kimictl.commands._output import console
     from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, format_window
-    from kimictl.tui.rows import ROWS, fmt, fmt_ratio
+    from kimictl.tui.rows import ROWS, fmt_cell, fmt_ratio
 
     endpoints = doc["endpoints"]
     ab = doc.get("ab")
@@ -60,7 +60,7 @@ def _render_table(doc: dict[str, Any]) -> None:
     if ab:
         table.add_column(f"{ab['tuned']}/{ab['stock']}", justify="right")
     for row in ROWS:
-        cells = [fmt(row, ep.get(row.key)) for ep in endpoints.values()]
+        cells = [fmt_cell(row, ep.get(row.key), ep.get("unresolved") or {}) for ep in endpoints.values()]
         if ab:
             ratio = ab["ratio"].get(row.key)
             cell = fmt_ratio(ratio)
@@ -77,6 +77,12 @@ def _render_table(doc: dict[str, Any]) -> None:
             console.print(f"[yellow]{name}[/]: server restarted in the window (counted from 0)")
         if ep.get("missing"):
             console.print(f"[yellow]{name}[/]: missing metric families: {', '.join(ep['missing'])}")
+        if ep.get("unresolved"):
+            console.print(
+                f"[yellow]{name}[/]: the server's histogram buckets cannot resolve "
+                f"{', '.join(ep['unresolved'])}: shown as bounds; start vLLM with "
+                "--custom-histogram-buckets (a profile's [metrics] interactivity_range)"
+            )
     console.print(
         "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 = 1000/TPOT p90 ms.[/dim]"
     )

@@ -578,6 +578,8 @@ class WindowStats:
     resets: int = 0
     missing: tuple[str, ...] = ()
     engines: int = 1
+    # figures the buckets cannot resolve (set to None above) -> bound + bucket (observe.resolution)
+    unresolved: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -587,6 +589,8 @@ class WindowStats:
                 value = list(value)
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
+            elif isinstance(value, Mapping):
+                value = dict(value)
             out[name] = value
         return out
 
@@ -690,7 +694,7 @@ def _stats_from_delta(
         for f in _EXPECTED
         if f not in newest.gauges and f not in newest.counters and f not in newest.histograms
     )
-    return WindowStats(
+    stats = WindowStats(
         window_s=window_s,
         ended_at=newest.taken_at,
         tokens_per_s=rate(GENERATION_TOKENS),
@@ -724,6 +728,10 @@ def _stats_from_delta(
         missing=missing,
         engines=newest.engines,
     )
+    from kimictl.runtime.observe.resolution import unresolved_figures
+
+    unresolved = unresolved_figures(delta.histograms)
+    return replace(stats, unresolved=unresolved, **dict.fromkeys(unresolved))
 
 
 def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:
