@@ -176,8 +176,9 @@ _ROWS: tuple[tuple[str, Any, int], ...] = (
     ("server: TPOT p90 ms", _sv("tpot_p90_ms"), 2),
     ("server: TTFT p50 ms", _sv("ttft_p50_ms"), 1),
     ("server: TTFT p99 ms", _sv("ttft_p99_ms"), 1),
-    ("spec acceptance length", _k("spec_decode_acceptance_length"), 2),
-    ("spec acceptance rate", _k("spec_decode_acceptance_rate"), 2),
+    # vLLM writes the spec_decode_* keys only when the server drafted
+    ("spec acceptance length", lambda s: s.get("spec_decode_acceptance_length"), 2),
+    ("spec acceptance %", lambda s: s.get("spec_decode_acceptance_rate"), 1),
 )
 
 

@@ -60,7 +60,9 @@ def _render_table(doc: dict[str, Any]) -> None:
     if ab:
         table.add_column(f"{ab['tuned']}/{ab['stock']}", justify="right")
     for row in ROWS:
-        cells = [fmt_cell(row, ep.get(row.key), ep.get("unresolved") or {}) for ep in endpoints.values()]
+        cells = [
+            fmt_cell(row, ep.get(row.key), ep.get("unresolved") or {}) for ep in endpoints.values()
+        ]
         if ab:
             ratio = ab["ratio"].get(row.key)
             cell = fmt_ratio(ratio)

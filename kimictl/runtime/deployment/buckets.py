@@ -134,7 +134,9 @@ def check_buckets(value: Any) -> dict[str, list[float]]:
     """vLLM's own validation of `--custom-histogram-buckets` (ObservabilityConfig): known family,
     non-empty, positive finite, strictly increasing. ValueError text = what is allowed."""
     if not isinstance(value, Mapping):
-        raise ValueError('a table of bucket families, e.g. { inter_token_latency = [0.001, 0.002] }')
+        raise ValueError(
+            "a table of bucket families, e.g. { inter_token_latency = [0.001, 0.002] }"
+        )
     out: dict[str, list[float]] = {}
     for family, bounds in value.items():
         if family not in FAMILIES:

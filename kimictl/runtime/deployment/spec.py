@@ -335,6 +335,7 @@ _count = _whole(1)
 def _bounds(value: Any) -> list[float]:
     return buckets.check_buckets({buckets.FAMILY: value})[buckets.FAMILY]
 
+
 # Every value kimictl reads, by DeploymentSpec field, or `<json field>.<key>` for the keys of
 # --speculative-config / --compilation-config / --additional-config that kimictl knows.
 # Other JSON keys pass unchecked (vLLM owns them); a JSON null means "vLLM's default".

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from kimictl.runtime.load import vllm_compat
 from kimictl.runtime.load.loadgen import (
     LoadPoint,
     LoadTarget,
@@ -174,10 +175,14 @@ def summarize(
         "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
         "latencies": e2els,
+        "queue_times": vllm_compat.queue_times(
+            measured, window[0], request_rate, max_concurrency is not None
+        ),
     }
     timeline = _timeline(ok, window[0])
     out["max_output_tokens_per_s"] = max(timeline) if timeline else 0.0
     out["max_concurrent_requests"] = max_concurrent_requests
+    out["rtfx"] = 0.0  # vLLM's value for a text (non-audio) run
     for name, values in zip(_METRICS, (ttfts, tpots, itls, e2els), strict=True):
         st = _stats(values)
         out[f"mean_{name}_ms"] = None if st["mean"] is None else st["mean"] * 1000
@@ -187,8 +192,7 @@ def summarize(
             v = st[f"p{p}"]
             out[f"p{p}_{name}_ms"] = None if v is None else v * 1000
     sv = dict(server_view or {})
-    out["spec_decode_acceptance_rate"] = sv.get("spec_acceptance_rate")
-    out["spec_decode_acceptance_length"] = sv.get("spec_acceptance_length")
+    out.update(sv.pop("vllm_spec_decode", None) or {})  # vLLM writes them only when drafting
 
     errors: dict[str, int] = {}
     for r in failed:
@@ -327,7 +331,9 @@ def _server_view(
         new = metrics.snapshot_from_text(after, monotonic=m1)
     except Exception:  # a server whose /metrics is not Prometheus text: no server view
         return None
-    return metrics.compute_window(old, new).to_json()
+    view = metrics.compute_window(old, new).to_json()
+    view["vllm_spec_decode"] = vllm_compat.spec_decode_fields(old, new)
+    return view
 
 
 # ---------------------------------------------------------------------------------------------

@@ -731,7 +731,8 @@ def _stats_from_delta(
     from kimictl.runtime.observe.resolution import unresolved_figures
 
     unresolved = unresolved_figures(delta.histograms)
-    return replace(stats, unresolved=unresolved, **dict.fromkeys(unresolved))
+    cleared: dict[str, Any] = dict.fromkeys(unresolved)  # a bound, never a confident number
+    return replace(stats, unresolved=unresolved, **cleared)
 
 
 def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:
