@@ -146,3 +146,27 @@ def test_doctor_cli_json_carries_the_check(capsys: pytest.CaptureFixture[str]) -
     main(["doctor", "--profile", "cpu-demo", "--json"])
     checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["deployment.histogram_buckets"]["status"] == "pass"
+
+
+def _window(prefix: str) -> m.WindowStats:
+    gaps = json.loads((FIX / f"{prefix}_meta.json").read_text())["gaps_s"]
+    t0 = m.snapshot_from_text((FIX / f"{prefix}_t0.txt").read_text(), monotonic=0.0)
+    t2 = m.snapshot_from_text((FIX / f"{prefix}_t2.txt").read_text(), monotonic=sum(gaps))
+    return m.compute_window(t0, t2)
+
+
+def test_real_cpu_server_captures_default_vs_custom_buckets() -> None:
+    # the same load (2 streams x 64 tokens) on the CPU server, started without and with the
+    # shipped buckets (tests/fixtures/metrics/capture.py)
+    default, custom = _window("fast_default"), _window("fast_custom")
+    assert default.interactivity_p50 is None and default.tpot_p50_ms is None
+    entry = default.unresolved["interactivity_p50"]
+    assert entry["bound"] == "range" and entry["bucket_s"] == [0.01, 0.025]
+    assert custom.unresolved == {}
+    assert custom.tpot_p10_ms is not None and custom.tpot_p90_ms is not None
+    # the custom figure lies inside the default's bucket range: same server, same load
+    assert custom.tpot_p50_ms is not None and 10.0 <= custom.tpot_p50_ms <= 25.0
+    assert custom.interactivity_p50 == pytest.approx(1000.0 / custom.tpot_p50_ms)
+    t2 = m.snapshot_from_text((FIX / "fast_custom_t2.txt").read_text(), monotonic=1.0)
+    bounds = t2.histograms[m.TIME_PER_OUTPUT_TOKEN].bounds
+    assert bounds[:-1] == tuple(buckets.interactivity_buckets(20, 4000))
