@@ -181,7 +181,7 @@ def summarize(
     }
     timeline = _timeline(ok, window[0])
     out["max_output_tokens_per_s"] = max(timeline) if timeline else 0.0
-    out["max_concurrent_requests"] = max_concurrent_requests
+    out["max_concurrent_requests"] = vllm_compat.max_concurrent_requests(ok)
     out["rtfx"] = 0.0  # vLLM's value for a text (non-audio) run
     for name, values in zip(_METRICS, (ttfts, tpots, itls, e2els), strict=True):
         st = _stats(values)
@@ -207,6 +207,7 @@ def summarize(
             "definition": "per request 1/TPOT; p10 = slow-tail boundary (= 1000/p90 TPOT ms)",
         },
         "gpus": gpus,
+        "max_in_flight": max_concurrent_requests,  # instantaneous peak (vLLM's is per second)
         "output_throughput_per_gpu": total_out / duration / gpus if gpus else None,
         "errors_by_kind": errors,
         "cancelled": len(cancelled),

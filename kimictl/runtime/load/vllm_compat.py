@@ -12,6 +12,9 @@ Read from vLLM 0.33's vllm/benchmarks/serve.py (the CPU build 0.32 writes the sa
   open loop without a cap sends on arrival (0). An open loop WITH a cap is None per request:
   kimictl does not record when a request waited for the cap.
 - `rtfx`: inverse real-time factor of audio benchmarks; 0.0 for text, as vLLM writes it.
+- `max_concurrent_requests`: the most requests active in one whole second counted from the first
+  send (a request counts in every second it touches), not the instantaneous peak: a 1 s run of 8
+  short requests at concurrency 2 is 8. kimictl's instantaneous peak is `kimictl.max_in_flight`.
 
 A saved result (`save_result`) is vLLM's flat dict without `--save-detailed` (no per-request lists
 but `latencies` and `queue_times`): what tools reading `vllm bench serve --save-result` files load.
@@ -33,7 +36,14 @@ if TYPE_CHECKING:
     from kimictl.runtime.load.loadgen import RequestRecord
     from kimictl.runtime.observe.metrics import MetricsSnapshot
 
-__all__ = ["SPEC_KEYS", "VLLM_RESULT_KEYS", "queue_times", "save_result", "spec_decode_fields"]
+__all__ = [
+    "SPEC_KEYS",
+    "VLLM_RESULT_KEYS",
+    "max_concurrent_requests",
+    "queue_times",
+    "save_result",
+    "spec_decode_fields",
+]
 
 # The keys `vllm bench serve --save-result` writes for a text run (no --save-detailed, no goodput
 # SLO, default --percentile-metrics), in its order; spec keys only when speculation ran.
@@ -89,6 +99,21 @@ def queue_times(
     if rate is None or math.isinf(rate):
         return [max(0.0, r.start - start) for r in records]
     return [None if capped else 0.0 for _ in records]
+
+
+def max_concurrent_requests(ok: Sequence[RequestRecord]) -> int:
+    """vLLM's `max_concurrent_requests` over the successful records (per-second buckets)."""
+    timed = [r for r in ok if r.latency is not None]
+    if not timed:
+        return 0
+    t0 = min(r.start for r in timed)
+    seconds = math.ceil(max(r.start + (r.latency or 0.0) for r in timed) - t0) + 1
+    active = [0] * seconds
+    for r in timed:
+        first, last = int(r.start - t0), int(r.start + (r.latency or 0.0) - t0)
+        for s in range(first, min(last, seconds - 1) + 1):
+            active[s] += 1
+    return max(active)
 
 
 def save_result(summary: Mapping[str, Any], path: str | Path, *, force: bool = False) -> Path:
