@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.runtime.outputs import atomic_write
 from kimictl.runtime.serving import launcher, workflow
 
 __all__ = [
@@ -375,14 +376,7 @@ def run_demo(
 def _write_json(result: DemoResult, path: Path) -> Path:
     import orjson
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            result.to_json(),
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        )
-        + b"\n"
+    data = orjson.dumps(
+        result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str
     )
-    tmp.replace(path)
-    return path
+    return atomic_write(path, data + b"\n")

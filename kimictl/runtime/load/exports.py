@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.load.records import RequestRecord
 from kimictl.runtime.load.summary import request_values
+from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "CSV_FIELDS",
@@ -48,41 +50,38 @@ CSV_FIELDS = (
 
 def write_csv(records: Iterable[RequestRecord], path: str | Path) -> Path:
     """One row per request (warm-up included, flagged); written atomically."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(CSV_FIELDS)
-        for r in records:
-            v = request_values(r)
-            w.writerow(
-                [
-                    r.target,
-                    r.point,
-                    r.repeat,
-                    r.index,
-                    int(r.warmup),
-                    r.session,
-                    r.turn,
-                    r.input_len,
-                    "" if r.prompt_tokens is None else r.prompt_tokens,
-                    r.output_len,
-                    r.output_tokens,
-                    f"{r.start:.6f}",
-                    _fmt(v["ttft"]),
-                    _fmt(v["tpot"]),
-                    _fmt(v["e2el"]),
-                    len(r.chunk_times),
-                    _fmt(v["itl"]),
-                    _fmt(v["interactivity"]),
-                    r.status,
-                    int(r.ok),
-                    r.error_kind or "",
-                    (r.error or "").replace("\n", " ")[:300],
-                ]
-            )
-    tmp.replace(p)
-    return p
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(CSV_FIELDS)
+    for r in records:
+        v = request_values(r)
+        w.writerow(
+            [
+                r.target,
+                r.point,
+                r.repeat,
+                r.index,
+                int(r.warmup),
+                r.session,
+                r.turn,
+                r.input_len,
+                "" if r.prompt_tokens is None else r.prompt_tokens,
+                r.output_len,
+                r.output_tokens,
+                f"{r.start:.6f}",
+                _fmt(v["ttft"]),
+                _fmt(v["tpot"]),
+                _fmt(v["e2el"]),
+                len(r.chunk_times),
+                _fmt(v["itl"]),
+                _fmt(v["interactivity"]),
+                r.status,
+                int(r.ok),
+                r.error_kind or "",
+                (r.error or "").replace("\n", " ")[:300],
+            ]
+        )
+    return atomic_write(path, fh.getvalue())
 
 
 def _fmt(v: float | None) -> str:
