@@ -383,7 +383,8 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A scrape stuck past its own timeout must not keep --once (or --duration) alive."""
-    from kimictl.runtime.observe import metrics
+    from kimictl.runtime.observe.poller import watch
+    from kimictl.runtime.observe.scrape import scrape_timeout
 
     async def stuck(self: EndpointPoller, client: Any, *, interval: float) -> bool:
         await asyncio.Event().wait()  # never set
@@ -393,12 +394,10 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     poller = EndpointPoller("e", "http://127.0.0.1:9")
     began = time.monotonic()
     doc = await asyncio.wait_for(
-        metrics.watch(
-            [poller], interval=0.05, window_s=0.2, duration_s=0.3, on_tick=lambda d: None
-        ),
+        watch([poller], interval=0.05, window_s=0.2, duration_s=0.3, on_tick=lambda d: None),
         timeout=30,
     )
-    assert time.monotonic() - began < 0.3 + metrics.scrape_timeout(0.05) + 3
+    assert time.monotonic() - began < 0.3 + scrape_timeout(0.05) + 3
     assert doc["endpoints"]["e"]["last_ok_at"] is None
 
 
