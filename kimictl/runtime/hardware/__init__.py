@@ -15,6 +15,7 @@ from kimictl.runtime.hardware._snapshot import (
     save_snapshot,
 )
 from kimictl.runtime.hardware._types import (
+    RECORDED_ENV,
     SCHEMA_VERSION,
     FabricInfo,
     GpuInfo,
@@ -28,6 +29,7 @@ from kimictl.runtime.hardware._types import (
 )
 
 __all__ = [
+    "RECORDED_ENV",
     "SCHEMA_VERSION",
     "FabricInfo",
     "GpuInfo",
