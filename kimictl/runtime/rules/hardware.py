@@ -406,9 +406,14 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
         elif fabric.state != "completed" or fabric.status != "success":
             pending[f"state {fabric.state}, status {fabric.status}"].append((node, gpu))
         else:
-            cliques[(fabric.cluster_uuid, fabric.clique_id)].append(
-                node.hostname if multi else f"GPU {gpu.index}"
+            # A zero cluster UUID is a single-node NVSwitch fabric (HGX H100/H200: seen on the
+            # lent 2 x H200): clique 0 there names no domain shared with other nodes.
+            uuid = fabric.cluster_uuid
+            key = (
+                uuid if uuid != _NO_CLUSTER else f"{_NODE_ONLY}{node.hostname}",
+                fabric.clique_id,
             )
+            cliques[key].append(node.hostname if multi else f"GPU {gpu.index}")
     not_done = [f"{_gpus_where(items, multi)} ({why})" for why, items in pending.items()]
     if not_done:
         checks.append(
@@ -454,12 +459,12 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
                 "fabric.state",
                 F,
                 Status.PASS,
-                f"Fabric registration completed on {len(gpus)} GPUs.",
+                f"Fabric registration completed on {len(gpus)} GPU{'' if len(gpus) == 1 else 's'}.",
             )
         )
     if len(cliques) > 1:
         groups = "; ".join(
-            f"clique {cid} of cluster {uuid[:8]}: {_list(sorted(set(members)))}"
+            f"{_clique_name(uuid, cid)}: {_list(sorted(set(members)))}"
             for (uuid, cid), members in sorted(cliques.items(), key=lambda kv: -len(kv[1]))
         )
         checks.append(
@@ -475,15 +480,26 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
         )
     elif len(cliques) == 1:
         (uuid, cid), members = next(iter(cliques.items()))
+        what = (
+            "One single-node NVSwitch fabric (cluster UUID 0: no multi-node NVLink partition)"
+            if uuid.startswith(_NODE_ONLY)
+            else f"One NVLink clique (cluster {uuid}, clique {cid})"
+        )
+        noun = "GPU" if len(members) == 1 else "GPUs"
         checks.append(
-            Check(
-                "fabric.clique",
-                F,
-                Status.PASS,
-                f"One NVLink clique (cluster {uuid}, clique {cid}) for all {len(members)} GPUs.",
-            )
+            Check("fabric.clique", F, Status.PASS, f"{what} for all {len(members)} {noun}.")
         )
     return checks
+
+
+_NO_CLUSTER = "00000000-0000-0000-0000-000000000000"
+_NODE_ONLY = "node-only:"
+
+
+def _clique_name(uuid: str, cid: int) -> str:
+    if uuid.startswith(_NODE_ONLY):
+        return f"{uuid[len(_NODE_ONLY) :]}'s own NVSwitch fabric (cluster UUID 0)"
+    return f"clique {cid} of cluster {uuid[:8]}"
 
 
 def _multicast_check(hw: HardwareReport) -> Check | None:
