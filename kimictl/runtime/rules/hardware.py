@@ -533,7 +533,11 @@ def _multicast_check(hw: HardwareReport) -> Check | None:
             "pip install 'cuda-bindings>=13' (or check libcuda.so.1 loads) and re-run.",
         )
     return Check(
-        "fabric.multicast", F, Status.PASS, f"Multicast supported on all {len(gpus)} GPUs."
+        "fabric.multicast",
+        F,
+        Status.PASS,
+        f"Multicast supported on {'the GPU' if len(gpus) == 1 else f'all {len(gpus)} GPUs'} "
+        "(a driver capability query: only a rendezvous with multicast proves it).",
     )
 
 
