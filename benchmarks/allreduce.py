@@ -261,6 +261,51 @@ def _write(args: argparse.Namespace, world: int, per_rank: list[Any]) -> None:
 _SHOWN = {f"M={m}" for m in (1, 2, 4, 8, 16, 32, 64)}
 
 
+def plot(runs: list[Path], png: Path) -> None:
+    """Latency vs message size per method: the median run's line, the range over runs shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = [json.loads(r.read_text(encoding="utf-8")) for r in runs]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = {"nccl": "tab:blue", "symm_one_shot": "tab:orange", "symm_two_shot": "tab:green"}
+    for method, color in colors.items():
+        rows = [
+            sorted(
+                (r for r in d["rows"] if r["method"] == method and r.get("us")),
+                key=lambda r: r["bytes"],
+            )
+            for d in docs
+        ]
+        xs = [r["bytes"] for r in rows[0]]
+        per = [[run[i]["us"] for run in rows] for i in range(len(xs))]
+        mid = [statistics.median(p) for p in per]
+        for axis, keep in ((ax, lambda x: x <= 2 << 20), (bx, lambda x: True)):
+            idx = [i for i, x in enumerate(xs) if keep(x)]
+            axis.plot([xs[i] for i in idx], [mid[i] for i in idx], color=color, label=method)
+            axis.fill_between(
+                [xs[i] for i in idx],
+                [min(per[i]) for i in idx],
+                [max(per[i]) for i in idx],
+                color=color,
+                alpha=0.2,
+            )
+    ax.set(xlabel="message bytes (decode: M x 7168 x 2)", ylabel="us per all-reduce")
+    ax.set_title("decode sizes (<= 2 MiB)")
+    bx.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="us per all-reduce")
+    bx.set_title("all sizes")
+    machine = docs[0]["machine"]
+    fig.suptitle(
+        f"all-reduce on {machine['world']} x {machine['gpus'][0]}, multicast off, CUDA graphs; "
+        f"median of {len(docs)} runs, range shaded"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/allreduce.json")
@@ -268,7 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=50, help="all-reduces per CUDA graph")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--plot", type=Path, help="Only plot these result JSONs to --png.")
+    parser.add_argument("--runs", type=Path, nargs="+", default=[])
     args = parser.parse_args(argv)
+    if args.plot is not None:
+        plot(args.runs, args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     os.environ.update(SAFE_ENV)
     try:
         import torch
