@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 
 def one_run(profile: str) -> dict[str, object]:
-    from kimictl.runtime import launcher
+    from kimictl.runtime.serving import launcher
 
     prepared = launcher.prepare_serve(launcher.ServeRequest(profile=profile, port=_free_port()))
     launcher.refuse_if_blocked(prepared)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime import runs
+from kimictl.runtime.serving import runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -27,7 +27,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _cpu_runtime_or_skip() -> None:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -108,8 +108,8 @@ def test_default_out_is_new_and_under_the_base(tmp_path: Path) -> None:
 
 def test_plan_twin_differs_only_in_max_num_seqs_and_port(tmp_path: Path, state: Path) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime import launcher
     from kimictl.runtime.demo import TWIN_MAX_NUM_SEQS, DemoRequest, prepare_demo
+    from kimictl.runtime.serving import launcher
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "out"))
     a, b = plan.prepared.plans

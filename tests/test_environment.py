@@ -18,10 +18,15 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime.deployment import parse_vllm_command
-from kimictl.runtime.hardware import FabricInfo, HardwareReport, load_snapshot, load_snapshots
-from kimictl.runtime.rules import Status, evaluate
-from kimictl.runtime.rules.environment import parse_visible_devices
+from kimictl.runtime.checks.hardware import (
+    FabricInfo,
+    HardwareReport,
+    load_snapshot,
+    load_snapshots,
+)
+from kimictl.runtime.checks.rules import Status, evaluate
+from kimictl.runtime.checks.rules.environment import parse_visible_devices
+from kimictl.runtime.deployment.spec import parse_vllm_command
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 X2 = SNAPSHOTS / "h200x2-real.json"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import launcher, runs
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.launcher import LaunchPlan
-from kimictl.runtime.runs import RunState
+from kimictl.runtime.serving import launcher, runs
+from kimictl.runtime.serving.launcher import LaunchPlan
+from kimictl.runtime.serving.runs import RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
 REAL_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_cpu_startup.log"
@@ -265,7 +265,7 @@ def test_foreground_children_die_with_a_killed_kimictl(tmp_path):
             import sys, time
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             from test_launcher import fake_plan
-            from kimictl.runtime import launcher
+            from kimictl.runtime.serving import launcher
             launch = launcher.start(fake_plan("ok", port={port}))
             print(launch.record.id, launch.record.pgid, flush=True)
             time.sleep(600)

@@ -1,4 +1,4 @@
-"""Window math of kimictl.runtime.metrics on /metrics texts recorded from the real CPU vLLM server
+"""Window math of runtime.observe.metrics on /metrics texts recorded from the real CPU vLLM server
 (tests/fixtures/metrics, captured with capture.py there: `load_*` from a loaded server, `spec_*`
 from a fresh server with ngram speculation, i.e. a restart relative to `load_*`)."""
 
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime import metrics as m
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.observe import metrics as m
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 

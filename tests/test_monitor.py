@@ -24,8 +24,8 @@ import pytest
 from conftest import run_cli_diagnosed
 
 from kimictl.cli import main
-from kimictl.runtime.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.metrics import EndpointPoller, EndpointStatus
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
+from kimictl.runtime.observe.metrics import EndpointPoller, EndpointStatus
 from kimictl.tui.app import HelpScreen, MonitorApp
 from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
 
@@ -262,7 +262,7 @@ def test_bad_record_file_or_url_exits_2_and_leaves_the_file(
 
 
 def test_record_appends_to_an_existing_record(tmp_path: Path) -> None:
-    from kimictl.runtime.metrics import append_jsonl, check_record_target
+    from kimictl.runtime.observe.metrics import append_jsonl, check_record_target
 
     record = tmp_path / "rec.jsonl"
     append_jsonl(record, {"taken_at": 1.0})
@@ -319,7 +319,7 @@ def test_default_target_is_the_latest_ab_pair(
 ) -> None:
     import os
 
-    from kimictl.runtime import runs
+    from kimictl.runtime.serving import runs
 
     monkeypatch.setenv("KIMICTL_STATE_DIR", str(tmp_path))
     assert main(["monitor", "--once"]) == 2
@@ -360,7 +360,7 @@ def test_default_target_is_the_latest_ab_pair(
 
 
 def test_gpu_telemetry_without_a_gpu_is_empty_with_a_reason() -> None:
-    from kimictl.runtime.gpu_telemetry import sample_gpus
+    from kimictl.runtime.observe.gpu_telemetry import sample_gpus
 
     telemetry = sample_gpus()
     if telemetry.gpus:
@@ -383,7 +383,7 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A scrape stuck past its own timeout must not keep --once (or --duration) alive."""
-    from kimictl.runtime import metrics
+    from kimictl.runtime.observe import metrics
 
     async def stuck(self: EndpointPoller, client: Any, *, interval: float) -> bool:
         await asyncio.Event().wait()  # never set
@@ -488,7 +488,7 @@ def test_once_json_on_the_real_server(cpu_server: Any) -> None:
 
 def test_gpu_cells_show_missing_readings_as_dash_not_zero() -> None:
     from kimictl.commands.monitor import _line
-    from kimictl.runtime.gpu_telemetry import GpuSample, GpuTelemetry
+    from kimictl.runtime.observe.gpu_telemetry import GpuSample, GpuTelemetry
 
     # figures as NVML gave them for GPU 0 of the lent 2 x H200 under the all-reduce benchmark
     busy = GpuSample(

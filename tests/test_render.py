@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime import launcher, render
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.serving import launcher, render
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.runs import RunRecord
+    from kimictl.runtime.serving.runs import RunRecord
 
 app = typer.Typer(add_completion=False)
 
@@ -96,8 +96,8 @@ def serve(
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
-    from kimictl.runtime import launcher
     from kimictl.runtime.errors import InputError
+    from kimictl.runtime.serving import launcher
 
     if render is not None and render not in ("slurm", "k8s"):
         raise InputError(f"--render {render!r} is not a format; allowed: slurm, k8s.")
@@ -122,7 +122,7 @@ def serve(
     )
     prepared = launcher.prepare_serve(request)
     if render is not None:
-        from kimictl.runtime.render import render as render_job
+        from kimictl.runtime.serving.render import render as render_job
 
         launcher.refuse_if_blocked(prepared)
         plan = prepared.plans[0]

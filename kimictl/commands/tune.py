@@ -377,7 +377,7 @@ def _measure(
     if write is not None:  # refuse a bad --write before the sweep, not after it
         check_write_target(write, overwrite=force)
         if base_profile is not None:
-            from kimictl.runtime.profiles import load_profile
+            from kimictl.runtime.deployment.profiles import load_profile
 
             load_profile(base_profile)
     result = measure(

@@ -13,7 +13,7 @@ from kimictl.runtime.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.evals import CheckResult, ValidationReport
-    from kimictl.runtime.runs import Target
+    from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
 
@@ -40,7 +40,7 @@ def _parse_checks(text: str | None) -> tuple[str, ...]:
 
 
 def _targets(candidate: str | None, reference: str | None) -> tuple[Target, Target]:
-    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import latest_ab_pair, resolve_target
 
     if candidate is None and reference is None:
         pair = latest_ab_pair()
@@ -65,10 +65,14 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _style(check: CheckResult) -> str:
+    return "green" if check.passed else "yellow" if check.status.value == "skip" else "red"
+
+
 def _render_check(check: CheckResult) -> None:
     from rich.table import Table
 
-    style = "green" if check.passed else "red"
+    style = _style(check)
     console.print(
         f"\n[bold]{check.name}[/] [{style}]{check.status.value.upper()}[/]  {check.summary}"
     )
@@ -111,7 +115,7 @@ def _render(report: ValidationReport) -> None:
     table.add_column("numbers")
     table.add_column("s", justify="right")
     for check in report.checks:
-        style = "green" if check.passed else "red"
+        style = _style(check)
         table.add_row(
             check.name,
             f"[{style}]{check.status.value.upper()}[/]",
@@ -128,6 +132,9 @@ def _render(report: ValidationReport) -> None:
         if report.passed
         else ("[red]FAIL[/]: the candidate must not take traffic")
     )
+    if report.passed and report.skipped:
+        skipped = ", ".join(c.name for c in report.skipped)
+        verdict += f" [yellow](not checked at this context: {skipped})[/]"
     console.print(f"\nverdict: {verdict} ({report.seconds:.0f} s)")
 
 
@@ -176,7 +183,7 @@ def validate(
     limits = Thresholds().with_overrides(threshold or [])
     profile_path = None
     if gate is not None:
-        from kimictl.runtime.profiles import load_profile
+        from kimictl.runtime.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
     cand_t, ref_t = _targets(candidate, reference)
@@ -206,7 +213,7 @@ def validate(
 
         save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
     if profile_path is not None:
-        from kimictl.runtime.profiles import update_provenance
+        from kimictl.runtime.deployment.profiles import update_provenance
 
         update_provenance(profile_path, provenance_updates(report))
     if json_out:
@@ -219,7 +226,12 @@ def validate(
                 highlight=False,
             )
     if not report.passed:
-        failed = [c.name for c in report.checks if not c.passed]
+        failed = [c.name for c in report.checks if c.status.value in ("fail", "error")]
+        if not failed:
+            raise CheckFailed(
+                "validation proved nothing: every check was skipped at this context",
+                hint="the report above says what each check needs; serve a longer max_model_len",
+            )
         raise CheckFailed(
             f"validation failed: {', '.join(failed)}",
             hint="the report above names each threshold and the evidence",

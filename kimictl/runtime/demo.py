@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import launcher
 from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.runtime.serving import launcher
 
 __all__ = [
     "DEMO_PROFILE",
@@ -193,7 +193,7 @@ def _free_pair(host: str, start: int) -> int:
 def prepare_demo(request: DemoRequest) -> DemoPlan:
     """Check the request, plan the pair (no GPU needed), and pick a new output folder.
     Starts nothing and writes nothing."""
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     _check_sizes(request)
     out = request.out.expanduser() if request.out is not None else default_out_dir()
@@ -265,9 +265,9 @@ def run_demo(
 ) -> DemoResult:
     """Start the pair, wait until both are ready, bench them in turn, stop them (unless `keep`),
     then write `demo.json` and the plots into the (new) output folder."""
-    from kimictl.runtime.benchreport import BenchConfig, resolve_models, run_bench, write_plots
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench, write_plots
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
     step = on_step or (lambda _text: None)
     request = plan.request

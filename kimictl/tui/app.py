@@ -23,8 +23,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
-from kimictl.runtime.gpu_telemetry import GpuTelemetry, sample_gpus
-from kimictl.runtime.metrics import (
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry, sample_gpus
+from kimictl.runtime.observe.metrics import (
     WINDOWS_S,
     EndpointPoller,
     EndpointView,

@@ -13,8 +13,8 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from kimictl.runtime.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
+from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
 from kimictl.tui.rows import ROWS, fmt, fmt_ratio
 
 __all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]

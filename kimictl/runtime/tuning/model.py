@@ -9,7 +9,7 @@ tokens, costs (per GPU, all 93 layers, then the lm_head and the draft):
                               + all-reduces (latency + NVLink bytes, one-shot or two-shot) ]
          + lm_head + draft model + per-step overhead
 
-Bytes come from the K3 shapes in kimictl.runtime.k3 (the one place they live): attention and dense
+Bytes come from the K3 shapes in deployment.k3 (the one place they live): attention and dense
 weights BF16 sharded by TP (the low-rank `a` projections replicated), routed experts MXFP4 for the
 expected number of distinct experts touched by the step's tokens under top-16 of 896, shared
 experts, per-request KDA state for 69 layers, and the MLA latent KV cache (FP8) for 24 layers at the
@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.systems import SYSTEMS, System
 
@@ -177,7 +177,7 @@ def _p(name: str) -> float:
     return PARAMS[name].value
 
 
-# --- shapes (from kimictl.runtime.k3, the single source of truth) -------------------------------
+# --- shapes (from deployment.k3, the single source of truth) --------------------------------------
 _S = k3.K3_SHAPES
 H = _S["hidden_size"]
 N_LAYERS = _S["num_layers"]

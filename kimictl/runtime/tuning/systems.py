@@ -180,7 +180,7 @@ def system_for_gpu_name(name: str) -> str | None:
 
 
 def system_from_report(report: Any) -> tuple[System, int]:
-    """(system, GPU count) from a hardware report (kimictl.runtime.hardware.HardwareReport).
+    """(system, GPU count) from a hardware report (kimictl.runtime.checks.hardware.HardwareReport).
 
     Raises InputError when the report has no GPUs or a GPU this model does not describe.
     """

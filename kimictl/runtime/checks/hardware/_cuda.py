@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from kimictl.runtime.hardware._types import Unavailable
+from kimictl.runtime.checks.hardware._types import Unavailable
 
 __all__ = ["CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED", "query_multicast"]
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.rules.base import Check, Section, Status, verdict
+from kimictl.runtime.checks.rules.base import Check, Section, Status, verdict
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment import DeploymentSpec
-    from kimictl.runtime.hardware import HardwareReport
-    from kimictl.runtime.stack import StackReport
+    from kimictl.runtime.checks.hardware import HardwareReport
+    from kimictl.runtime.checks.stack import StackReport
+    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
     "Check",
@@ -36,11 +36,11 @@ _DUPLICATES = {"k3.gpu_arch": "hw.compute_capability"}
 
 
 def _deployment_checks() -> Any | None:
-    """B's `deployment_checks`, or None while kimictl.runtime.rules.deployment does not exist."""
+    """B's `deployment_checks`, or None while rules.deployment does not exist."""
     try:
-        module = importlib.import_module("kimictl.runtime.rules.deployment")
+        module = importlib.import_module("kimictl.runtime.checks.rules.deployment")
     except ModuleNotFoundError as error:
-        if error.name == "kimictl.runtime.rules.deployment":
+        if error.name == "kimictl.runtime.checks.rules.deployment":
             return None
         raise
     return getattr(module, "deployment_checks", None)
@@ -65,12 +65,12 @@ def evaluate(
 
     With `hw` the environment checks read each node's recorded env (`NodeReport.env`) with the
     deployment's env on top; without it, the deployment's env alone."""
-    from kimictl.runtime.rules.environment import (
+    from kimictl.runtime.checks.rules.environment import (
         environment_checks,
         launch_env,
         restrict_to_visible,
     )
-    from kimictl.runtime.rules.hardware import hardware_checks, stack_checks
+    from kimictl.runtime.checks.rules.hardware import hardware_checks, stack_checks
 
     deployment = _deployment_checks() if spec is not None else None
     checks: list[Check] = []
@@ -150,8 +150,8 @@ def diagnose(
     With snapshots the software stack is the one recorded in them (first node; `stack.same`
     compares the rest), not this machine's.
     """
-    from kimictl.runtime import hardware
-    from kimictl.runtime.stack import StackReport, probe_stack
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.stack import StackReport, probe_stack
 
     if save_snapshot is not None:  # refuse a bad target before probing, not after
         hardware.check_snapshot_target(save_snapshot, overwrite=overwrite_snapshot)

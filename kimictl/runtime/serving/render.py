@@ -18,9 +18,9 @@ import re
 import shlex
 from typing import Any
 
+from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.launcher import LaunchPlan, redact_argv
-from kimictl.runtime.stack import VLLM_VERSION
+from kimictl.runtime.serving.launcher import LaunchPlan, redact_argv
 
 __all__ = ["FORMATS", "GPUS_PER_NODE", "VLLM_IMAGE", "render", "to_yaml"]
 

@@ -6,11 +6,11 @@ import os
 import socket
 from datetime import UTC, datetime
 
-from kimictl.runtime.hardware import _nvml
-from kimictl.runtime.hardware._cuda import query_multicast
-from kimictl.runtime.hardware._imex import list_imex_channels
-from kimictl.runtime.hardware._smi import smi_available, smi_probe
-from kimictl.runtime.hardware._types import (
+from kimictl.runtime.checks.hardware import _nvml
+from kimictl.runtime.checks.hardware._cuda import query_multicast
+from kimictl.runtime.checks.hardware._imex import list_imex_channels
+from kimictl.runtime.checks.hardware._smi import smi_available, smi_probe
+from kimictl.runtime.checks.hardware._types import (
     RECORDED_ENV,
     HardwareReport,
     NodeReport,
@@ -26,7 +26,7 @@ def _now() -> str:
 
 def _stack_json() -> dict[str, object] | None:
     try:
-        from kimictl.runtime.stack import probe_stack
+        from kimictl.runtime.checks.stack import probe_stack
     except ImportError:
         return None
     return probe_stack().to_json()

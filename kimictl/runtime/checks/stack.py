@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kimictl.runtime.hardware._types import Unavailable
+from kimictl.runtime.checks.hardware._types import Unavailable
 
 __all__ = [
     "PINNED",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kimictl.runtime.hardware._types import Unavailable
+from kimictl.runtime.checks.hardware._types import Unavailable
 
 __all__ = ["IMEX_CHANNEL_DIR", "list_imex_channels"]
 

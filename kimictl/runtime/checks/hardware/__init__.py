@@ -6,15 +6,15 @@ into one report that the rules check as one TP group. Nothing here raises for a 
 library: the field becomes `Unavailable(reason)`.
 """
 
-from kimictl.runtime.hardware._probe import probe_local, probe_node
-from kimictl.runtime.hardware._snapshot import (
+from kimictl.runtime.checks.hardware._probe import probe_local, probe_node
+from kimictl.runtime.checks.hardware._snapshot import (
     check_snapshot_target,
     load_snapshot,
     load_snapshots,
     merge,
     save_snapshot,
 )
-from kimictl.runtime.hardware._types import (
+from kimictl.runtime.checks.hardware._types import (
     RECORDED_ENV,
     SCHEMA_VERSION,
     FabricInfo,

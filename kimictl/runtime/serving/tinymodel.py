@@ -13,9 +13,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kimictl.runtime import cpu_runtime
 from kimictl.runtime.errors import InputError, LaunchError, child_failure
 from kimictl.runtime.paths import cache_dir
+from kimictl.runtime.serving import cpu_runtime
 
 __all__ = ["TINY_MODEL", "build", "resolve_model"]
 

@@ -1,7 +1,7 @@
 """The deployment side of the K3 fast-path rules: a DeploymentSpec (+ hardware report) -> checks.
 
 vLLM's `unsupported(vllm_config)` stops at the FIRST failing condition; kimictl reports all 18 at
-once, each with vLLM's own reason string (kimictl.runtime.k3.RULES) and the exact flag change that
+once, each with vLLM's own reason string (deployment.k3.RULES) and the exact flag change that
 fixes it. On top: decode_backend value, FP8 KV cache (assumed by the MLA core, not checked by vLLM),
 enough GPUs for TP x PP x DP, and fast-path coverage of the prepared token batches.
 
@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import DeploymentSpec
-from kimictl.runtime.rules.base import Check, Section, Status
+from kimictl.runtime.checks.rules.base import Check, Section, Status
+from kimictl.runtime.deployment.spec import DeploymentSpec, k3
 
 if TYPE_CHECKING:
-    from kimictl.runtime.hardware import HardwareReport
+    from kimictl.runtime.checks.hardware import HardwareReport
 
 __all__ = ["Coverage", "deployment_checks", "fast_path_coverage", "read_model_config"]
 

@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from kimictl.runtime.checks.hardware._types import HardwareReport, Source
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.hardware._types import HardwareReport, Source
 
 __all__ = [
     "check_snapshot_target",

@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.hardware import GpuInfo, HardwareReport, NodeReport, Unavailable
-from kimictl.runtime.k3 import (
+from kimictl.runtime.checks.hardware import GpuInfo, HardwareReport, NodeReport, Unavailable
+from kimictl.runtime.checks.rules.base import Check, Section, Status
+from kimictl.runtime.checks.stack import VLLM_VERSION, StackReport
+from kimictl.runtime.deployment.k3 import (
     MULTICAST_ERRORS,
     SUPPORTED_COMPUTE_CAPABILITY_MAJOR,
     unsupported_message,
 )
-from kimictl.runtime.rules.base import Check, Section, Status
-from kimictl.runtime.stack import VLLM_VERSION, StackReport
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment import DeploymentSpec
+    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
     "MIN_CUDA_DRIVER",

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
+from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
 
 __all__ = [
     "ERROR_KINDS",

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from kimictl.runtime.loadgen import (
+from kimictl.runtime.load.loadgen import (
     LoadPoint,
     LoadTarget,
     RecordList,
@@ -38,8 +38,8 @@ from kimictl.runtime.loadgen import (
     fetch_text,
     run_load,
 )
-from kimictl.runtime.slo import SLO
-from kimictl.runtime.workloads import Workload
+from kimictl.runtime.load.slo import SLO
+from kimictl.runtime.load.workloads import Workload
 
 __all__ = [
     "AB_METRICS",
@@ -319,7 +319,7 @@ def _server_view(
     pair = result.metrics.get(key)
     if pair is None:
         return None
-    from kimictl.runtime import metrics
+    from kimictl.runtime.observe import metrics
 
     (before, m0), (after, m1) = pair
     try:

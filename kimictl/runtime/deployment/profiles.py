@@ -41,8 +41,8 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import (
+from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
     DeploymentSpec,
@@ -193,11 +193,11 @@ _COMPILE_KEYS = tuple(_json_keys("compilation_config"))
 
 def shipped_profiles_dir() -> Path:
     """The profiles/ folder shipped with kimictl (beside the package in a source checkout)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "data" / "profiles", here.parent.parent / "profiles"):
+    package = Path(__file__).resolve().parents[2]  # kimictl/
+    for candidate in (package / "data" / "profiles", package.parent / "profiles"):
         if candidate.is_dir():
             return candidate
-    return here.parent.parent / "profiles"
+    return package.parent / "profiles"
 
 
 def profile_dirs() -> list[Path]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from kimictl.runtime.hardware._types import (
+from kimictl.runtime.checks.hardware._types import (
     FabricInfo,
     GpuInfo,
     NvLinkInfo,

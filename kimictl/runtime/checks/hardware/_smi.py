@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from kimictl.runtime.hardware._types import FabricInfo, GpuInfo, Unavailable
+from kimictl.runtime.checks.hardware._types import FabricInfo, GpuInfo, Unavailable
 
 __all__ = ["parse_smi", "smi_available", "smi_probe"]
 

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from kimictl.runtime import runs
 from kimictl.runtime.apikeys import read_api_key
+from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, KimictlError, LaunchError
-from kimictl.runtime.runs import RunRecord, RunState
-from kimictl.runtime.stack import VLLM_VERSION
+from kimictl.runtime.serving import runs
+from kimictl.runtime.serving.runs import RunRecord, RunState
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment import DeploymentSpec
+    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
     "CPU_DEMO",
@@ -201,7 +201,7 @@ def plan_launch(
     run_id: str | None = None,
 ) -> LaunchPlan:
     """Resolve the model, pick the executable and environment, and fix host and port."""
-    from kimictl.runtime import cpu_runtime, tinymodel
+    from kimictl.runtime.serving import cpu_runtime, tinymodel
 
     host = host or spec.host or "127.0.0.1"
     port = port if port is not None else (spec.port or DEFAULT_PORT)
@@ -907,21 +907,21 @@ def _is_loopback(host: str) -> bool:
 
 
 def _load(name: str) -> Any:
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     return load_profile(name)
 
 
 def _has_gpu() -> bool:
-    from kimictl.runtime import hardware
+    from kimictl.runtime.checks import hardware
 
     return bool(hardware.probe_local(include_stack=False).gpus)
 
 
 def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
     """What the CPU runtime needs: its venv, a model it can read offline; ports (as warnings)."""
-    from kimictl.runtime import cpu_runtime, tinymodel
-    from kimictl.runtime.rules.base import Check, Section, Status
+    from kimictl.runtime.checks.rules.base import Check, Section, Status
+    from kimictl.runtime.serving import cpu_runtime, tinymodel
 
     checks = []
     if cpu_runtime.is_installed():
@@ -980,14 +980,14 @@ def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
 def _gate(
     spec: DeploymentSpec, runtime: str, host: str, ports: list[int], render: bool
 ) -> list[Any]:
-    from kimictl.runtime.rules import evaluate
+    from kimictl.runtime.checks.rules import evaluate
 
     if runtime == "cpu":
         return cpu_checks(spec.model, host, ports)
     if render:  # rendered for other machines: this machine's hardware is beside the point
         return evaluate(spec, None, None)
-    from kimictl.runtime import hardware
-    from kimictl.runtime.stack import probe_stack
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.stack import probe_stack
 
     return evaluate(spec, hardware.probe_local(include_stack=False), probe_stack())
 
