@@ -389,6 +389,19 @@ def environment_checks(
         if len(where) < len(envs):
             check = replace(check, message=f"{', '.join(where)}: {check.message}")
         checks.append(check)
+    unrecorded = [n.hostname for n in hw.nodes if n.env is None] if hw is not None else []
+    if unrecorded:
+        checks.append(
+            Check(
+                "env.recorded",
+                F,
+                Status.UNKNOWN,
+                f"No launching environment recorded for {', '.join(unrecorded)} (a snapshot from "
+                "before kimictl recorded it): only the deployment's env was checked.",
+                "Re-capture with kimictl doctor --save-snapshot FILE in the environment vLLM "
+                "starts from.",
+            )
+        )
     if hw is not None and env_by_node:
         visible = _visible_check(hw, env_by_node, spec)
         if visible is not None:
