@@ -255,3 +255,14 @@ def _live_doctor(env: dict[str, str]) -> dict[str, str]:
 def test_live_doctor_reads_the_process_environment() -> None:
     assert _live_doctor({})["env.torch_multicast"] == "pass"
     assert _live_doctor({"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})["env.torch_multicast"] == "fail"
+
+
+def test_links_down_on_one_real_gpu_warn_naming_it() -> None:
+    hw = load_snapshot(X2)
+    node = hw.nodes[0]
+    gpu1 = node.gpus[1]
+    assert isinstance(gpu1.nvlinks, list)
+    links = [replace(ln, active=False) if ln.link < 3 else ln for ln in gpu1.nvlinks]
+    node = replace(node, gpus=[node.gpus[0], replace(gpu1, nvlinks=links)])
+    status, message = by_id(replace(hw, nodes=[node]))["fabric.nvlink"]
+    assert status is Status.WARN and "GPU 1" in message and "15/18" in message

@@ -352,6 +352,36 @@ def _nvlink_check(hw: HardwareReport) -> Check | None:
             "fabric.nvlink", F, Status.UNKNOWN, f"NVLink state not read: {_list(unknown)}."
         )
     shown = "/".join(str(c) for c in sorted(counts))
+    most = max(counts)
+    fewer = [
+        (n, g) for n, g in gpus if isinstance(g.active_nvlinks, int) and g.active_nvlinks < most
+    ]
+    versions = sorted(
+        {
+            str(link.version)
+            for _, g in gpus
+            if isinstance(g.nvlinks, list)
+            for link in g.nvlinks
+            if link.active is True and isinstance(link.version, str)
+        }
+    )
+    if fewer:  # a GPU with links down still talks, at a fraction of the bandwidth
+        return Check(
+            "fabric.nvlink",
+            F,
+            Status.WARN,
+            f"NVLinks down on {_gpus_where(fewer, multi)}: {shown} active per GPU (others have "
+            f"{most}); all-reduces through those GPUs run slower.",
+            "Check `nvidia-smi nvlink --status` on the listed GPUs; reseat or replace the link.",
+        )
+    if len(versions) > 1:
+        return Check(
+            "fabric.nvlink",
+            F,
+            Status.WARN,
+            f"Mixed NVLink generations in one TP group: {', '.join(versions)}.",
+            "Use one GPU/NVLink generation for every rank of the TP group.",
+        )
     return Check("fabric.nvlink", F, Status.PASS, f"{shown} active NVLinks per GPU.")
 
 
