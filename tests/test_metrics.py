@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from kimictl.runtime.errors import EndpointError, InputError
 from kimictl.runtime.observe import metrics as m
+from kimictl.runtime.observe.scrape import _KeepAliveGet, scrape_keepalive
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -502,9 +503,7 @@ async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(EndpointError, match="connection refused or host unreachable"):
-        await m.scrape_keepalive(
-            m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
-        )
+        await scrape_keepalive(_KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
@@ -515,8 +514,8 @@ async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(EndpointError, match="not HTTP|connection lost"):
-            await m.scrape_keepalive(
-                m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
+            await scrape_keepalive(
+                _KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
             )
     finally:
         server.close()

@@ -420,11 +420,11 @@ def _newest(state: Path) -> dict:
 def test_logs_follow_ends_when_the_server_stops(_state_dir):
     from test_launcher import fake_plan
 
-    from kimictl.runtime.serving import launcher, runs
+    from kimictl.runtime.serving import launcher, runs, workflow
 
     plan = fake_plan("ok")
-    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
-    (record,) = launcher.run_serve(prepared, detach=True)
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = workflow.run_serve(prepared, detach=True)
     follow = _kimictl("logs", record.id, "-f", "--tail", "0")
     try:
         time.sleep(1.5)

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
     from kimictl.runtime.load.benchreport import BenchOutcome
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.serving.launcher import Launch, LaunchPlan, Prepared
+    from kimictl.runtime.serving.launcher import Launch, LaunchPlan
+    from kimictl.runtime.serving.workflow import Prepared
 
 __all__ = [
     "bench_progress",

@@ -354,6 +354,7 @@ def _write(
 
     from kimictl.commands._output import err_console
     from kimictl.runtime.load.benchreport import write_csv, write_plots
+    from kimictl.runtime.outputs import atomic_write
 
     if json_out:
         data = orjson.dumps(
@@ -364,10 +365,7 @@ def _write(
 
             sys.stdout.write(data.decode() + "\n")
         else:
-            p = Path(json_out)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_bytes(data + b"\n")
-            tmp.replace(p)
+            p = atomic_write(json_out, data + b"\n")
             err_console.print(f"wrote {p}")
     if csv_out:
         err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")

@@ -3,7 +3,7 @@
 Starts the `cpu-demo` deployment and a differently configured twin (its stock twin profile with
 `max_num_seqs` lowered, see TWIN_MAX_NUM_SEQS), sends both the same agentic workload (the `small`
 preset) in turn, compares them, writes the JSON report and the plots into a new folder, and stops
-everything it started. Nothing here is new machinery: profiles -> `launcher.prepare_serve` (the A/B
+everything it started. Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the A/B
 pair of `serve --ab`), `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
 `benchreport.run_bench` for the load and the comparison, `benchreport.write_plots` for the PNGs.
 
@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import InputError, Unsupported
-from kimictl.runtime.serving import launcher
+from kimictl.runtime.outputs import atomic_write
+from kimictl.runtime.serving import launcher, workflow
 
 __all__ = [
     "DEMO_PROFILE",
@@ -38,7 +39,7 @@ __all__ = [
     "run_demo",
 ]
 
-DEMO_PROFILE = launcher.CPU_DEMO
+DEMO_PROFILE = workflow.CPU_DEMO
 # The twin differs from cpu-demo in one setting a CPU user can see: no batching. With several
 # sessions in flight, batching buys throughput and first-token time, not per-user decode speed.
 TWIN_MAX_NUM_SEQS = 1
@@ -68,7 +69,7 @@ class DemoPlan:
     """The checked demo: the A/B pair's plans (twin re-planned), where results go, what differs."""
 
     request: DemoRequest
-    prepared: launcher.Prepared
+    prepared: workflow.Prepared
     out: Path
     names: tuple[str, str]
     difference: dict[str, Any]
@@ -203,10 +204,10 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     port = request.port
     if port is None:
         port = _free_pair(host, profile.spec.port or launcher.DEFAULT_PORT)
-    prepared = launcher.prepare_serve(
-        launcher.ServeRequest(profile=DEMO_PROFILE, ab=True, port=port)
+    prepared = workflow.prepare_serve(
+        workflow.ServeRequest(profile=DEMO_PROFILE, ab=True, port=port)
     )
-    launcher.refuse_if_blocked(prepared)  # e.g. no CPU runtime: CheckFailed naming the remedy
+    workflow.refuse_if_blocked(prepared)  # e.g. no CPU runtime: CheckFailed naming the remedy
     tuned, stock = prepared.plans
     twin = load_profile(stock.profile or str(profile.stock_twin))
     base_seqs = profile.spec.max_num_seqs
@@ -375,14 +376,7 @@ def run_demo(
 def _write_json(result: DemoResult, path: Path) -> Path:
     import orjson
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            result.to_json(),
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        )
-        + b"\n"
+    data = orjson.dumps(
+        result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str
     )
-    tmp.replace(path)
-    return path
+    return atomic_write(path, data + b"\n")

@@ -35,6 +35,7 @@ from kimictl.runtime.observe.metrics import (
     monitor_snapshot,
     poll_all,
 )
+from kimictl.runtime.outputs import atomic_write
 from kimictl.tui.widgets import (
     SERIES_STYLES,
     ChartsPanel,
@@ -281,9 +282,7 @@ class MonitorApp(App[None]):
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = self.export_dir / f"kimictl-monitor-{stamp}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_bytes(orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
-        tmp.replace(path)
+        atomic_write(path, orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
         self.last_export = path
         self.notify(f"snapshot written to {path}", title="export")
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,6 +51,7 @@ from kimictl.runtime.deployment.spec import (
     one_of,
 )
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "PROFILE_SECTIONS",
@@ -641,7 +641,7 @@ def write_profile(
         runtime=runtime,
         stock_twin=stock_twin,
     )
-    _atomic_write(target, text)
+    atomic_write(target, text)
     return target
 
 
@@ -662,25 +662,7 @@ def update_provenance(path: str | Path, updates: Mapping[str, Any]) -> None:
                 del section[key]
         else:
             section[key] = _inline(value)
-    _atomic_write(target, tomlkit.dumps(document))
-
-
-def _atomic_write(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o777)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, tomlkit.dumps(document))
 
 
 def _inline(value: Any) -> Any:

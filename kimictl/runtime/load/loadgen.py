@@ -1,11 +1,6 @@
 """Async streaming load generator for OpenAI-compatible servers (/v1/completions, chat completions).
 
-The client is a small HTTP/1.1 implementation on an asyncio Protocol: every TCP read is parsed in
-`data_received` (chunked framing -> SSE lines split at the byte level -> one `orjson.loads` per
-`data:` line) and the arrival time and token count of each chunk are written straight into the
-request's record; the awaiting coroutine is woken once per request, not once per chunk. That keeps
-the client's CPU per streamed token below `vllm bench serve`'s aiohttp client (measured in
-benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
+The HTTP client is in client.py.
 
 Metric conventions follow `vllm bench serve` (see shared notes): a chunk is any SSE event carrying
 `choices`; TTFT = first chunk - send; latency = last chunk - send; ITL = gaps between chunks; output
@@ -23,16 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-import ssl as _ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.load.client import MAX_ERROR_BODY, Endpoint, fetch_text
+from kimictl.runtime.load.records import (
+    ERROR_KINDS,
+    LoadPoint,
+    LoadTarget,
+    RecordList,
+    RequestRecord,
+)
 from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
 
 __all__ = [
@@ -44,466 +44,6 @@ __all__ = [
     "fetch_text",
     "run_load",
 ]
-
-# Error kinds, counted separately in summaries.
-ERROR_KINDS = (
-    "http_429",  # rate limited
-    "http_5xx",  # server error
-    "http_4xx",  # bad request (prompt too long, unknown model, ...)
-    "malformed_sse",  # a data: line that is not JSON, or a stream without [DONE]
-    "connect",  # connection refused / unreachable
-    "disconnect",  # the server closed the connection mid-response
-    "timeout",  # no complete response within the request timeout
-    "cancelled",  # stopped by Ctrl-C or an aborted run (not a server failure)
-)
-
-_MAX_ERROR_BODY = 2048
-
-
-@dataclass(frozen=True)
-class LoadTarget:
-    """One endpoint under load. `url` is the server root (`http://host:port`, `/v1` allowed)."""
-
-    name: str
-    url: str
-    model: str
-    api_key: str | None = None
-    gpus: int | None = None
-
-    def __repr__(self) -> str:  # never print the key
-        return f"LoadTarget(name={self.name!r}, url={self.url!r}, model={self.model!r})"
-
-
-@dataclass(frozen=True)
-class LoadPoint:
-    """One point of a sweep: closed loop at `concurrency`, or open loop at `rate` req/s (capped by
-    `concurrency` when both are set)."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-    burstiness: float = 1.0
-    arrivals: str = "poisson"  # poisson (gamma with shape=burstiness) | constant
-
-    @property
-    def label(self) -> str:
-        if self.rate is None:
-            return f"c={self.concurrency}"
-        cap = f",c<={self.concurrency}" if self.concurrency else ""
-        return f"rate={self.rate:g}{cap}"
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request. Times are seconds; `start`/`end` count from the run's start,
-    `ttft`, `latency` and `chunk_times` from the request's own send time."""
-
-    target: str
-    point: str
-    repeat: int
-    index: int
-    warmup: bool
-    session: int
-    turn: int
-    input_len: int
-    output_len: int
-    start: float = 0.0
-    end: float = 0.0
-    ttft: float | None = None
-    latency: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
-    output_tokens: int = 0
-    prompt_tokens: int | None = None
-    status: int = 0
-    ok: bool = False
-    error_kind: str | None = None
-    error: str | None = None
-    text_len: int = 0
-
-    @property
-    def prompt_len(self) -> int:
-        return self.prompt_tokens if self.prompt_tokens is not None else self.input_len
-
-    @property
-    def tpot(self) -> float | None:
-        """(latency - TTFT) / (output_tokens - 1), vllm bench's definition; None below 2 tokens."""
-        if not self.ok or self.ttft is None or self.latency is None or self.output_tokens < 2:
-            return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-    @property
-    def itls(self) -> list[float]:
-        t = self.chunk_times
-        return [t[i] - t[i - 1] for i in range(1, len(t))]
-
-
-class RecordList(list[RequestRecord]):
-    """`run_load`'s result: the records, plus how the run ended and each point's time window."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stop_reason: str | None = None  # None = ran to completion
-        # (target, point, repeat) -> (start, end) seconds from the run's start, measured part only
-        self.windows: dict[tuple[str, str, int], tuple[float, float]] = {}
-        # (target, point, repeat) -> ((/metrics text, time.monotonic()) before, after); absent when
-        # not scraped or the server has no /metrics
-        self.metrics: dict[tuple[str, str, int], tuple[tuple[str, float], tuple[str, float]]] = {}
-        self.max_concurrent: dict[tuple[str, str, int], int] = {}
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP/1.1 over an asyncio Protocol
-
-
-class _Response:
-    __slots__ = ("record", "t0", "status", "body", "done", "sse", "seen_done", "last_usage")
-
-    def __init__(self, record: RequestRecord | None, t0: float, done: asyncio.Future[None]):
-        self.record = record
-        self.t0 = t0
-        self.status = 0
-        self.body = bytearray()  # non-stream body (errors, GET)
-        self.done = done
-        self.sse = b""  # unfinished SSE line
-        self.seen_done = False
-        self.last_usage = 0
-
-
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection; parses the response as it arrives."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.keep_alive = True
-        self.resp: _Response | None = None
-        self.got_bytes = False
-        self._head = b""
-        self._in_head = True
-        self._mode = ""  # chunked | length | close
-        self._remaining = 0  # length mode: body bytes left; chunked: bytes left in this chunk
-        self._cbuf = b""  # chunked framing buffer
-        self._stream = False
-
-    # asyncio callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        resp = self.resp
-        if resp is None or resp.done.done():
-            return
-        if self._mode == "close" and not self._in_head:
-            self._finish()
-            return
-        if self.got_bytes:
-            self._fail("disconnect", "the server closed the connection mid-response")
-        else:
-            self._fail("disconnect", "the server closed the connection before answering")
-
-    def send(self, data: bytes, resp: _Response) -> None:
-        self.resp = resp
-        self.got_bytes = False
-        self._head = b""
-        self._in_head = True
-        self._mode = ""
-        self._cbuf = b""
-        self._stream = False
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        if self.resp is None or self.resp.done.done():
-            return
-        now = time.perf_counter()
-        if self._in_head:
-            # a late CRLF ending the previous chunked body may precede the status line
-            self._head = (self._head + data).lstrip(b"\r\n")
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._head) > 65536:
-                    self._fail("malformed_sse", "response head larger than 64 KiB")
-                return
-            data = self._head[end + 4 :]
-            if not self._parse_head(self._head[:end]):
-                return
-            self._in_head = False
-            self._head = b""
-        if self._mode == "chunked":
-            self._feed_chunked(data, now)
-        elif self._mode == "length":
-            take = data[: self._remaining]
-            self._remaining -= len(take)
-            self._body(take, now)
-            if self._remaining <= 0:
-                self._finish()
-        else:
-            self._body(data, now)
-
-    # parsing
-    def _parse_head(self, head: bytes) -> bool:
-        resp = self.resp
-        assert resp is not None
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        try:
-            resp.status = int(parts[1])
-        except (IndexError, ValueError):
-            self._fail("malformed_sse", f"not an HTTP response: {lines[0][:80]!r}")
-            return False
-        length = None
-        chunked = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            value = value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding" and b"chunked" in value:
-                chunked = True
-            elif name == b"connection" and value == b"close":
-                self.keep_alive = False
-            elif name == b"content-type" and value.startswith(b"text/event-stream"):
-                self._stream = True
-        if chunked:
-            self._mode = "chunked"
-        elif length is not None:
-            self._mode = "length"
-            self._remaining = length
-            if length == 0:
-                self._finish()
-                return False
-        else:
-            self._mode = "close"
-            self.keep_alive = False
-        return True
-
-    def _feed_chunked(self, data: bytes, now: float) -> None:
-        buf = self._cbuf + data if self._cbuf else data
-        pos = 0
-        n = len(buf)
-        while pos < n:
-            if self._remaining > 0:
-                take = min(self._remaining, n - pos)
-                self._body(buf[pos : pos + take], now)
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._remaining = -2  # expect the CRLF after the chunk
-                continue
-            if self._remaining == -2:
-                if n - pos < 2:
-                    break
-                pos += 2
-                self._remaining = 0
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            try:
-                size = int(buf[pos:eol].split(b";", 1)[0], 16)
-            except ValueError:
-                self._fail("malformed_sse", "bad chunked framing")
-                return
-            pos = eol + 2
-            if size == 0:
-                self._finish()
-                return
-            self._remaining = size
-        self._cbuf = buf[pos:] if pos < n else b""
-
-    def _body(self, data: bytes, now: float) -> None:
-        resp = self.resp
-        assert resp is not None
-        if resp.status != 200 or not self._stream or resp.record is None:
-            if len(resp.body) < 1 << 20:
-                resp.body += data
-            return
-        buf = resp.sse + data if resp.sse else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            resp.sse = buf
-            return
-        resp.sse = buf[cut + 1 :]
-        rec = resp.record
-        for line in buf[:cut].split(b"\n"):
-            if line[:5] != b"data:":
-                continue  # blank separators, comments (":ping"), event:/id: fields
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                resp.seen_done = True
-                continue
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                rec.error_kind = "malformed_sse"
-                rec.error = f"data line is not JSON: {payload[:80]!r}"
-                continue
-            if not isinstance(obj, dict):
-                rec.error_kind = "malformed_sse"
-                rec.error = f"data line is not a JSON object: {payload[:80]!r}"
-                continue
-            usage = obj.get("usage")
-            if obj.get("choices"):
-                rel = now - resp.t0
-                if rec.ttft is None:
-                    rec.ttft = rel
-                rec.chunk_times.append(rel)
-                rec.latency = rel
-                if usage:
-                    total = usage.get("completion_tokens") or 0
-                    rec.chunk_tokens.append(total - resp.last_usage)
-                    resp.last_usage = total
-                else:
-                    rec.chunk_tokens.append(1)
-                choice = obj["choices"][0]
-                text = choice.get("text")
-                if text is None:
-                    text = (choice.get("delta") or {}).get("content")
-                if text:
-                    rec.text_len += len(text)
-            elif "error" in obj:
-                rec.error_kind = "http_5xx"
-                rec.error = str(obj["error"])[:_MAX_ERROR_BODY]
-            if usage:
-                if usage.get("completion_tokens") is not None:
-                    rec.output_tokens = int(usage["completion_tokens"])
-                    resp.last_usage = rec.output_tokens
-                if usage.get("prompt_tokens") is not None:
-                    rec.prompt_tokens = int(usage["prompt_tokens"])
-
-    def _finish(self) -> None:
-        resp = self.resp
-        if resp is not None and not resp.done.done():
-            resp.done.set_result(None)
-        if not self.keep_alive:
-            self.close()
-
-    def _fail(self, kind: str, message: str) -> None:
-        resp = self.resp
-        if resp is not None and resp.record is not None and resp.record.error_kind is None:
-            resp.record.error_kind = kind
-            resp.record.error = message
-        self.keep_alive = False
-        self.close()
-        if resp is not None and not resp.done.done():
-            resp.done.set_result(None)
-
-
-class _Endpoint:
-    """A pool of keep-alive connections to one server."""
-
-    def __init__(self, url: str, api_key: str | None) -> None:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InputError(
-                f"target URL {url!r} is not http(s)://HOST[:PORT]",
-                hint="pass e.g. --target http://127.0.0.1:8000",
-            )
-        self.host = parts.hostname
-        self.tls = parts.scheme == "https"
-        self.port = parts.port or (443 if self.tls else 80)
-        base = parts.path.rstrip("/")
-        self.prefix = base[:-3] if base.endswith("/v1") else base
-        self.api_key = api_key
-        self.idle: list[_Conn] = []
-        self.host_header = f"{self.host}:{self.port}".encode()
-
-    async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        ctx = _ssl.create_default_context() if self.tls else None
-        _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=ctx)
-        return conn
-
-    def build(self, method: str, path: str, body: bytes | None) -> bytes:
-        lines = [
-            f"{method} {self.prefix}{path} HTTP/1.1".encode(),
-            b"Host: " + self.host_header,
-            b"User-Agent: kimictl-bench",
-            b"Accept: */*",
-        ]
-        if self.api_key:
-            lines.append(f"Authorization: Bearer {self.api_key}".encode())
-        if body is not None:
-            lines.append(b"Content-Type: application/json")
-            lines.append(b"Content-Length: " + str(len(body)).encode())
-        return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
-
-    async def request(
-        self, data: bytes, record: RequestRecord | None, timeout: float, t0: float | None = None
-    ) -> _Response:
-        """Send one request and wait for its whole response. Errors land in the record (or raise
-        OSError/TimeoutError when there is no record)."""
-        loop = asyncio.get_running_loop()
-        for attempt in range(2):
-            reused = False
-            conn: _Conn | None = None
-            while self.idle:
-                c = self.idle.pop()
-                if not c.closed:
-                    conn, reused = c, True
-                    break
-            if t0 is None or attempt:
-                t0 = time.perf_counter()
-            resp = _Response(record, t0, loop.create_future())
-            try:
-                if conn is None:
-                    conn = await asyncio.wait_for(self._connect(), timeout)
-                conn.send(data, resp)
-                await asyncio.wait_for(asyncio.shield(resp.done), timeout)
-            except (OSError, TimeoutError) as exc:
-                if conn is not None:
-                    conn.close()
-                if record is None:
-                    raise
-                if record.error_kind is None:
-                    if isinstance(exc, TimeoutError):
-                        record.error_kind = "timeout"
-                        record.error = f"no complete response within {timeout:g} s"
-                    else:
-                        record.error_kind = "connect"
-                        record.error = f"cannot connect to {self.host}:{self.port}: {exc}"
-                return resp
-            except asyncio.CancelledError:
-                if conn is not None:
-                    conn.close()
-                raise
-            # A reused keep-alive connection the server had just closed: retry once, fresh.
-            if reused and resp.status == 0 and not conn.got_bytes and attempt == 0:
-                if record is not None:
-                    record.error_kind = record.error = None
-                continue
-            if not conn.closed and conn.keep_alive:
-                self.idle.append(conn)
-            return resp
-        return resp
-
-    def close(self) -> None:
-        for c in self.idle:
-            c.close()
-        self.idle.clear()
-
-
-async def fetch_text(
-    url: str, path: str, *, api_key: str | None = None, timeout: float = 5.0
-) -> str:
-    """GET `path` (e.g. /metrics) from a server; raises OSError/TimeoutError when it cannot."""
-    ep = _Endpoint(url, api_key)
-    try:
-        resp = await ep.request(ep.build("GET", path, None), None, timeout)
-        if resp.status != 200:
-            raise OSError(f"GET {path} answered HTTP {resp.status}")
-        return resp.body.decode("utf-8", "replace")
-    finally:
-        ep.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,7 +73,7 @@ class _PointRun:
         self,
         *,
         target: LoadTarget,
-        endpoint: _Endpoint,
+        endpoint: Endpoint,
         point: LoadPoint,
         repeat: int,
         warmup: bool,
@@ -644,7 +184,7 @@ class _PointRun:
                     rec.error_kind = "malformed_sse"
                     rec.error = "the stream ended without data: [DONE]"
                 if resp.status != 200 and rec.error_kind:
-                    rec.error = f"HTTP {resp.status}: " + bytes(resp.body[:_MAX_ERROR_BODY]).decode(
+                    rec.error = f"HTTP {resp.status}: " + bytes(resp.body[:MAX_ERROR_BODY]).decode(
                         "utf-8", "replace"
                     )
             if rec.error_kind is None and rec.output_tokens == 0:
@@ -804,7 +344,7 @@ async def run_load(
             raise InputError(f"arrivals {p.arrivals!r} is not one of: poisson, constant")
     stop = stop or asyncio.Event()
     out = RecordList()
-    endpoints = {t.name: _Endpoint(t.url, t.api_key) for t in targets}
+    endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
     t_run = time.perf_counter()
 
     def point_run(

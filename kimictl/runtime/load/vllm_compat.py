@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 
 if TYPE_CHECKING:
-    from kimictl.runtime.load.loadgen import RequestRecord
+    from kimictl.runtime.load.records import RequestRecord
     from kimictl.runtime.observe.metrics import MetricsSnapshot
 
 __all__ = [
@@ -126,12 +125,4 @@ def save_result(summary: Mapping[str, Any], path: str | Path, *, force: bool = F
     if not target.parent.is_dir():
         raise InputError(f"--save-result {target}: folder {target.parent} does not exist.")
     flat = {k: v for k, v in summary.items() if k != "kimictl"}
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(flat, out)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write(target, json.dumps(flat))

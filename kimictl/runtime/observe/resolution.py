@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.deployment.buckets import MAX_RELATIVE_WIDTH
+from kimictl.runtime.observe.names import INTER_TOKEN_LATENCY as ITL
+from kimictl.runtime.observe.names import TIME_PER_OUTPUT_TOKEN as TPOT
 
 if TYPE_CHECKING:
-    from kimictl.runtime.observe.metrics import Histogram
+    from kimictl.runtime.observe.prometheus import Histogram
 
 __all__ = ["Reading", "describe", "read_quantile", "unresolved_figures"]
-
-TPOT = "vllm:request_time_per_output_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
 
 
 @dataclass(frozen=True, slots=True)

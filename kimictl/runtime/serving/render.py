@@ -20,7 +20,7 @@ from typing import Any
 
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving.launcher import LaunchPlan, redact_argv
+from kimictl.runtime.serving.plan import LaunchPlan, redact_argv
 
 __all__ = ["FORMATS", "GPUS_PER_NODE", "VLLM_IMAGE", "render", "to_yaml"]
 

@@ -12,12 +12,10 @@ true now (a "ready" run whose processes are gone is reported as failed, never as
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
@@ -26,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 from kimictl.runtime.paths import runs_dir
 
 __all__ = [
@@ -145,21 +144,8 @@ def run_dir_for(run_id: str) -> Path:
 
 def write_record(record: RunRecord) -> Path:
     """Write `run.json` atomically (temp file in the same folder, fsync, rename)."""
-    folder = Path(record.run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / RECORD_FILE
-    fd, tmp = tempfile.mkstemp(prefix=".run.", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(record.to_json(), handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return target
+    target = Path(record.run_dir) / RECORD_FILE
+    return atomic_write(target, json.dumps(record.to_json(), indent=2), mode=0o600)
 
 
 def update_record(record: RunRecord, **changes: Any) -> RunRecord:

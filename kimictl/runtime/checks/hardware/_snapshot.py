@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from kimictl.runtime.checks.hardware._types import HardwareReport, Source
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "check_snapshot_target",
@@ -36,20 +35,11 @@ def save_snapshot(report: HardwareReport, path: str | Path, *, overwrite: bool =
     source: Source = "recorded" if report.source == "live" else report.source
     text = json.dumps(report.with_source(source).to_json(), indent=2) + "\n"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        return atomic_write(target, text, mode=0o600)
     except OSError as error:
         blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
         reason = f"{blocker} is a file, not a folder" if blocker else error.strerror or str(error)
         raise InputError(f"--save-snapshot {target}: cannot write there ({reason}).") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 def load_snapshot(path: str | Path) -> HardwareReport:

@@ -61,12 +61,25 @@ def evaluate(
     hw: HardwareReport | None,
     stack: StackReport | None,
 ) -> list[Check]:
-    """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment."""
+    """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment.
+
+    With `hw` the environment checks read each node's recorded env (`NodeReport.env`) with the
+    deployment's env on top; without it, the deployment's env alone."""
+    from kimictl.runtime.checks.rules.environment import (
+        environment_checks,
+        launch_env,
+        restrict_to_visible,
+    )
     from kimictl.runtime.checks.rules.hardware import hardware_checks, stack_checks
 
     deployment = _deployment_checks() if spec is not None else None
     checks: list[Check] = []
+    # The environment vLLM gets on each node: what the probing process had (live) or recorded
+    # (snapshot), the deployment's env on top. The hardware checks see only the visible GPUs.
+    envs = [launch_env(n.env, spec) for n in hw.nodes] if hw is not None else []
+    checks.extend(environment_checks(hw, envs, spec))
     if hw is not None:
+        hw = restrict_to_visible(hw, envs)
         # With the deployment rules present they count the GPUs the spec needs (k3.gpu_count).
         checks.extend(hardware_checks(hw, spec if deployment is None else None))
     if stack is not None:
