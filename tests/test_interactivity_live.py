@@ -48,6 +48,8 @@ def test_monitor_agrees_with_bench_clients_with_the_shipped_buckets(
     run = _bench(demo_buckets_server, tmp_path, prompts=16)
     client = run["kimictl"]["interactivity_tok_s_per_user"]
     server = run["kimictl"]["server_view"]
+    # `pytest -s` shows the figures (benchmarks/RESULTS.md quotes them)
+    print("\nagreement", json.dumps({"server": server, "client": client}, default=str)[:4000])
     assert server["requests_finished"] == 16 and server["unresolved"] == {}
     for server_key, client_key in (
         ("interactivity_p50", "p50"),
@@ -65,6 +67,8 @@ def test_default_buckets_mark_the_same_window_unresolved(
 ) -> None:
     run = _bench(cpu_server, tmp_path, prompts=4)
     server = run["kimictl"]["server_view"]
+    client = run["kimictl"]["interactivity_tok_s_per_user"]
+    print("\nunresolved", json.dumps({"unresolved": server["unresolved"], "client": client}))
     for key in ("interactivity_p50", "interactivity_p90"):
         assert server[key] is None
         entry = server["unresolved"][key]
