@@ -40,7 +40,8 @@ def _bench(url: str, prompts: int) -> dict[str, Any]:
 
 
 class _Curl:
-    """GET /metrics once a second in a thread; keeps each scrape's duration."""
+    """GET /metrics once a second in a thread (httpx defaults: gzip asked, as Prometheus does);
+    keeps each scrape's duration."""
 
     def __init__(self, url: str) -> None:
         self.url, self.times, self.stop = url.rstrip("/") + "/metrics", [], threading.Event()
