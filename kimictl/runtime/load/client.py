@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kimictl.runtime.apikeys import bearer_headers
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.load.records import RequestRecord
 
@@ -307,8 +308,7 @@ class Endpoint:
             b"User-Agent: kimictl-bench",
             b"Accept: */*",
         ]
-        if self.api_key:
-            lines.append(f"Authorization: Bearer {self.api_key}".encode())
+        lines += [f"{k}: {v}".encode() for k, v in bearer_headers(self.api_key).items()]
         if body is not None:
             lines.append(b"Content-Type: application/json")
             lines.append(b"Content-Length: " + str(len(body)).encode())

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from urllib.parse import urlsplit
 
 import httpx
 
+from kimictl.runtime.apikeys import bearer_headers, env_api_key
 from kimictl.runtime.errors import EndpointError
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
@@ -31,8 +31,7 @@ def metrics_url(base_url: str) -> str:
 
 
 def _api_headers() -> dict[str, str]:
-    key = os.environ.get("VLLM_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    return bearer_headers(env_api_key())
 
 
 async def scrape(

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from kimictl.runtime.apikeys import read_api_key
+from kimictl.runtime.apikeys import bearer_headers, read_api_key
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.serving import runs
@@ -202,10 +202,6 @@ def _mark(record: RunRecord, state: RunState, **changes: Any) -> RunRecord:
 # ---------------------------------------------------------------- readiness
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
     try:
@@ -227,7 +223,7 @@ def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[
         reply = client.post(
             f"{plan.url}/v1/completions",
             json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            headers=_headers(plan.api_key),
+            headers=bearer_headers(plan.api_key),
             timeout=timeout,
         )
     except httpx.HTTPError as error:
