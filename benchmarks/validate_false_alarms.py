@@ -1,4 +1,4 @@
-"""Does `kimictl validate` cry wolf, and does it catch a subtly wrong twin? (issue 8's proof)
+"""Does `kimictl validate` cry wolf, and does it catch a subtly wrong twin?
 
 On the CPU embedded runtime, one server at a time (the machine has 2 cores):
   1. start identically built tiny-model servers one after another (runs + 1 processes) and record

@@ -33,7 +33,7 @@ __all__ = [
     "require_gpu",
 ]
 
-# The kernel stack vLLM 0.33.0 pins (issue 7); versions come from checks.stack.PINNED.
+# The kernel stack vLLM 0.33.0 pins; versions come from checks.stack.PINNED.
 KERNEL_STACK: tuple[str, ...] = (
     "torch",
     "flashinfer-python",

@@ -5,7 +5,7 @@ log and the run's private cache/temp folders. Records are the contract other com
 `bench`, `monitor` and `validate` turn a run id, `NAME=URL` or a URL into a `Target` through
 `resolve_target`, and find the latest A/B pair through `latest_ab_pair`.
 
-States (explicit, see style anchor 11): starting -> ready -> stopping -> stopped, or failed.
+States: starting -> ready -> stopping -> stopped, or failed.
 A record's stored state is what the launcher last wrote; `observed_state` corrects it with what is
 true now (a "ready" run whose processes are gone is reported as failed, never as ready).
 """
