@@ -31,8 +31,9 @@ from typing import Any
 
 import httpx
 
-from kimictl.runtime.evals import CHECKS, Endpoint, Thresholds, plan_for, score_check
-from kimictl.runtime.evals.runner import collect, prepare
+from kimictl.runtime.evals.client import Endpoint
+from kimictl.runtime.evals.plan import CHECKS, Thresholds, plan_for
+from kimictl.runtime.evals.runner import collect, prepare, score_check
 from kimictl.runtime.serving import cpu_runtime, tinymodel
 
 PERTURB = "scale:1e-2"

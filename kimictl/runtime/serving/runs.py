@@ -34,6 +34,7 @@ __all__ = [
     "Target",
     "get_run",
     "is_alive",
+    "ab_targets",
     "latest_ab_pair",
     "list_runs",
     "new_run_id",
@@ -295,6 +296,15 @@ def latest_ab_pair() -> tuple[RunRecord, RunRecord] | None:
         return None
     latest = max(complete, key=lambda g: max(g["tuned"].started_at, g["stock"].started_at))
     return latest["tuned"], latest["stock"]
+
+
+def ab_targets(names: tuple[str, str], *, missing: str, hint: str) -> tuple[Target, Target]:
+    """The latest live `serve --ab` pair as two targets named `names` (tuned first, then stock);
+    InputError(`missing`, `hint`) when there is none. Bench, monitor and validate use it."""
+    pair = latest_ab_pair()
+    if pair is None:
+        raise InputError(missing, hint=hint)
+    return _target_of(pair[0], names[0]), _target_of(pair[1], names[1])
 
 
 def _check_url(url: str, text: str) -> str:
