@@ -187,7 +187,7 @@ def validate(
 
         save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
     if profile_path is not None:
-        from kimictl.runtime.deployment.profiles import update_provenance
+        from kimictl.runtime.deployment.profile_writer import update_provenance
 
         update_provenance(profile_path, provenance_updates(report))
     if json_out:
