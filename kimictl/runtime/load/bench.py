@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
+from kimictl.runtime.http1 import fetch_text
 from kimictl.runtime.load.ab import compare
-from kimictl.runtime.load.client import fetch_text
 from kimictl.runtime.load.loadgen import run_load
 from kimictl.runtime.load.records import (
     LoadPoint,

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.load.client import MAX_ERROR_BODY, Endpoint, fetch_text
+from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint, fetch_text
 from kimictl.runtime.load.records import (
     ERROR_KINDS,
     LoadPoint,
