@@ -26,25 +26,17 @@ from typing import Any
 import orjson
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint, fetch_text
-from kimictl.runtime.load.records import (
-    ERROR_KINDS,
-    LoadPoint,
-    LoadSettings,
-    LoadTarget,
-    RecordList,
-    RequestRecord,
-)
+from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
+from kimictl.runtime.http1 import fetch_text as fetch_text
+from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
+from kimictl.runtime.load.records import LoadPoint as LoadPoint
+from kimictl.runtime.load.records import LoadSettings as LoadSettings
+from kimictl.runtime.load.records import LoadTarget as LoadTarget
+from kimictl.runtime.load.records import RecordList as RecordList
+from kimictl.runtime.load.records import RequestRecord as RequestRecord
 from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
 
 __all__ = [
-    "ERROR_KINDS",
-    "LoadPoint",
-    "LoadSettings",
-    "LoadTarget",
-    "RecordList",
-    "RequestRecord",
-    "fetch_text",
     "run_load",
 ]
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.apikeys import ENV_VAR, redact_argv, redact_env
+from kimictl.runtime.apikeys import ENV_VAR, redact_env
+from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving import runs
 
@@ -21,7 +22,6 @@ __all__ = [
     "LaunchPlan",
     "check_port_free",
     "plan_launch",
-    "redact_argv",
     "require_tcp_port",
     "run_tmp_dir",
 ]
