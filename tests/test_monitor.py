@@ -483,3 +483,19 @@ def test_once_json_on_the_real_server(cpu_server: Any) -> None:
     ep = next(iter(json.loads(out.stdout)["endpoints"].values()))
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0 and ep["requests_finished"] >= 1
     assert 4.0 <= ep["window_s"] <= 6.0  # a full window, however slow the first scrape
+
+
+def test_gpu_cells_show_missing_readings_as_dash_not_zero() -> None:
+    from kimictl.commands.monitor import _line
+    from kimictl.runtime.observe.gpu_telemetry import GpuSample, GpuTelemetry
+
+    # figures as NVML gave them for GPU 0 of the lent 2 x H200 under the all-reduce benchmark
+    busy = GpuSample(
+        0, "NVIDIA H200", 55.0, 0.0, 1595.0, 143771.0, 161.1, 700.0, 1980.0, 2619.0, 33.0
+    )
+    blind = GpuSample(1, None, None, None, None, None, None, None, None, None, None)
+    assert busy.summary() == "GPU0 55% 2/140G 161W 1980MHz 33C"
+    assert blind.summary() == "GPU1 - - - - -"
+    doc = {"endpoints": {}, "gpus": GpuTelemetry(0.0, (busy, blind)).to_json()}
+    assert _line(doc) == "GPU0 55% 2/140G 161W 1980MHz 33C | GPU1 - - - - -"
+    assert _line({"endpoints": {}, "gpus": GpuTelemetry(0.0, (), "no GPU").to_json()}) == ""

@@ -95,6 +95,11 @@ def _line(doc: dict[str, Any]) -> str:
             + f" tok/s/user, running {ep.get('running') or 0:.0f}"
             + f", waiting {ep.get('waiting') or 0:.0f}"
         )
+    gpus = doc.get("gpus")
+    if gpus and gpus.get("gpus"):  # the GPU strip of the TUI, one cell per GPU
+        from kimictl.runtime.observe.gpu_telemetry import GpuSample
+
+        parts.extend(GpuSample(**g).summary() for g in gpus["gpus"])
     return " | ".join(parts)
 
 

@@ -43,10 +43,14 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _style(check: CheckResult) -> str:
+    return "green" if check.passed else "yellow" if check.status.value == "skip" else "red"
+
+
 def _render_check(check: CheckResult) -> None:
     from rich.table import Table
 
-    style = "green" if check.passed else "red"
+    style = _style(check)
     console.print(
         f"\n[bold]{check.name}[/] [{style}]{check.status.value.upper()}[/]  {check.summary}"
     )
@@ -89,7 +93,7 @@ def _render(report: ValidationReport) -> None:
     table.add_column("numbers")
     table.add_column("s", justify="right")
     for check in report.checks:
-        style = "green" if check.passed else "red"
+        style = _style(check)
         table.add_row(
             check.name,
             f"[{style}]{check.status.value.upper()}[/]",
@@ -106,6 +110,9 @@ def _render(report: ValidationReport) -> None:
         if report.passed
         else ("[red]FAIL[/]: the candidate must not take traffic")
     )
+    if report.passed and report.skipped:
+        skipped = ", ".join(c.name for c in report.skipped)
+        verdict += f" [yellow](not checked at this context: {skipped})[/]"
     console.print(f"\nverdict: {verdict} ({report.seconds:.0f} s)")
 
 
@@ -200,7 +207,12 @@ def validate(
                 highlight=False,
             )
     if not report.passed:
-        failed = [c.name for c in report.checks if not c.passed]
+        failed = [c.name for c in report.checks if c.status.value in ("fail", "error")]
+        if not failed:
+            raise CheckFailed(
+                "validation proved nothing: every check was skipped at this context",
+                hint="the report above says what each check needs; serve a longer max_model_len",
+            )
         raise CheckFailed(
             f"validation failed: {', '.join(failed)}",
             hint="the report above names each threshold and the evidence",

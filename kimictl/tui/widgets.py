@@ -324,15 +324,5 @@ class GpuStrip(_Lines):
         if not telemetry.gpus:
             self.feed(Text(f"GPUs: none here ({telemetry.reason})", style="dim"), 1)
             return
-        parts = []
-        for g in telemetry.gpus:
-            mem = (
-                f"{g.memory_used_mib / 1024:.0f}/{g.memory_total_mib / 1024:.0f}G"
-                if g.memory_used_mib is not None and g.memory_total_mib is not None
-                else "-"
-            )
-            parts.append(
-                f"GPU{g.index} {g.util_percent or 0:.0f}% {mem} "
-                f"{g.power_w or 0:.0f}W {g.sm_clock_mhz or 0:.0f}MHz"
-            )
+        parts = [g.summary() for g in telemetry.gpus]
         self.feed(Text("  ".join(parts)), len(parts))

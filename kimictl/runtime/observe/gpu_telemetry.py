@@ -31,6 +31,23 @@ class GpuSample:
     mem_clock_mhz: float | None
     temperature_c: float | None
 
+    def summary(self) -> str:
+        """One short cell, "GPU0 97% 45/140G 520W 1980MHz 41C"; "-" where the driver gave
+        nothing (a missing reading must not show as 0)."""
+
+        def num(value: float | None, unit: str) -> str:
+            return "-" if value is None else f"{value:.0f}{unit}"
+
+        mem = (
+            f"{self.memory_used_mib / 1024:.0f}/{self.memory_total_mib / 1024:.0f}G"
+            if self.memory_used_mib is not None and self.memory_total_mib is not None
+            else "-"
+        )
+        return (
+            f"GPU{self.index} {num(self.util_percent, '%')} {mem} {num(self.power_w, 'W')} "
+            f"{num(self.sm_clock_mhz, 'MHz')} {num(self.temperature_c, 'C')}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class GpuTelemetry:
@@ -87,6 +104,17 @@ def _query(func: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _memory(p: Any, handle: Any) -> Any:
+    """Memory info v2: its `used` leaves out what the driver reserves (v1 counts it: 615 MiB on
+    an idle H200 with driver 580 where nvidia-smi shows 0 MiB). v1 on drivers without v2."""
+    v2 = getattr(p, "nvmlMemory_v2", None)
+    if v2 is not None:
+        mem = _query(p.nvmlDeviceGetMemoryInfo, handle, v2)
+        if mem is not None:
+            return mem
+    return _query(p.nvmlDeviceGetMemoryInfo, handle)
+
+
 def sample_gpus() -> GpuTelemetry:
     """Read every local GPU once. Cheap enough for 1 Hz (a handful of NVML calls per GPU)."""
     nv = _init()
@@ -98,7 +126,7 @@ def sample_gpus() -> GpuTelemetry:
     for i, h in enumerate(nv.handles):
         name = _query(p.nvmlDeviceGetName, h)
         util = _query(p.nvmlDeviceGetUtilizationRates, h)
-        mem = _query(p.nvmlDeviceGetMemoryInfo, h)
+        mem = _memory(p, h)
         power = _query(p.nvmlDeviceGetPowerUsage, h)
         limit = _query(p.nvmlDeviceGetEnforcedPowerLimit, h)
         sm = _query(p.nvmlDeviceGetClockInfo, h, p.NVML_CLOCK_SM)

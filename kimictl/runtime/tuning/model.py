@@ -34,7 +34,7 @@ from typing import Any, Literal
 from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.params import PARAMS, Param, param
-from kimictl.runtime.tuning.systems import System
+from kimictl.runtime.tuning.systems import SYSTEMS, System
 
 __all__ = [
     "MODEL_VERSION",
@@ -251,13 +251,17 @@ class Prediction:
 
 
 def _allreduce_us(system: System, tp: int, message_bytes: float, path: PathName) -> float:
-    """One all-reduce over TP ranks: the faster of one-shot and two-shot.
+    """One all-reduce over TP ranks: the faster of one-shot and two-shot. With a measured curve
+    (`system.comm`), that curve instead.
 
     one-shot: every rank reads the other tp-1 buffers: latency + (tp-1) * msg / link
     two-shot: reduce-scatter then all-gather: 2 latencies + 2 (tp-1)/tp * msg / link
     """
     if tp <= 1:
         return 0.0
+    if system.comm is not None:  # measured (commcurve.py says how other TPs/GPUs are derived)
+        measured_on = SYSTEMS[system.comm.system].nvlink_gb_s
+        return system.comm.allreduce_us(tp, message_bytes, path, measured_on / system.nvlink_gb_s)
     rounds = param(f"allreduce_sync_rounds_{path}")
     latency = rounds * system.nvlink_latency_us
     link = system.nvlink_gb_s * 1e3  # bytes per us

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,31 @@ def predict_pair(
         "stock": {**stock.predicted(), "detail": stock.to_json()},
         "speedup": round(own.tokens_per_s_per_user / stock.tokens_per_s_per_user, 3),
         "specialized_unavailable": reason,
+        "communication": system.communication(tp),
+        "spec_sheet_communication": _spec_sheet_pair(system, cfg),
     }
+
+
+def _spec_sheet_pair(system: System, cfg: Config) -> dict[str, Any] | None:
+    """With a measured curve: the same configuration priced with the spec-sheet constants (what
+    the curve changed); None without one."""
+    if system.comm is None:
+        return None
+    plain = replace(system, comm=None)
+    own, stock = predict(plain, cfg), predict(plain, with_path(cfg, "stock"))
+    return {
+        "specialized": {**own.predicted(), "comm_us": round(own.breakdown.get("comm", 0.0), 2)},
+        "stock": {**stock.predicted(), "comm_us": round(stock.breakdown.get("comm", 0.0), 2)},
+    }
+
+
+def with_comm_curve(system: System, path: str | Path | None) -> System:
+    """`system` with its all-reduce term from a measured curve (`--comm-curve FILE`)."""
+    if path is None:
+        return system
+    from kimictl.runtime.tuning.commcurve import load_comm_curve
+
+    return replace(system, comm=load_comm_curve(path))
 
 
 def model_card(

@@ -15,6 +15,7 @@ from kimictl.runtime.checks.hardware._snapshot import (
     save_snapshot,
 )
 from kimictl.runtime.checks.hardware._types import (
+    RECORDED_ENV,
     SCHEMA_VERSION,
     FabricInfo,
     GpuInfo,
@@ -28,6 +29,7 @@ from kimictl.runtime.checks.hardware._types import (
 )
 
 __all__ = [
+    "RECORDED_ENV",
     "SCHEMA_VERSION",
     "FabricInfo",
     "GpuInfo",

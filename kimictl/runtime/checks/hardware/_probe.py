@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import UTC, datetime
 
@@ -9,7 +10,12 @@ from kimictl.runtime.checks.hardware import _nvml
 from kimictl.runtime.checks.hardware._cuda import query_multicast
 from kimictl.runtime.checks.hardware._imex import list_imex_channels
 from kimictl.runtime.checks.hardware._smi import smi_available, smi_probe
-from kimictl.runtime.checks.hardware._types import HardwareReport, NodeReport, Unavailable
+from kimictl.runtime.checks.hardware._types import (
+    RECORDED_ENV,
+    HardwareReport,
+    NodeReport,
+    Unavailable,
+)
 
 __all__ = ["probe_local", "probe_node"]
 
@@ -24,6 +30,10 @@ def _stack_json() -> dict[str, object] | None:
     except ImportError:
         return None
     return probe_stack().to_json()
+
+
+def _env() -> dict[str, str]:
+    return {name: os.environ[name] for name in RECORDED_ENV if name in os.environ}
 
 
 def probe_node(include_stack: bool = True) -> NodeReport:
@@ -46,6 +56,7 @@ def probe_node(include_stack: bool = True) -> NodeReport:
             device_count=nvml_error,
             backend="none",
             stack=stack,
+            env=_env(),
         )
     driver, cuda, count = _nvml.query_driver()
     multicast = query_multicast() if isinstance(count, int) and count > 0 else {}
@@ -66,6 +77,7 @@ def probe_node(include_stack: bool = True) -> NodeReport:
         backend="nvml",
         stack=stack,
         notes=notes,
+        env=_env(),
     )
 
 
@@ -86,6 +98,7 @@ def _probe_with_smi(host: str, stack: dict[str, object] | None, why: Unavailable
             backend="none",
             stack=stack,
             notes=notes,
+            env=_env(),
         )
     driver, gpus = found
     multicast = query_multicast() if gpus else {}
@@ -114,6 +127,7 @@ def _probe_with_smi(host: str, stack: dict[str, object] | None, why: Unavailable
         backend="nvidia-smi",
         stack=stack,
         notes=notes,
+        env=_env(),
     )
 
 

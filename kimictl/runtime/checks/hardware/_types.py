@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 __all__ = [
+    "RECORDED_ENV",
     "SCHEMA_VERSION",
     "FabricInfo",
     "GpuInfo",
@@ -24,6 +25,17 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# The capturing process's variables that decide what vLLM sees there (multicast and
+# symmetric-memory switches, visible GPUs); recorded in NodeReport.env. Nothing secret.
+RECORDED_ENV = (
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "TORCH_SYMMMEM",
+    "NCCL_NVLS_ENABLE",
+    "NVSHMEM_DISABLE_NVLS",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+)
 Source = Literal["live", "recorded", "simulated"]
 T = TypeVar("T")
 
@@ -203,6 +215,8 @@ class NodeReport:
     backend: str = "nvml"  # nvml | nvidia-smi | none
     stack: dict[str, Any] | None = None  # StackReport.to_json() of this node, when recorded
     notes: list[str] = field(default_factory=list)
+    # RECORDED_ENV as the capturing process had them (set ones only); None: not recorded
+    env: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: _dump(getattr(self, k)) for k in self.__dataclass_fields__}
@@ -222,7 +236,16 @@ class NodeReport:
             backend=str(raw.get("backend", "nvml")),
             stack=raw.get("stack"),
             notes=list(raw.get("notes", [])),
+            env=_load_env(raw.get("env")),
         )
+
+
+def _load_env(raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"env must be an object of strings, not {type(raw).__name__}")
+    return {str(k): str(v) for k, v in raw.items()}
 
 
 @dataclass(frozen=True)

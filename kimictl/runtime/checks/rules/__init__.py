@@ -49,12 +49,25 @@ def evaluate(
     hw: HardwareReport | None,
     stack: StackReport | None,
 ) -> list[Check]:
-    """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment."""
+    """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment.
+
+    With `hw` the environment checks read each node's recorded env (`NodeReport.env`) with the
+    deployment's env on top; without it, the deployment's env alone."""
     from kimictl.runtime.checks.rules.deployment import deployment_checks
+    from kimictl.runtime.checks.rules.environment import (
+        environment_checks,
+        launch_env,
+        restrict_to_visible,
+    )
     from kimictl.runtime.checks.rules.hardware import hardware_checks, stack_checks
 
     checks: list[Check] = []
+    # The environment vLLM gets on each node: what the probing process had (live) or recorded
+    # (snapshot), the deployment's env on top. The hardware checks see only the visible GPUs.
+    envs = [launch_env(n.env, spec) for n in hw.nodes] if hw is not None else []
+    checks.extend(environment_checks(hw, envs, spec))
     if hw is not None:
+        hw = restrict_to_visible(hw, envs)
         # the GPUs a spec needs are counted by the deployment rules (k3.gpu_count)
         checks.extend(hardware_checks(hw))
     if stack is not None:

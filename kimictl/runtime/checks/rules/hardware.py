@@ -352,6 +352,36 @@ def _nvlink_check(hw: HardwareReport) -> Check | None:
             "fabric.nvlink", F, Status.UNKNOWN, f"NVLink state not read: {_list(unknown)}."
         )
     shown = "/".join(str(c) for c in sorted(counts))
+    most = max(counts)
+    fewer = [
+        (n, g) for n, g in gpus if isinstance(g.active_nvlinks, int) and g.active_nvlinks < most
+    ]
+    versions = sorted(
+        {
+            str(link.version)
+            for _, g in gpus
+            if isinstance(g.nvlinks, list)
+            for link in g.nvlinks
+            if link.active is True and isinstance(link.version, str)
+        }
+    )
+    if fewer:  # a GPU with links down still talks, at a fraction of the bandwidth
+        return Check(
+            "fabric.nvlink",
+            F,
+            Status.WARN,
+            f"NVLinks down on {_gpus_where(fewer, multi)}: {shown} active per GPU (others have "
+            f"{most}); all-reduces through those GPUs run slower.",
+            "Check `nvidia-smi nvlink --status` on the listed GPUs; reseat or replace the link.",
+        )
+    if len(versions) > 1:
+        return Check(
+            "fabric.nvlink",
+            F,
+            Status.WARN,
+            f"Mixed NVLink generations in one TP group: {', '.join(versions)}.",
+            "Use one GPU/NVLink generation for every rank of the TP group.",
+        )
     return Check("fabric.nvlink", F, Status.PASS, f"{shown} active NVLinks per GPU.")
 
 
@@ -406,9 +436,14 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
         elif fabric.state != "completed" or fabric.status != "success":
             pending[f"state {fabric.state}, status {fabric.status}"].append((node, gpu))
         else:
-            cliques[(fabric.cluster_uuid, fabric.clique_id)].append(
-                node.hostname if multi else f"GPU {gpu.index}"
+            # A zero cluster UUID is a single-node NVSwitch fabric (HGX H100/H200: seen on the
+            # lent 2 x H200): clique 0 there names no domain shared with other nodes.
+            uuid = fabric.cluster_uuid
+            key = (
+                uuid if uuid != _NO_CLUSTER else f"{_NODE_ONLY}{node.hostname}",
+                fabric.clique_id,
             )
+            cliques[key].append(node.hostname if multi else f"GPU {gpu.index}")
     not_done = [f"{_gpus_where(items, multi)} ({why})" for why, items in pending.items()]
     if not_done:
         checks.append(
@@ -454,12 +489,12 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
                 "fabric.state",
                 F,
                 Status.PASS,
-                f"Fabric registration completed on {len(gpus)} GPUs.",
+                f"Fabric registration completed on {len(gpus)} GPU{'' if len(gpus) == 1 else 's'}.",
             )
         )
     if len(cliques) > 1:
         groups = "; ".join(
-            f"clique {cid} of cluster {uuid[:8]}: {_list(sorted(set(members)))}"
+            f"{_clique_name(uuid, cid)}: {_list(sorted(set(members)))}"
             for (uuid, cid), members in sorted(cliques.items(), key=lambda kv: -len(kv[1]))
         )
         checks.append(
@@ -475,15 +510,26 @@ def _fabric_checks(hw: HardwareReport) -> list[Check]:
         )
     elif len(cliques) == 1:
         (uuid, cid), members = next(iter(cliques.items()))
+        what = (
+            "One single-node NVSwitch fabric (cluster UUID 0: no multi-node NVLink partition)"
+            if uuid.startswith(_NODE_ONLY)
+            else f"One NVLink clique (cluster {uuid}, clique {cid})"
+        )
+        noun = "GPU" if len(members) == 1 else "GPUs"
         checks.append(
-            Check(
-                "fabric.clique",
-                F,
-                Status.PASS,
-                f"One NVLink clique (cluster {uuid}, clique {cid}) for all {len(members)} GPUs.",
-            )
+            Check("fabric.clique", F, Status.PASS, f"{what} for all {len(members)} {noun}.")
         )
     return checks
+
+
+_NO_CLUSTER = "00000000-0000-0000-0000-000000000000"
+_NODE_ONLY = "node-only:"
+
+
+def _clique_name(uuid: str, cid: int) -> str:
+    if uuid.startswith(_NODE_ONLY):
+        return f"{uuid[len(_NODE_ONLY) :]}'s own NVSwitch fabric (cluster UUID 0)"
+    return f"clique {cid} of cluster {uuid[:8]}"
 
 
 def _multicast_check(hw: HardwareReport) -> Check | None:
@@ -517,7 +563,11 @@ def _multicast_check(hw: HardwareReport) -> Check | None:
             "pip install 'cuda-bindings>=13' (or check libcuda.so.1 loads) and re-run.",
         )
     return Check(
-        "fabric.multicast", F, Status.PASS, f"Multicast supported on all {len(gpus)} GPUs."
+        "fabric.multicast",
+        F,
+        Status.PASS,
+        f"Multicast supported on {'the GPU' if len(gpus) == 1 else f'all {len(gpus)} GPUs'} "
+        "(a driver capability query: only a rendezvous with multicast proves it).",
     )
 
 
