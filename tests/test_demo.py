@@ -184,6 +184,30 @@ def test_choice_ignores_failed_and_unmeasured_candidates() -> None:
     assert choice.met["had-failures"] is False and choice.met["did-not-start"] is False
 
 
+def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
+    """The machine got faster between benches: a candidate that looks 2x faster than the first
+    (solo) bench of the defaults but only 1.1x the defaults benched right beside it misses."""
+    from kimictl.runtime.demo_tune import DEFAULTS, choose
+
+    measured = [
+        _m(DEFAULTS, 10.0, 50.0),
+        _m("drifted", 20.0, 90.0, baseline_p10=18.0),
+        _m("real", 15.0, 40.0, baseline_p10=11.0),
+    ]
+    choice = choose(measured)
+    assert choice.thresholds == pytest.approx({DEFAULTS: 12.0, "drifted": 21.6, "real": 13.2})
+    assert choice.met == {DEFAULTS: False, "drifted": False, "real": True}
+    assert choice.chosen == "real" and choice.slo_text == "interactivity_p10>=13.2"
+    # none meets: the best gain over the defaults beside it, not the best raw p10
+    choice = choose(
+        [
+            _m(DEFAULTS, 10.0, 50.0),
+            *[_m(n, p, 1.0, baseline_p10=b) for n, p, b in (("x", 20.0, 19.0), ("y", 11.5, 10.0))],
+        ]
+    )
+    assert choice.chosen == "y" and "1.15x" in choice.reason
+
+
 def test_choice_needs_a_measured_baseline() -> None:
     from kimictl.runtime.demo_tune import DEFAULTS, choose
     from kimictl.runtime.errors import EndpointError
@@ -229,6 +253,9 @@ def test_measured_from_a_bench_summary() -> None:
     assert (m.completed, m.failed, m.interactivity_p10, m.interactivity_p50) == (7, 1, 8.0, 20.0)
     assert (m.ttft_mean_ms, m.output_throughput, m.acceptance_length) == (120.5, 33.3, 1.4)
     assert not m.usable  # a failed request disqualifies it
+    assert m.baseline_p10 is None
+    beside = {"kimictl": {"interactivity_tok_s_per_user": {"p10_slow_tail": 6.5}}}
+    assert measured_from("x", summary, baseline=beside).baseline_p10 == 6.5
 
 
 def _ab(metric: str, ratio: float, ci: list[float] | None, better: str | None) -> dict[str, object]:
@@ -358,7 +385,10 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
         assert m["error"] is None, m
         assert m["completed"] >= 4 and m["failed"] == 0 and m["interactivity_p10"] > 0
     tune_runs = saved["tune_bench"]["runs"]
-    assert [r["kimictl"]["target"] for r in tune_runs] == [c.name for c in CANDIDATES]
+    paired = [x for c in CANDIDATES[1:] for x in (c.name, DEFAULTS)]  # back to back
+    assert [r["kimictl"]["target"] for r in tune_runs] == [DEFAULTS, *paired]
+    for m in measured[1:]:
+        assert m["baseline_p10"] > 0
     # the choice is the rule's, recomputed from the measurements
     choice = choose([_measured_back(m) for m in measured])
     assert saved["choice"]["chosen"] == choice.chosen

@@ -60,12 +60,13 @@ def _print_candidates(result: DemoResult) -> None:
         title="measured tune (agentic small, same seed; interactivity = tok/s/user = 1/TPOT)",
         title_justify="left",
     )
-    for col in ("configuration", "p10", "p50", "TTFT mean ms", "output tok/s", "SLO met"):
+    columns = ("configuration", "p10", "p50", "TTFT mean ms", "output tok/s")
+    for col in (*columns, "defaults' p10 beside it", "SLO met"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for m in result.measured:
         mark = " [bold green]<- chosen[/]" if choice and m.name == choice.chosen else ""
         if m.error is not None:
-            table.add_row(m.name + mark, "-", "-", "-", "-", f"[red]{m.error}[/]")
+            table.add_row(m.name + mark, "-", "-", "-", "-", "-", f"[red]{m.error}[/]")
             continue
         met = choice.met.get(m.name) if choice else None
         table.add_row(
@@ -74,11 +75,12 @@ def _print_candidates(result: DemoResult) -> None:
             _f(m.interactivity_p50),
             _f(m.ttft_mean_ms, 0),
             _f(m.output_throughput),
+            _f(m.baseline_p10),
             "-" if met is None else ("yes" if met else "no"),
         )
     console.print(table)
     if choice is not None:
-        console.print(f"SLO: {choice.slo_text} tok/s/user. rule: {choice.rule}", highlight=False)
+        console.print(f"rule: {choice.rule}", highlight=False)
         console.print(f"[bold]choice:[/] {choice.chosen}: {choice.reason}", highlight=False)
 
 
