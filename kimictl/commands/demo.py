@@ -60,9 +60,9 @@ def _print_candidates(result: DemoResult) -> None:
         title="measured tune (agentic small, same seed; interactivity = tok/s/user = 1/TPOT)",
         title_justify="left",
     )
-    columns = ("configuration", "p10", "p50", "TTFT mean ms", "output tok/s")
-    for col in (*columns, "defaults' p10 beside it", "SLO met"):
-        table.add_column(col, justify="left" if col == "configuration" else "right")
+    table.add_column("configuration", no_wrap=True)
+    for col in ("p10", "p50", "TTFT mean ms", "output tok/s", "defaults p10 beside", "SLO met"):
+        table.add_column(col, justify="right")
     for m in result.measured:
         mark = " [bold green]<- chosen[/]" if choice and m.name == choice.chosen else ""
         if m.error is not None:
