@@ -27,8 +27,8 @@ from _sse_emitter import running_emitter
 
 KIMICTL_CLIENT = r"""
 import asyncio, json, sys, time
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, run_load
-from kimictl.runtime.workloads import RandomWorkload, parse_length
+from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, run_load
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 url, streams, tokens, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 w = RandomWorkload(parse_length(8), parse_length(tokens))
 c0, t0 = time.process_time(), time.perf_counter()
@@ -110,7 +110,7 @@ print(json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter
 
 
 def _vllm_python() -> Path | None:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     return cpu_runtime.python_path() if cpu_runtime.is_installed() else None
 

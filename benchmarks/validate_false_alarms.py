@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
-from kimictl.runtime import cpu_runtime, tinymodel
 from kimictl.runtime.evals import CHECKS, Endpoint, Thresholds, plan_for, score_check
 from kimictl.runtime.evals.runner import collect, prepare
+from kimictl.runtime.serving import cpu_runtime, tinymodel
 
 PERTURB = "scale:1e-2"
 

@@ -38,7 +38,7 @@ def start_cpu_server(
     max_model_len: int = 2048,
 ) -> Server:
     """Start a real vLLM CPU server and wait until it answers a one-token completion."""
-    from kimictl.runtime import cpu_runtime, launcher, tinymodel
+    from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")

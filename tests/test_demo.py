@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime import runs
+from kimictl.runtime.serving import runs
 
 if TYPE_CHECKING:
     from kimictl.runtime.demo_tune import Measured
@@ -31,7 +31,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _cpu_runtime_or_skip() -> None:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -295,9 +295,9 @@ def test_plan_defaults_are_vllms_and_each_candidate_changes_one_knob(
     tmp_path: Path, state: Path
 ) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime import launcher
     from kimictl.runtime.demo import DemoRequest, prepare_demo
     from kimictl.runtime.demo_tune import CANDIDATES, DEFAULTS
+    from kimictl.runtime.serving import launcher
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "out"))
     assert [c.name for c, _ in plan.candidates] == [c.name for c in CANDIDATES]

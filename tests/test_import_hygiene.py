@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,16 @@ def test_command_help_imports_nothing_heavy(name: str) -> None:
 
 def test_doctor_module_exists_and_is_checked() -> None:
     assert "doctor" in _existing_commands()
+
+
+def test_no_module_carries_a_standard_library_name() -> None:
+    """A script run from a kimictl folder puts that folder first on sys.path: a module there named
+    like the stdlib (once `secrets.py`) shadows it for every library the script imports."""
+    root = Path(__file__).resolve().parent.parent / "kimictl"
+    clashes = sorted(
+        str(path.relative_to(root.parent))
+        for path in root.rglob("*")
+        if (path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").exists()))
+        and path.stem in sys.stdlib_module_names
+    )
+    assert clashes == []

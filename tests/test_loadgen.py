@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, _gap, run_load
-from kimictl.runtime.workloads import RandomWorkload, parse_length
+from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, _gap, run_load
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 
 # A minimal OpenAI-style streaming server. The request's "model" picks the behaviour; "max_tokens"
 # the number of tokens. Shared with test_bench.py (run there as a separate process).
@@ -310,8 +310,8 @@ async def test_bad_arguments_raise_input_error(emitter: str) -> None:
 
 
 def test_payload_asks_for_usage_and_exact_lengths() -> None:
-    from kimictl.runtime.loadgen import _payload
-    from kimictl.runtime.workloads import RequestSpec
+    from kimictl.runtime.load.loadgen import _payload
+    from kimictl.runtime.load.workloads import RequestSpec
 
     body = orjson.loads(
         _payload(LoadTarget("t", "http://x", "m"), RequestSpec([1, 2], 2, 9), False, True)
@@ -325,7 +325,7 @@ def test_payload_asks_for_usage_and_exact_lengths() -> None:
 
 
 async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
-    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+    from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
     w = AgenticWorkload(AGENTIC_PRESETS["small"])
     recs = await run_load(

@@ -1,4 +1,4 @@
-"""Window math of kimictl.runtime.metrics on /metrics texts recorded from the real CPU vLLM server
+"""Window math of runtime.observe.metrics on /metrics texts recorded from the real CPU vLLM server
 (tests/fixtures/metrics, captured with capture.py there: `load_*` from a loaded server, `spec_*`
 from a fresh server with ngram speculation, i.e. a restart relative to `load_*`)."""
 
@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime import metrics as m
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.observe import metrics as m
+from kimictl.runtime.observe.scrape import _KeepAliveGet, scrape_keepalive
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -495,9 +496,7 @@ async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(EndpointError, match="connection refused or host unreachable"):
-        await m.scrape_keepalive(
-            m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
-        )
+        await scrape_keepalive(_KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
@@ -508,8 +507,8 @@ async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(EndpointError, match="not HTTP|connection lost"):
-            await m.scrape_keepalive(
-                m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
+            await scrape_keepalive(
+                _KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
             )
     finally:
         server.close()

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.slo import parse_slo
+from kimictl.runtime.load.slo import parse_slo
 from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning.search import SearchInputs, model_stats, pareto_front, search
 from kimictl.runtime.tuning.systems import SYSTEMS, get_system

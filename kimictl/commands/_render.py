@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from kimictl.runtime.benchreport import BenchOutcome
-    from kimictl.runtime.launcher import Launch, LaunchPlan, Prepared
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.serving.launcher import Launch, LaunchPlan
+    from kimictl.runtime.serving.workflow import Prepared
 
 __all__ = [
     "bench_progress",

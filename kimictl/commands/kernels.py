@@ -110,8 +110,8 @@ def install(
 
 def _install_stack(*, dry_run: bool, json_out: bool) -> None:
     from kimictl.kernels.node import plan_stack
-    from kimictl.runtime.hardware import probe_local
-    from kimictl.runtime.stack import probe_stack
+    from kimictl.runtime.checks.hardware import probe_local
+    from kimictl.runtime.checks.stack import probe_stack
 
     hw = probe_local(include_stack=False)
     node = hw.nodes[0] if hw.nodes else None

@@ -13,7 +13,7 @@ from kimictl.runtime.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.evals import CheckResult, ValidationReport
-    from kimictl.runtime.runs import Target
+    from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
 
@@ -40,7 +40,7 @@ def _parse_checks(text: str | None) -> tuple[str, ...]:
 
 
 def _targets(candidate: str | None, reference: str | None) -> tuple[Target, Target]:
-    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import latest_ab_pair, resolve_target
 
     if candidate is None and reference is None:
         pair = latest_ab_pair()
@@ -183,7 +183,7 @@ def validate(
     limits = Thresholds().with_overrides(threshold or [])
     profile_path = None
     if gate is not None:
-        from kimictl.runtime.profiles import load_profile
+        from kimictl.runtime.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
     cand_t, ref_t = _targets(candidate, reference)
@@ -213,7 +213,7 @@ def validate(
 
         save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
     if profile_path is not None:
-        from kimictl.runtime.profiles import update_provenance
+        from kimictl.runtime.deployment.profiles import update_provenance
 
         update_provenance(profile_path, provenance_updates(report))
     if json_out:

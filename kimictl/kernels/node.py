@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.kernels.dispatch import DispatchTable
+from kimictl.runtime.checks.stack import CUTLASS_INSTALL
 from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
-from kimictl.runtime.stack import CUTLASS_INSTALL
 
 __all__ = [
     "KERNEL_STACK",
@@ -33,7 +33,7 @@ __all__ = [
     "require_gpu",
 ]
 
-# The kernel stack vLLM 0.33.0 pins (issue 7); versions come from kimictl.runtime.stack.PINNED.
+# The kernel stack vLLM 0.33.0 pins (issue 7); versions come from checks.stack.PINNED.
 KERNEL_STACK: tuple[str, ...] = (
     "torch",
     "flashinfer-python",
@@ -245,9 +245,9 @@ def _parse_cuda(version: str) -> tuple[int, int] | None:
 def plan_stack(stack: Any, driver_cuda: Any, *, python: str | None = None) -> StackPlan:
     """Which of the kernel-stack pins are off, and the single pip command that fixes them.
 
-    `stack` is a kimictl.runtime.stack.StackReport; `driver_cuda` the driver's CUDA version
+    `stack` is a kimictl.runtime.checks.stack.StackReport; `driver_cuda` the driver's CUDA version
     ("13.0"), or a falsy Unavailable/None when no driver answered."""
-    from kimictl.runtime.stack import PINNED
+    from kimictl.runtime.checks.stack import PINNED
 
     if not driver_cuda:
         reason = getattr(driver_cuda, "reason", None) or "no NVIDIA driver answered"

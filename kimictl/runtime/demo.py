@@ -8,7 +8,7 @@ choice, by a stated rule over those measurements (demo_tune.choose) against an i
 derived from the defaults; (4) an A/B of the chosen configuration against vLLM's defaults with
 bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
 
-Nothing here is new machinery: profiles -> `launcher.prepare_serve` (the gate) and
+Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the gate) and
 `launcher.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
 `benchreport.run_bench` for the load and the comparison, `benchreport.write_plots` for the PNGs.
 
@@ -33,7 +33,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import launcher
 from kimictl.runtime.demo_tune import (
     CANDIDATES,
     DEFAULTS,
@@ -46,6 +45,8 @@ from kimictl.runtime.demo_tune import (
     verdict,
 )
 from kimictl.runtime.errors import InputError, LaunchError, Unsupported
+from kimictl.runtime.outputs import atomic_write
+from kimictl.runtime.serving import launcher, workflow
 
 __all__ = [
     "DEMO_PROFILE",
@@ -57,7 +58,7 @@ __all__ = [
     "run_demo",
 ]
 
-DEMO_PROFILE = launcher.CPU_DEMO
+DEMO_PROFILE = workflow.CPU_DEMO
 JSON_NAME = "demo.json"
 PLOTS_DIR = "plots"
 TUNE_PLOTS_DIR = "plots/tune"
@@ -97,7 +98,7 @@ class DemoPlan:
     """The checked demo: the gate's findings, one launch plan per candidate, the output folder."""
 
     request: DemoRequest
-    prepared: launcher.Prepared  # the gate, as `kimictl serve` runs it
+    prepared: workflow.Prepared  # the gate, as `kimictl serve` runs it
     out: Path
     candidates: list[tuple[Candidate, launcher.LaunchPlan]]
     ab_group: str
@@ -271,7 +272,7 @@ def _free_block(host: str, start: int, count: int) -> int:
 def prepare_demo(request: DemoRequest) -> DemoPlan:
     """Check the request, run the gate, plan one server per candidate, pick a new output folder.
     Starts nothing and writes nothing."""
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     candidates = _pick_candidates(request.candidates)
     _check_sizes(request, len(candidates))
@@ -284,8 +285,8 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
         port = _free_block(host, profile.spec.port or launcher.DEFAULT_PORT, len(candidates))
     # The gate exactly as `kimictl serve cpu-demo` runs it (e.g. no CPU runtime: CheckFailed
     # naming `kimictl setup cpu-runtime`).
-    prepared = launcher.prepare_serve(launcher.ServeRequest(profile=DEMO_PROFILE, port=port))
-    launcher.refuse_if_blocked(prepared)
+    prepared = workflow.prepare_serve(workflow.ServeRequest(profile=DEMO_PROFILE, port=port))
+    workflow.refuse_if_blocked(prepared)
     # vLLM's defaults = the profile with every tuning knob unset; max_model_len and
     # enforce_eager stay (the CPU build needs both).
     base = profile.spec.with_(**dict.fromkeys(KNOBS))
@@ -335,9 +336,9 @@ def _bench(
     bench_ui: BenchUi | None,
 ) -> Any:
     """One run_bench over `targets` (one at a time), watching the signal flag."""
-    from kimictl.runtime.benchreport import BenchConfig, resolve_models, run_bench
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
     request = plan.request
     workload: Any = AgenticWorkload(AGENTIC_PRESETS["small"])  # a frozen Workload
@@ -417,7 +418,7 @@ def run_demo(
     bench_ui: BenchUi | None = None,
 ) -> DemoResult:
     """Gate -> measured tune -> choice -> A/B -> report; stops every server (unless `keep`)."""
-    from kimictl.runtime import runs
+    from kimictl.runtime.serving import runs
 
     step = on_step or (lambda _text: None)
     request = plan.request
@@ -568,7 +569,7 @@ def _failed(name: str, why: str) -> Measured:
 
 
 def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | None]:
-    from kimictl.runtime.benchreport import write_plots
+    from kimictl.runtime.load.benchreport import write_plots
 
     plots: list[Path] = []
     try:
@@ -584,14 +585,7 @@ def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | No
 def _write_json(result: DemoResult, path: Path) -> Path:
     import orjson
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            result.to_json(),
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        )
-        + b"\n"
+    data = orjson.dumps(
+        result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str
     )
-    tmp.replace(path)
-    return path
+    return atomic_write(path, data + b"\n")

@@ -23,8 +23,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
-from kimictl.runtime.gpu_telemetry import GpuTelemetry, sample_gpus
-from kimictl.runtime.metrics import (
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry, sample_gpus
+from kimictl.runtime.observe.metrics import (
     WINDOWS_S,
     EndpointPoller,
     EndpointView,
@@ -35,6 +35,7 @@ from kimictl.runtime.metrics import (
     monitor_snapshot,
     poll_all,
 )
+from kimictl.runtime.outputs import atomic_write
 from kimictl.tui.widgets import (
     SERIES_STYLES,
     ChartsPanel,
@@ -281,9 +282,7 @@ class MonitorApp(App[None]):
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = self.export_dir / f"kimictl-monitor-{stamp}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_bytes(orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
-        tmp.replace(path)
+        atomic_write(path, orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
         self.last_export = path
         self.notify(f"snapshot written to {path}", title="export")
 

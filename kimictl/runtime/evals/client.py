@@ -134,7 +134,7 @@ class Endpoint:
 
     def finished_requests(self) -> float | None:
         """vLLM's cumulative finished-request counter from /metrics; None when unavailable."""
-        from kimictl.runtime.metrics import REQUEST_SUCCESS, parse_prometheus_text
+        from kimictl.runtime.observe.metrics import REQUEST_SUCCESS, parse_prometheus_text
 
         try:
             response = self._client.get("/metrics")

@@ -9,7 +9,7 @@ tokens, costs (per GPU, all 93 layers, then the lm_head and the draft):
                               + all-reduces (latency + NVLink bytes, one-shot or two-shot) ]
          + lm_head + draft model + per-step overhead
 
-Bytes come from the K3 shapes in kimictl.runtime.k3 (the one place they live): attention and dense
+Bytes come from the K3 shapes in deployment.k3 (the one place they live): attention and dense
 weights BF16 sharded by TP (the low-rank `a` projections replicated), routed experts MXFP4 for the
 expected number of distinct experts touched by the step's tokens under top-16 of 896, shared
 experts, per-request KDA state for 69 layers, and the MLA latent KV cache (FP8) for 24 layers at the
@@ -31,9 +31,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.tuning.systems import System
+from kimictl.runtime.tuning.systems import SYSTEMS, System
 
 __all__ = [
     "MODEL_VERSION",
@@ -177,7 +177,7 @@ def _p(name: str) -> float:
     return PARAMS[name].value
 
 
-# --- shapes (from kimictl.runtime.k3, the single source of truth) -------------------------------
+# --- shapes (from deployment.k3, the single source of truth) --------------------------------------
 _S = k3.K3_SHAPES
 H = _S["hidden_size"]
 N_LAYERS = _S["num_layers"]
@@ -368,13 +368,17 @@ class Prediction:
 
 
 def _allreduce_us(system: System, tp: int, message_bytes: float, path: PathName) -> float:
-    """One all-reduce over TP ranks: the faster of one-shot and two-shot.
+    """One all-reduce over TP ranks: the faster of one-shot and two-shot. With a measured curve
+    (`system.comm`), that curve instead.
 
     one-shot: every rank reads the other tp-1 buffers: latency + (tp-1) * msg / link
     two-shot: reduce-scatter then all-gather: 2 latencies + 2 (tp-1)/tp * msg / link
     """
     if tp <= 1:
         return 0.0
+    if system.comm is not None:  # measured (commcurve.py says how other TPs/GPUs are derived)
+        measured_on = SYSTEMS[system.comm.system].nvlink_gb_s
+        return system.comm.allreduce_us(tp, message_bytes, path, measured_on / system.nvlink_gb_s)
     rounds = _p(f"allreduce_sync_rounds_{path}")
     latency = rounds * system.nvlink_latency_us
     link = system.nvlink_gb_s * 1e3  # bytes per us
