@@ -13,7 +13,8 @@ import pytest
 
 from kimictl.cli import main
 from kimictl.runtime.deployment import buckets
-from kimictl.runtime.deployment.profiles import load_profile, render_profile, scan_profiles
+from kimictl.runtime.deployment.profile_writer import render_profile
+from kimictl.runtime.deployment.profiles import load_profile, scan_profiles
 from kimictl.runtime.deployment.spec import DeploymentSpec, parse_vllm_command
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.observe import metrics as m

@@ -254,22 +254,6 @@ def test_node_without_driver_in_a_group_is_named() -> None:
     assert count.message == "4 GPUs on 1 node with a driver."
 
 
-def test_evaluate_without_deployment_rules_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    from kimictl.runtime.checks.rules import evaluate
-    from kimictl.runtime.deployment.spec import parse_vllm_command
-
-    spec = parse_vllm_command("vllm serve moonshotai/Kimi-K3 -tp 16").spec
-    monkeypatch.setitem(sys.modules, "kimictl.runtime.checks.rules.deployment", None)
-    checks = evaluate(spec, scenario("gb300-tp8-healthy"), None)
-    rules = next(c for c in checks if c.id == "deployment.rules")
-    assert rules.status is Status.UNKNOWN
-    # Without the deployment rules the hardware rules count the GPUs the spec needs.
-    count = next(c for c in checks if c.id == "hw.gpu_count")
-    assert count.status is Status.FAIL and "needs 16 GPUs" in count.message
-
-
 def test_snapshot_without_recorded_stack_is_unknown(tmp_path: Path) -> None:
     from kimictl.runtime.checks.rules import diagnose
 

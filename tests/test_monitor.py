@@ -388,7 +388,7 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     from kimictl.runtime.observe.poller import watch
     from kimictl.runtime.observe.scrape import scrape_timeout
 
-    async def stuck(self: EndpointPoller, client: Any, *, interval: float) -> bool:
+    async def stuck(self: EndpointPoller, *, interval: float) -> bool:
         await asyncio.Event().wait()  # never set
         return False
 

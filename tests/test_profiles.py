@@ -15,14 +15,13 @@ from kimictl.runtime.checks.hardware import load_snapshots
 from kimictl.runtime.checks.rules import evaluate
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
+from kimictl.runtime.deployment.profile_writer import update_provenance, write_profile
 from kimictl.runtime.deployment.profiles import (
     diff_profiles,
     list_profiles,
     load_profile,
     scan_profiles,
     shipped_profiles_dir,
-    update_provenance,
-    write_profile,
 )
 from kimictl.runtime.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3, parse_vllm_command
 from kimictl.runtime.errors import InputError

@@ -212,7 +212,7 @@ def render_bench(outcome: BenchOutcome) -> None:
     )
 
 
-def render_ab(outcome: BenchOutcome) -> None:
+def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
@@ -245,6 +245,6 @@ def render_ab(outcome: BenchOutcome) -> None:
             if "verdict" in r:
                 verdict = r["verdict"]
         console.print(table)
-        if verdict:
+        if verdict and show_verdict:
             said = verdict if verdict == "no significant difference" else f"{a} is {verdict}"
             console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")

@@ -44,18 +44,18 @@ def _targets(
     texts: list[str], ab: bool, model: str | None, gpus: int | None, key: str | None
 ) -> list[LoadTarget]:
     from kimictl.runtime.load.loadgen import LoadTarget
-    from kimictl.runtime.serving.runs import latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import ab_targets, resolve_target
 
     if ab:
         if texts:
             raise InputError("--ab and --target exclude each other; give one of them")
-        pair = latest_ab_pair()
-        if pair is None:
-            raise InputError(
-                "--ab: no live A/B pair was launched by kimictl",
+        resolved = list(
+            ab_targets(
+                ("tuned", "stock"),
+                missing="--ab: no live A/B pair was launched by kimictl",
                 hint="start one with `kimictl serve --ab`, or pass --target a=URL --target b=URL",
             )
-        resolved = [resolve_target(f"tuned={pair[0].id}"), resolve_target(f"stock={pair[1].id}")]
+        )
     elif texts:
         resolved = [resolve_target(t) for t in texts]
     else:

@@ -17,21 +17,17 @@ app = typer.Typer(add_completion=False)
 
 
 def _targets(texts: list[str]) -> list[Target]:
-    from kimictl.runtime.serving.runs import Target, latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import ab_targets, resolve_target
 
     if not texts:
-        pair = latest_ab_pair()
-        if pair is None:
-            raise InputError(
-                "no endpoint given and no live A/B pair was launched by kimictl.",
+        return list(
+            ab_targets(
+                ("tuned", "stock"),
+                missing="no endpoint given and no live A/B pair was launched by kimictl.",
                 hint="pass URLs (kimictl monitor http://127.0.0.1:8000 or tuned=URL stock=URL), "
                 "a run id from `kimictl ps`, or start a pair with `kimictl serve --ab`.",
             )
-        tuned, stock = pair
-        return [
-            Target("tuned", tuned.url, tuned.model, tuned.gpus, tuned.id, "tuned"),
-            Target("stock", stock.url, stock.model, stock.gpus, stock.id, "stock"),
-        ]
+        )
     targets = [resolve_target(t) for t in texts]
     seen: set[str] = set()
     for t in targets:

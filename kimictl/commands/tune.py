@@ -185,8 +185,9 @@ def _fail_if_nothing_fits(result: SearchResult) -> None:
 def _render_search(result: SearchResult, source: str) -> None:
     from rich.table import Table
 
-    from kimictl.runtime.tuning.model import MODEL_VERSION, published_checks
+    from kimictl.runtime.tuning.model import MODEL_VERSION
     from kimictl.runtime.tuning.plot import terminal_plot
+    from kimictl.runtime.tuning.published import published_checks
     from kimictl.runtime.tuning.systems import SYSTEMS
 
     inp = result.inputs

@@ -29,7 +29,7 @@ __all__ = [
     "geomean",
 ]
 
-# (name, N, K) per GPU, TP8 unless the name says otherwise (issue 7)
+# (name, N, K) per GPU, TP8 unless the name says otherwise
 K3_GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("fused_qkv_a", 2112, 7168),
     ("kda_in_tp8", 12448, 7168),

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 __all__ = [
     "ADDITIONAL_CONFIG_CHOICES",
-    "ALLOWED_DCP",
     "ALLOWED_TP",
     "DECODE_BACKENDS",
     "DECODE_BACKEND_AUTO",
@@ -23,7 +22,6 @@ __all__ = [
     "ENV_SHARD_SP_SHARED_EXPERT",
     "ENV_USE_V2_MODEL_RUNNER",
     "FULL_DECODE_CUDAGRAPH_MODES",
-    "K3_ENV_VARS",
     "K3_MOE_CONFIG",
     "K3_MODEL_ID",
     "K3_SHAPES",
@@ -34,7 +32,6 @@ __all__ = [
     "PREPARED_TOKEN_BATCHES",
     "REQUIRED_SPEC_METHOD",
     "RULES",
-    "RULES_BY_ID",
     "Rule",
     "SUPPORTED_COMPUTE_CAPABILITY_MAJOR",
     "UNSUPPORTED_PREFIX",
@@ -61,7 +58,6 @@ ADDITIONAL_CONFIG_CHOICES: dict[str, tuple[str, ...]] = {
 # --- parallelism, speculation ---
 ALLOWED_TP: tuple[int, ...] = (8, 16)
 # decode_context_parallel_size must be 1 or equal to tensor_parallel_size (rule 7).
-ALLOWED_DCP = "1 or tensor_parallel_size"
 MAX_SPECULATIVE_TOKENS = 7
 REQUIRED_SPEC_METHOD = "dspark"
 SUPPORTED_COMPUTE_CAPABILITY_MAJOR = 10  # SM100 / SM103 (GB200 / GB300)
@@ -91,12 +87,6 @@ ENV_USE_V2_MODEL_RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 ENV_GEMM_AR = "VLLM_KIMI_K3_GEMM_AR"  # default 1; all TP ranks must belong to one NVLink domain
 ENV_AUX_ATTN_RES_STREAM = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 ENV_SHARD_SP_SHARED_EXPERT = "VLLM_KIMI_K3_SHARD_SP_SHARED_EXPERT"
-K3_ENV_VARS: tuple[str, ...] = (
-    ENV_USE_V2_MODEL_RUNNER,
-    ENV_GEMM_AR,
-    ENV_AUX_ATTN_RES_STREAM,
-    ENV_SHARD_SP_SHARED_EXPERT,
-)
 
 # --- the text config the specialized MoE requires (rule 2) ---
 K3_MOE_CONFIG: dict[str, object] = {
@@ -195,5 +185,3 @@ RULES: tuple[Rule, ...] = (
     Rule(18, "k3.aux_attn_res_stream", "the AttnRes aux stream",
          "speculation on and VLLM_KIMI_K3_AUX_ATTN_RES_STREAM set"),
 )  # fmt: skip
-
-RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.apikeys import ENV_VAR, redact_env
 from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.errors import InputError
 
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 DEFAULT_HOST = "127.0.0.1"
-_SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 _ENV_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
@@ -203,11 +203,6 @@ class DeploymentSpec:
 class ParseResult:
     spec: DeploymentSpec
     unrecognised: list[str]
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """A copy of `env` with the values of secret-looking names (KEY, TOKEN, ...) replaced."""
-    return {k: ("***" if _SECRET_ENV.search(k) else v) for k, v in env.items()}
 
 
 def parse_max_model_len(text: str, *, flag: str = "--max-model-len") -> int:
@@ -748,7 +743,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         elif kind == "maxlen":
             values[field_name] = parse_max_model_len(value_text, flag=flag)
         elif kind == "apikey":
-            env["VLLM_API_KEY"] = value_text
+            env[ENV_VAR] = value_text
         elif kind == "optlevel":
             if re.fullmatch(r"\d+", value_text):
                 values["optimization_level"] = int(value_text)

@@ -9,10 +9,16 @@ from typing import Any
 
 import orjson
 
+from kimictl.runtime.http1 import fetch_text
 from kimictl.runtime.load.ab import compare
-from kimictl.runtime.load.client import fetch_text
 from kimictl.runtime.load.loadgen import run_load
-from kimictl.runtime.load.records import LoadPoint, LoadTarget, RecordList, RequestRecord
+from kimictl.runtime.load.records import (
+    LoadPoint,
+    LoadSettings,
+    LoadTarget,
+    RecordList,
+    RequestRecord,
+)
 from kimictl.runtime.load.slo import SLO
 from kimictl.runtime.load.summary import summarize_run
 from kimictl.runtime.load.workloads import Workload
@@ -29,21 +35,13 @@ __all__ = [
 # The whole bench: what `kimictl bench` calls
 
 
-@dataclass(frozen=True)
-class BenchConfig:
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig(LoadSettings):
+    """A bench: the load settings plus what is loaded, and the SLO the summaries judge."""
+
     targets: tuple[LoadTarget, ...]
     workload: Workload
-    points: tuple[LoadPoint, ...]
-    num_prompts: int | None = None
-    duration: float | None = None
-    warmup: int = 0
-    seed: int = 0
-    repeat: int = 1
-    timeout: float = 300.0
-    chat: bool = False
-    ignore_eos: bool = True
-    scrape_metrics: bool = True
-    interleave: bool = False
+    scrape_metrics: bool = True  # a bench reports the server's view beside the client's
     slo: SLO | None = None
 
 
@@ -101,17 +99,7 @@ async def run_bench(
     records = await run_load(
         cfg.targets,
         cfg.workload,
-        points=cfg.points,
-        num_prompts=cfg.num_prompts,
-        duration=cfg.duration,
-        warmup=cfg.warmup,
-        seed=cfg.seed,
-        repeat=cfg.repeat,
-        timeout=cfg.timeout,
-        chat=cfg.chat,
-        ignore_eos=cfg.ignore_eos,
-        scrape_metrics=cfg.scrape_metrics,
-        interleave=cfg.interleave,
+        cfg,
         stop=stop,
         on_record=on_record,
         on_point=on_point,

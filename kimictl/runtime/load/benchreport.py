@@ -3,30 +3,17 @@
 
 from __future__ import annotations
 
-from kimictl.runtime.load.ab import AB_METRICS, HEADLINE, compare
-from kimictl.runtime.load.bench import BenchConfig, BenchOutcome, resolve_models, run_bench
-from kimictl.runtime.load.exports import write_csv, write_plots
-from kimictl.runtime.load.summary import (
-    PERCENTILES,
-    percentile,
-    slo_stats,
-    summarize,
-    summarize_run,
-)
-
-__all__ = [
-    "AB_METRICS",
-    "BenchConfig",
-    "BenchOutcome",
-    "HEADLINE",
-    "PERCENTILES",
-    "compare",
-    "percentile",
-    "resolve_models",
-    "run_bench",
-    "slo_stats",
-    "summarize",
-    "summarize_run",
-    "write_csv",
-    "write_plots",
-]
+from kimictl.runtime.load.ab import AB_METRICS as AB_METRICS
+from kimictl.runtime.load.ab import HEADLINE as HEADLINE
+from kimictl.runtime.load.ab import compare as compare
+from kimictl.runtime.load.bench import BenchConfig as BenchConfig
+from kimictl.runtime.load.bench import BenchOutcome as BenchOutcome
+from kimictl.runtime.load.bench import resolve_models as resolve_models
+from kimictl.runtime.load.bench import run_bench as run_bench
+from kimictl.runtime.load.exports import write_csv as write_csv
+from kimictl.runtime.load.exports import write_plots as write_plots
+from kimictl.runtime.load.summary import PERCENTILES as PERCENTILES
+from kimictl.runtime.load.summary import percentile as percentile
+from kimictl.runtime.load.summary import slo_stats as slo_stats
+from kimictl.runtime.load.summary import summarize as summarize
+from kimictl.runtime.load.summary import summarize_run as summarize_run

@@ -20,28 +20,23 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.load.client import MAX_ERROR_BODY, Endpoint, fetch_text
-from kimictl.runtime.load.records import (
-    ERROR_KINDS,
-    LoadPoint,
-    LoadTarget,
-    RecordList,
-    RequestRecord,
-)
+from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
+from kimictl.runtime.http1 import fetch_text as fetch_text
+from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
+from kimictl.runtime.load.records import LoadPoint as LoadPoint
+from kimictl.runtime.load.records import LoadSettings as LoadSettings
+from kimictl.runtime.load.records import LoadTarget as LoadTarget
+from kimictl.runtime.load.records import RecordList as RecordList
+from kimictl.runtime.load.records import RequestRecord as RequestRecord
 from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
 
 __all__ = [
-    "ERROR_KINDS",
-    "LoadPoint",
-    "LoadTarget",
-    "RecordList",
-    "RequestRecord",
-    "fetch_text",
     "run_load",
 ]
 
@@ -66,11 +61,23 @@ def _payload(target: LoadTarget, spec: RequestSpec, chat: bool, ignore_eos: bool
     return orjson.dumps(body)
 
 
+@dataclass
+class _Run:
+    """What every point run of one run_load shares."""
+
+    settings: LoadSettings
+    t_run: float
+    out: RecordList
+    stop: asyncio.Event
+    on_record: Callable[[RequestRecord], None] | None
+
+
 class _PointRun:
     """Runs one (target, point, repeat): issues sessions until the request budget or time is up."""
 
     def __init__(
         self,
+        run: _Run,
         *,
         target: LoadTarget,
         endpoint: Endpoint,
@@ -80,13 +87,6 @@ class _PointRun:
         sessions: Iterator[Session],
         num_prompts: int | None,
         duration: float | None,
-        timeout: float,
-        chat: bool,
-        ignore_eos: bool,
-        t_run: float,
-        out: RecordList,
-        stop: asyncio.Event,
-        on_record: Callable[[RequestRecord], None] | None,
         rng: random.Random,
     ) -> None:
         self.target = target
@@ -98,13 +98,13 @@ class _PointRun:
         self.budget = num_prompts
         self.deadline: float | None = None
         self.duration = duration
-        self.timeout = timeout
-        self.chat = chat
-        self.ignore_eos = ignore_eos
-        self.t_run = t_run
-        self.out = out
-        self.stop = stop
-        self.on_record = on_record
+        self.timeout = run.settings.timeout
+        self.chat = run.settings.chat
+        self.ignore_eos = run.settings.ignore_eos
+        self.t_run = run.t_run
+        self.out = run.out
+        self.stop = run.stop
+        self.on_record = run.on_record
         self.rng = rng
         self.issued = 0
         self.reserved = 0
@@ -303,30 +303,23 @@ async def _sleep_or_stop(delay: float, stop: asyncio.Event) -> None:
 async def run_load(
     targets: Sequence[LoadTarget],
     workload: Workload,
+    settings: LoadSettings,
     *,
-    points: Sequence[LoadPoint],
-    num_prompts: int | None = None,
-    duration: float | None = None,
-    warmup: int = 0,
-    seed: int = 0,
-    repeat: int = 1,
-    timeout: float = 300.0,
-    chat: bool = False,
-    ignore_eos: bool = True,
-    scrape_metrics: bool = False,
-    interleave: bool = False,
     stop: asyncio.Event | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
 ) -> RecordList:
-    """Run `workload` against every target at every point, `repeat` times, and return every record.
+    """Run `workload` against every target at every point, `settings.repeat` times, and return
+    every record.
 
     Each (target, point, repeat) gets the identical session sequence (the workload seeded with
-    `seed`), so an A/B compares the same requests. Targets take turns point by point, in an order
-    that alternates between points and repeats so slow drift does not favour one side; with
-    `interleave` they run each point at the same time instead (both see the same drift; use it when
-    the servers do not share hardware, and note the client's CPU is shared).
+    `settings.seed`), so an A/B compares the same requests. Targets take turns point by point, in
+    an order that alternates between points and repeats so slow drift does not favour one side;
+    with `settings.interleave` they run each point at the same time instead (both see the same
+    drift; use it when the servers do not share hardware, and note the client's CPU is shared).
     """
+    points, num_prompts, duration = settings.points, settings.num_prompts, settings.duration
+    warmup, seed = settings.warmup, settings.seed
     if not targets:
         raise InputError("no target to benchmark", hint="pass --target URL (or --ab)")
     if num_prompts is None and duration is None:
@@ -345,7 +338,7 @@ async def run_load(
     stop = stop or asyncio.Event()
     out = RecordList()
     endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
-    t_run = time.perf_counter()
+    run = _Run(settings, time.perf_counter(), out, stop, on_record)
 
     def point_run(
         t: LoadTarget,
@@ -359,6 +352,7 @@ async def run_load(
         rng_seed: int,
     ) -> _PointRun:
         return _PointRun(
+            run,
             target=t,
             endpoint=endpoints[t.name],
             point=point,
@@ -367,13 +361,6 @@ async def run_load(
             sessions=workload.sessions(sessions_seed),
             num_prompts=num_prompts,
             duration=duration,
-            timeout=timeout,
-            chat=chat,
-            ignore_eos=ignore_eos,
-            t_run=t_run,
-            out=out,
-            stop=stop,
-            on_record=on_record,
             rng=random.Random(rng_seed),
         )
 
@@ -400,7 +387,7 @@ async def run_load(
             if on_point is not None:
                 on_point(t, point, r)
             key = (t.name, point.label, r)
-            before = await _scrape(t) if scrape_metrics else None
+            before = await _scrape(t) if settings.scrape_metrics else None
             pr = point_run(
                 t,
                 point,
@@ -422,12 +409,12 @@ async def run_load(
             if pr.abort and not out.stop_reason:
                 out.stop_reason = pr.abort
 
-        for r in range(repeat):
+        for r in range(settings.repeat):
             for i, point in enumerate(points):
                 if stop.is_set() or out.stop_reason:
                     break
                 order = list(targets) if (r + i) % 2 == 0 else list(reversed(targets))
-                if interleave:
+                if settings.interleave:
                     await asyncio.gather(*(one(t, point, r, i) for t in order))
                     continue
                 for t in order:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ERROR_KINDS",
     "LoadPoint",
+    "LoadSettings",
     "LoadTarget",
     "RecordList",
     "RequestRecord",
@@ -55,6 +56,23 @@ class LoadPoint:
             return f"c={self.concurrency}"
         cap = f",c<={self.concurrency}" if self.concurrency else ""
         return f"rate={self.rate:g}{cap}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadSettings:
+    """How a run loads its targets: one frozen object from the command down to each point run."""
+
+    points: tuple[LoadPoint, ...]
+    num_prompts: int | None = None
+    duration: float | None = None
+    warmup: int = 0
+    seed: int = 0
+    repeat: int = 1
+    timeout: float = 300.0
+    chat: bool = False
+    ignore_eos: bool = True
+    scrape_metrics: bool = False
+    interleave: bool = False
 
 
 @dataclass

@@ -13,14 +13,12 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.http1 import Endpoint
 from kimictl.runtime.observe.scrape import (
-    _KeepAliveGet,
+    metrics_endpoint,
     metrics_url,
     scrape,
-    scrape_keepalive,
     scrape_timeout,
 )
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
@@ -112,8 +110,7 @@ class EndpointPoller:
     last_ok_mono: float | None = None
     next_try_mono: float = 0.0
     history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    keepalive: bool = True  # plain-http scrapes through _KeepAliveGet (False: the httpx client)
-    _conn: _KeepAliveGet | None = field(default=None, repr=False)
+    _conn: Endpoint = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -122,30 +119,24 @@ class EndpointPoller:
             raise InputError(
                 f"endpoint {self.name}: {self.url!r} is not a valid URL ({error})."
             ) from None
+        self._conn = metrics_endpoint(self.url, name=f"endpoint {self.name}")
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._conn.close()
 
     def due(self, now_mono: float) -> bool:
         return now_mono >= self.next_try_mono
 
-    async def poll(self, client: httpx.AsyncClient, *, interval: float) -> bool:
+    async def poll(self, *, interval: float) -> bool:
         """Scrape if due (not backing off). Returns True when a new scrape was ingested."""
         now = time.monotonic()
         if not self.due(now):
             return False
         timeout = scrape_timeout(interval)
         try:
-            if self.keepalive and self.url.startswith("http://"):
-                if self._conn is None:
-                    self._conn = _KeepAliveGet(metrics_url(self.url))
-                snap = await scrape_keepalive(
-                    self._conn, metrics_url(self.url), timeout=timeout, model=self.model
-                )
-            else:
-                snap = await scrape(client, self.url, timeout=timeout, model=self.model)
+            snap = await scrape(
+                self._conn, metrics_url(self.url), timeout=timeout, model=self.model
+            )
         except EndpointError as exc:
             self.failures += 1
             self.status = EndpointStatus.DOWN
@@ -193,11 +184,9 @@ class EndpointPoller:
         )
 
 
-async def poll_all(
-    pollers: Sequence[EndpointPoller], client: httpx.AsyncClient, *, interval: float
-) -> None:
+async def poll_all(pollers: Sequence[EndpointPoller], *, interval: float) -> None:
     """Scrape every due endpoint concurrently (one slow endpoint never delays the others)."""
-    await asyncio.gather(*(p.poll(client, interval=interval) for p in pollers))
+    await asyncio.gather(*(p.poll(interval=interval) for p in pollers))
 
 
 def monitor_snapshot(
@@ -287,19 +276,17 @@ async def watch(
 
     With `full_window`, stop as soon as every answering endpoint's scrapes span `window_s` (a
     slow first scrape does not shorten the window), giving up `duration_s` after the start."""
-    async with httpx.AsyncClient() as client:
-        try:
-            return await _watch_loop(
-                pollers, client, interval, window_s, duration_s, on_tick, gpu_sampler, full_window
-            )
-        finally:
-            for p in pollers:
-                p.close()
+    try:
+        return await _watch_loop(
+            pollers, interval, window_s, duration_s, on_tick, gpu_sampler, full_window
+        )
+    finally:
+        for p in pollers:
+            p.close()
 
 
 async def _watch_loop(
     pollers: Sequence[EndpointPoller],
-    client: httpx.AsyncClient,
     interval: float,
     window_s: float,
     duration_s: float | None,
@@ -324,7 +311,7 @@ async def _watch_loop(
     try:
         async with asyncio.timeout_at(deadline):
             while True:
-                await poll_all(pollers, client, interval=interval)
+                await poll_all(pollers, interval=interval)
                 last = snapshot()
                 on_tick(last)
                 tick += 1

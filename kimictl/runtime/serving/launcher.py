@@ -30,43 +30,34 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
-from kimictl.runtime.apikeys import read_api_key
+from kimictl.runtime.apikeys import bearer_headers
+from kimictl.runtime.apikeys import read_api_key as read_api_key
+from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.serving import runs
-from kimictl.runtime.serving.plan import (
-    DEFAULT_PORT,
-    LaunchPlan,
-    check_port_free,
-    plan_launch,
-    redact_argv,
-    run_tmp_dir,
-)
+from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
+from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
+from kimictl.runtime.serving.plan import check_port_free as check_port_free
+from kimictl.runtime.serving.plan import plan_launch as plan_launch
+from kimictl.runtime.serving.plan import run_tmp_dir as run_tmp_dir
 from kimictl.runtime.serving.runs import RunRecord, RunState
-from kimictl.runtime.serving.startup import LOG_TAIL_LINES, likely_cause, log_tail, read_phases
+from kimictl.runtime.serving.startup import LOG_TAIL_LINES as LOG_TAIL_LINES
+from kimictl.runtime.serving.startup import likely_cause as likely_cause
+from kimictl.runtime.serving.startup import log_tail as log_tail
+from kimictl.runtime.serving.startup import read_phases as read_phases
 
 __all__ = [
-    "DEFAULT_PORT",
     "HEADLESS_SETTLE_S",
-    "LOG_TAIL_LINES",
     "STOP_GRACE_S",
     "Launch",
-    "LaunchPlan",
     "StopRequested",
-    "check_port_free",
     "hand_over",
     "health",
-    "likely_cause",
-    "log_tail",
-    "plan_launch",
-    "read_api_key",
-    "read_phases",
-    "redact_argv",
-    "run_tmp_dir",
     "start",
     "stop_launches",
     "stop_records",
@@ -76,9 +67,6 @@ __all__ = [
     "wait_ready",
 ]
 
-
-if TYPE_CHECKING:
-    pass
 STOP_GRACE_S = 20.0
 HEADLESS_SETTLE_S = 10.0
 
@@ -202,10 +190,6 @@ def _mark(record: RunRecord, state: RunState, **changes: Any) -> RunRecord:
 # ---------------------------------------------------------------- readiness
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
     try:
@@ -227,7 +211,7 @@ def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[
         reply = client.post(
             f"{plan.url}/v1/completions",
             json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            headers=_headers(plan.api_key),
+            headers=bearer_headers(plan.api_key),
             timeout=timeout,
         )
     except httpx.HTTPError as error:

@@ -3,12 +3,13 @@ ports."""
 
 from __future__ import annotations
 
-import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kimictl.runtime.apikeys import ENV_VAR, redact_env
+from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving import runs
 
@@ -21,7 +22,6 @@ __all__ = [
     "LaunchPlan",
     "check_port_free",
     "plan_launch",
-    "redact_argv",
     "require_tcp_port",
     "run_tmp_dir",
 ]
@@ -68,10 +68,10 @@ class LaunchPlan:
 
     @property
     def api_key(self) -> str | None:
-        return self.env.get("VLLM_API_KEY")
+        return self.env.get(ENV_VAR)
 
     def redacted_env(self) -> dict[str, str]:
-        return {k: ("***" if _is_secret(k) else v) for k, v in self.env.items()}
+        return redact_env(self.env)
 
     def redacted_argv(self) -> list[str]:
         return redact_argv(self.argv)
@@ -92,31 +92,6 @@ class LaunchPlan:
             "log_path": str(self.log_path),
             "other_nodes": [redact_argv(a) for a in self.other_nodes],
         }
-
-
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
-
-
-def _is_secret(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Hide the value after `--api-key` (kimictl never puts it there; a user's extra args might)."""
-    out: list[str] = []
-    hide_next = False
-    for word in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif word == "--api-key":
-            out.append(word)
-            hide_next = True
-        elif word.startswith("--api-key="):
-            out.append("--api-key=***")
-        else:
-            out.append(word)
-    return out
 
 
 def _looks_like_path(model: str) -> bool:
@@ -190,7 +165,7 @@ def plan_launch(
     env["TMPDIR"] = str(run_tmp_dir(run_dir, run_id))
     env.update(spec.to_env())
     if api_key:
-        env["VLLM_API_KEY"] = api_key
+        env[ENV_VAR] = api_key
     argv = spec.to_argv(executable)
 
     other_nodes: list[list[str]] = []

@@ -18,6 +18,7 @@ import re
 import shlex
 from typing import Any
 
+from kimictl.runtime.apikeys import ENV_VAR
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving.plan import LaunchPlan, redact_argv
@@ -32,7 +33,7 @@ _LOCAL_ENV = ("TMPDIR",)
 
 
 def _env(plan: LaunchPlan) -> dict[str, str]:
-    return {k: v for k, v in plan.env.items() if k not in _LOCAL_ENV and k != "VLLM_API_KEY"}
+    return {k: v for k, v in plan.env.items() if k not in _LOCAL_ENV and k != ENV_VAR}
 
 
 def _nodes(plan: LaunchPlan, nnodes: int | None, gpus_per_node: int) -> tuple[int, int]:
@@ -127,7 +128,7 @@ def _container(
     if api_key:
         env.append(
             {
-                "name": "VLLM_API_KEY",
+                "name": ENV_VAR,
                 "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key"}},
             }
         )

@@ -5,7 +5,7 @@ log and the run's private cache/temp folders. Records are the contract other com
 `bench`, `monitor` and `validate` turn a run id, `NAME=URL` or a URL into a `Target` through
 `resolve_target`, and find the latest A/B pair through `latest_ab_pair`.
 
-States (explicit, see style anchor 11): starting -> ready -> stopping -> stopped, or failed.
+States: starting -> ready -> stopping -> stopped, or failed.
 A record's stored state is what the launcher last wrote; `observed_state` corrects it with what is
 true now (a "ready" run whose processes are gone is reported as failed, never as ready).
 """
@@ -34,6 +34,7 @@ __all__ = [
     "Target",
     "get_run",
     "is_alive",
+    "ab_targets",
     "latest_ab_pair",
     "list_runs",
     "new_run_id",
@@ -295,6 +296,15 @@ def latest_ab_pair() -> tuple[RunRecord, RunRecord] | None:
         return None
     latest = max(complete, key=lambda g: max(g["tuned"].started_at, g["stock"].started_at))
     return latest["tuned"], latest["stock"]
+
+
+def ab_targets(names: tuple[str, str], *, missing: str, hint: str) -> tuple[Target, Target]:
+    """The latest live `serve --ab` pair as two targets named `names` (tuned first, then stock);
+    InputError(`missing`, `hint`) when there is none. Bench, monitor and validate use it."""
+    pair = latest_ab_pair()
+    if pair is None:
+        raise InputError(missing, hint=hint)
+    return _target_of(pair[0], names[0]), _target_of(pair[1], names[1])
 
 
 def _check_url(url: str, text: str) -> str:

@@ -22,7 +22,8 @@ def predicted_interactivity(spec: DeploymentSpec) -> tuple[float, float] | None:
     """(slowest, fastest) tokens/s/user tune's model predicts for `spec`; None off K3's shapes."""
     if spec.tensor_parallel_size not in k3.ALLOWED_TP:
         return None
-    from kimictl.runtime.tuning.model import PUBLISHED_SYSTEM, Config, predict
+    from kimictl.runtime.tuning.model import Config, predict
+    from kimictl.runtime.tuning.published import PUBLISHED_SYSTEM
     from kimictl.runtime.tuning.systems import SYSTEMS
 
     system = SYSTEMS[PUBLISHED_SYSTEM]

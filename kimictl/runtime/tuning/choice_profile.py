@@ -95,7 +95,7 @@ def write_spec_pair(
     runtime: str = "gpu",
 ) -> Path:
     """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`)."""
-    from kimictl.runtime.deployment.profiles import write_profile
+    from kimictl.runtime.deployment.profile_writer import write_profile
 
     target = check_write_target(path, overwrite=overwrite, with_twin=stock is not None)
     twin = twin_path(target)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.apikeys import env_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 
 __all__ = ["MeasureResult", "MeasuredPoint", "measure", "sweep", "write_measured"]
@@ -158,7 +158,7 @@ def measure(
         from kimictl.runtime.serving.runs import get_run
 
         profile = get_run(found.run_id).profile
-    api_key = os.environ.get("VLLM_API_KEY")
+    api_key = env_api_key()
     target = LoadTarget(
         name=found.name, url=found.url, model=found.model or "", api_key=api_key, gpus=found.gpus
     )

@@ -13,15 +13,14 @@ from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     PARAMS,
-    PUBLISHED_SYSTEM,
     Config,
     acceptance_rate_for,
     default_acceptance_rate,
     predict,
-    published_checks,
     with_path,
 )
-from kimictl.runtime.tuning.model import calibrate as calibrate_params
+from kimictl.runtime.tuning.published import PUBLISHED_SYSTEM, published_checks
+from kimictl.runtime.tuning.published import calibrate as calibrate_params
 from kimictl.runtime.tuning.search import SearchInputs, SearchResult, search
 from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system, system_from_report
 

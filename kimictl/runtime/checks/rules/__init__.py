@@ -6,7 +6,6 @@ input is given (None = not checked); every failing rule is reported, not just th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,17 +34,6 @@ __all__ = [
 _DUPLICATES = {"k3.gpu_arch": "hw.compute_capability"}
 
 
-def _deployment_checks() -> Any | None:
-    """B's `deployment_checks`, or None while rules.deployment does not exist."""
-    try:
-        module = importlib.import_module("kimictl.runtime.checks.rules.deployment")
-    except ModuleNotFoundError as error:
-        if error.name == "kimictl.runtime.checks.rules.deployment":
-            return None
-        raise
-    return getattr(module, "deployment_checks", None)
-
-
 def no_deployment_check() -> Check:
     return Check(
         "deployment.given",
@@ -65,6 +53,7 @@ def evaluate(
 
     With `hw` the environment checks read each node's recorded env (`NodeReport.env`) with the
     deployment's env on top; without it, the deployment's env alone."""
+    from kimictl.runtime.checks.rules.deployment import deployment_checks
     from kimictl.runtime.checks.rules.environment import (
         environment_checks,
         launch_env,
@@ -72,7 +61,6 @@ def evaluate(
     )
     from kimictl.runtime.checks.rules.hardware import hardware_checks, stack_checks
 
-    deployment = _deployment_checks() if spec is not None else None
     checks: list[Check] = []
     # The environment vLLM gets on each node: what the probing process had (live) or recorded
     # (snapshot), the deployment's env on top. The hardware checks see only the visible GPUs.
@@ -80,23 +68,14 @@ def evaluate(
     checks.extend(environment_checks(hw, envs, spec))
     if hw is not None:
         hw = restrict_to_visible(hw, envs)
-        # With the deployment rules present they count the GPUs the spec needs (k3.gpu_count).
-        checks.extend(hardware_checks(hw, spec if deployment is None else None))
+        # the GPUs a spec needs are counted by the deployment rules (k3.gpu_count)
+        checks.extend(hardware_checks(hw))
     if stack is not None:
         checks.extend(stack_checks(stack, hw))
     if spec is None:
         checks.append(no_deployment_check())
-    elif deployment is None:
-        checks.append(
-            Check(
-                "deployment.rules",
-                Section.DEPLOYMENT,
-                Status.UNKNOWN,
-                "Deployment rules are not installed in this kimictl build.",
-            )
-        )
     else:
-        found = list(deployment(spec, hw))
+        found = list(deployment_checks(spec, hw))
         ids = {c.id for c in found if c.status is not Status.UNKNOWN}
         drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
         checks = [c for c in checks if c.id not in drop]

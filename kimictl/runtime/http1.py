@@ -1,10 +1,11 @@
-"""A small HTTP/1.1 client on an asyncio Protocol, streaming SSE straight into request records.
+"""The one HTTP/1.1 client of bench and monitor: keep-alive connections on an asyncio Protocol.
 
-Every TCP read is parsed in `data_received` (chunked framing -> SSE lines split at the byte level
--> one `orjson.loads` per `data:` line) and the arrival time and token count of each chunk are
-written straight into the request's record; the awaiting coroutine is woken once per request, not
-once per chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s aiohttp
-client (measured in benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
+A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is parsed as it
+arrives: every TCP read is parsed in `data_received` (chunked framing -> SSE lines split at the byte
+level -> one `orjson.loads` per `data:` line) and the arrival time and token count of each chunk
+are written straight into the request's record; the awaiting coroutine is woken once per request,
+not once per chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
+aiohttp client (measured in benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import orjson
 
+from kimictl.runtime.apikeys import bearer_headers
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.load.records import RequestRecord
+
+if TYPE_CHECKING:  # filled in duck-typed; the client does not depend on the load package
+    from kimictl.runtime.load.records import RequestRecord
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -33,7 +38,17 @@ MAX_ERROR_BODY = 2048
 
 
 class _Response:
-    __slots__ = ("record", "t0", "status", "body", "done", "sse", "seen_done", "last_usage")
+    __slots__ = (
+        "record",
+        "t0",
+        "status",
+        "body",
+        "done",
+        "sse",
+        "seen_done",
+        "last_usage",
+        "error",
+    )
 
     def __init__(self, record: RequestRecord | None, t0: float, done: asyncio.Future[None]):
         self.record = record
@@ -44,6 +59,7 @@ class _Response:
         self.sse = b""  # unfinished SSE line
         self.seen_done = False
         self.last_usage = 0
+        self.error: str | None = None  # why a request without a record failed
 
 
 class _Conn(asyncio.Protocol):
@@ -201,7 +217,7 @@ class _Conn(asyncio.Protocol):
         resp = self.resp
         assert resp is not None
         if resp.status != 200 or not self._stream or resp.record is None:
-            if len(resp.body) < 1 << 20:
+            if resp.record is None or len(resp.body) < 1 << 20:  # a GET keeps its whole body
                 resp.body += data
             return
         buf = resp.sse + data if resp.sse else data
@@ -269,6 +285,8 @@ class _Conn(asyncio.Protocol):
         if resp is not None and resp.record is not None and resp.record.error_kind is None:
             resp.record.error_kind = kind
             resp.record.error = message
+        if resp is not None and resp.record is None and resp.error is None:
+            resp.error = message
         self.keep_alive = False
         self.close()
         if resp is not None and not resp.done.done():
@@ -307,8 +325,7 @@ class Endpoint:
             b"User-Agent: kimictl-bench",
             b"Accept: */*",
         ]
-        if self.api_key:
-            lines.append(f"Authorization: Bearer {self.api_key}".encode())
+        lines += [f"{k}: {v}".encode() for k, v in bearer_headers(self.api_key).items()]
         if body is not None:
             lines.append(b"Content-Type: application/json")
             lines.append(b"Content-Length: " + str(len(body)).encode())
