@@ -63,6 +63,8 @@ __all__ = [
     "check_record_target",
     "format_window",
     "parse_window",
+    "REFUSED",
+    "REFUSED_GIVE_UP_S",
     "EndpointPoller",
     "EndpointStatus",
     "EndpointView",
@@ -77,6 +79,7 @@ __all__ = [
     "compute_window",
     "merge_snapshots",
     "metrics_url",
+    "none_answered",
     "monitor_snapshot",
     "parse_prometheus_text",
     "poll_all",
@@ -814,6 +817,10 @@ class MetricsSeries:
 # --- polling endpoints (shared by the TUI and headless `kimictl monitor`) -------------------------
 CHART_WINDOW_S = 10.0  # each history point is the figure over the 10 s before it
 MAX_BACKOFF_S = 10.0
+# The reason of a scrape nothing listens to (refused, or a name that does not resolve).
+REFUSED = "connection refused or host unreachable"
+# --once gives up this soon (one retry) when every endpoint refuses: nothing will answer.
+REFUSED_GIVE_UP_S = 1.0
 
 
 def scrape_timeout(interval: float) -> float:
@@ -863,7 +870,7 @@ async def scrape(
     try:
         reply = await client.get(url, timeout=timeout, headers=_api_headers())
     except httpx.ConnectError as exc:
-        raise EndpointError(f"{url}: connection refused or host unreachable") from exc
+        raise EndpointError(f"{url}: {REFUSED}") from exc
     except httpx.TimeoutException as exc:
         raise EndpointError(f"{url}: no answer within {timeout:g} s") from exc
     except httpx.HTTPError as exc:
@@ -967,7 +974,7 @@ async def scrape_keepalive(
         if isinstance(
             exc, ConnectionRefusedError | socket.gaierror
         ) or "Connect call failed" in str(exc):
-            raise EndpointError(f"{url}: connection refused or host unreachable") from exc
+            raise EndpointError(f"{url}: {REFUSED}") from exc
         raise EndpointError(f"{url}: connection lost ({type(exc).__name__})") from exc
     except ValueError as exc:
         conn.close()
@@ -1056,6 +1063,11 @@ class EndpointPoller:
             self._conn.close()
             self._conn = None
 
+    @property
+    def never_listened(self) -> bool:
+        """Never answered, and refused at the last try: nothing listens at this URL."""
+        return self.last_ok_mono is None and self.reason == REFUSED
+
     def due(self, now_mono: float) -> bool:
         return now_mono >= self.next_try_mono
 
@@ -1119,6 +1131,21 @@ class EndpointPoller:
             stats=self.series.window(window_s),
             history=tuple(self.history),
         )
+
+
+def none_answered(pollers: Sequence[EndpointPoller]) -> EndpointError | None:
+    """The error of a `--once` where no endpoint ever answered /metrics (None if one did)."""
+    if any(p.last_ok_mono is not None for p in pollers):
+        return None
+    where = ", ".join(p.url for p in pollers)
+    if all(p.never_listened for p in pollers):
+        return EndpointError(
+            f"nothing listens at {where}: {REFUSED} on every try for {REFUSED_GIVE_UP_S:g} s.",
+            hint="start a server (`kimictl serve`), or check the URL (`kimictl ps` lists "
+            "the servers kimictl launched).",
+        )
+    reasons = "; ".join(f"{p.url}: {p.reason or 'no answer'}" for p in pollers)
+    return EndpointError(f"no endpoint answered /metrics during the window ({reasons}).")
 
 
 async def poll_all(
@@ -1298,6 +1325,14 @@ async def _watch_loop(
                     answering = [p for p in pollers if p.series.latest is not None]
                     if answering and all(p.series.span_s >= window_s for p in answering):
                         return last
+                    if all(p.never_listened for p in pollers):
+                        # retry once at REFUSED_GIVE_UP_S (a server may be binding), then stop
+                        if time.monotonic() - start >= REFUSED_GIVE_UP_S:
+                            return last
+                        await asyncio.sleep(start + REFUSED_GIVE_UP_S - time.monotonic())
+                        for p in pollers:
+                            p.next_try_mono = 0.0
+                        continue
                 if duration_s is not None and time.monotonic() - start >= duration_s:
                     return last
                 # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
