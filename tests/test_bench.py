@@ -39,6 +39,7 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         (["--target", "http://x:1", "--endpoint", "grpc"], "--endpoint 'grpc'"),
         (["--target", "a=http://x:1", "--target", "a=http://y:1"], "two targets are named 'a'"),
         (["--target", "nope-not-a-run"], "no run with id"),
+        (["--target", "htp:/127.0.0.1:8100"], "is neither a URL nor a run id"),
         (["--ab"], "no live A/B pair"),
         (["--ab", "--target", "http://x:1"], "exclude each other"),
         (["--target", "http://x:1", "--num-prompts", "0"], "--num-prompts 0 must be >= 1"),
