@@ -90,6 +90,7 @@ def test_the_vllm_install_reads_as_phases_with_sizes() -> None:
     assert all(f"({size:.0f} MB;" in s for s, (_, size) in zip(shown, big, strict=True))
     installing = said.index(next(s for s in said if s.startswith("installing ")))
     assert said[installing].startswith(f"installing {n} packages")
+    assert said[installing + 1] == "replacing setuptools 65.5.0"
     assert f"installed {n} packages" in said[installing + 1 :]
     assert said[-3:] == [
         f"removing {x}" for x in ("torchvision 0.28.0", "torchaudio 2.11.1", "torchcodec 0.17.0")
@@ -107,6 +108,14 @@ def test_a_quiet_pip_gets_a_heartbeat_with_the_seconds_spent() -> None:
     assert said[-1] == f"still installing 3 packages ({HEARTBEAT_S + 2:.0f} s in this step)"
     progress.tick(100.0 + HEARTBEAT_S + 3)  # not again until another quiet stretch
     assert len(said) == 2
+    # pip replacing a package mid-install is still the install step (as in the vLLM log)
+    progress.feed("  Attempting uninstall: setuptools\n", now=120.0)
+    progress.feed("    Found existing installation: setuptools 65.5.0\n", now=120.0)
+    progress.tick(120.0 + HEARTBEAT_S)
+    assert said[-2:] == [
+        "replacing setuptools 65.5.0",
+        f"still installing 3 packages ({20 + HEARTBEAT_S:.0f} s in this step)",
+    ]
 
 
 _CHILD = """

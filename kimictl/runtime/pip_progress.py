@@ -125,6 +125,8 @@ class PipProgress:
             )
         elif event.kind == "installed":
             self._emit(f"installed {event.count} packages", now, phase="done")
+        elif event.kind == "uninstall" and self.phase.startswith("installing"):
+            self._emit(f"replacing {event.name}", now)  # pip goes on installing after it
         elif event.kind == "uninstall":
             self._emit(f"removing {event.name}", now, phase="removing packages")
 
