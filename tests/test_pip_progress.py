@@ -116,6 +116,12 @@ def test_a_quiet_pip_gets_a_heartbeat_with_the_seconds_spent() -> None:
         "replacing setuptools 65.5.0",
         f"still installing 3 packages ({20 + HEARTBEAT_S:.0f} s in this step)",
     ]
+    progress.feed("Successfully installed a-1 b-2 c-3\n", now=140.0)
+    progress.tick(140.0 + HEARTBEAT_S)  # pip compiles and exits after its last line
+    assert said[-2:] == [
+        "installed 3 packages",
+        f"still finishing ({HEARTBEAT_S:.0f} s in this step)",
+    ]
 
 
 _CHILD = """

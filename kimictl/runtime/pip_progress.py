@@ -124,7 +124,7 @@ class PipProgress:
                 phase=f"installing {event.count} packages",
             )
         elif event.kind == "installed":
-            self._emit(f"installed {event.count} packages", now, phase="done")
+            self._emit(f"installed {event.count} packages", now, phase="finishing")
         elif event.kind == "uninstall" and self.phase.startswith("installing"):
             self._emit(f"replacing {event.name}", now)  # pip goes on installing after it
         elif event.kind == "uninstall":
