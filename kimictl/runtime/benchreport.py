@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from kimictl.runtime.clientlag import client_health
 from kimictl.runtime.loadgen import (
     LoadPoint,
     LoadTarget,
@@ -286,6 +287,7 @@ def summarize_run(
         t = targets[name]
         p = points[label]
         server = _server_view(result, key, getattr(t, "model", None))
+        health = client_health(recs, result.client_lag, window=result.windows.get(key))
         out.append(
             summarize(
                 recs,
@@ -307,6 +309,7 @@ def summarize_run(
                     "repeat": rep,
                     "workload": dict(workload or {}),
                     "stop_reason": result.stop_reason,
+                    **health,
                 },
             )
         )
@@ -685,9 +688,16 @@ class BenchOutcome:
         return {
             "kimictl_bench": 1,
             "stop_reason": self.stop_reason,
+            "warnings": self.warnings,
             "runs": self.summaries,
             "ab": self.ab,
         }
+
+    @property
+    def warnings(self) -> list[str]:
+        """Each distinct warning of the runs (the client starved of CPU, ...), first seen first."""
+        found = (s["kimictl"].get("client_warning") for s in self.summaries)
+        return list(dict.fromkeys(w for w in found if w))
 
 
 async def resolve_models(

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kimictl.runtime.clientlag import LagProbe
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
 
@@ -149,6 +150,8 @@ class RecordList(list[RequestRecord]):
         # not scraped or the server has no /metrics
         self.metrics: dict[tuple[str, str, int], tuple[tuple[str, float], tuple[str, float]]] = {}
         self.max_concurrent: dict[tuple[str, str, int], int] = {}
+        # (seconds from the run's start, ms) event-loop lag of the client during the run
+        self.client_lag: list[tuple[float, float]] = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,6 +809,8 @@ async def run_load(
     out = RecordList()
     endpoints = {t.name: _Endpoint(t.url, t.api_key) for t in targets}
     t_run = time.perf_counter()
+    probe = LagProbe(t_run)  # is the client itself keeping up? (clientlag.py)
+    probe.start()
 
     def point_run(
         t: LoadTarget,
@@ -901,6 +906,8 @@ async def run_load(
     finally:
         for ep in endpoints.values():
             ep.close()
+        await probe.stop()
+        out.client_lag = probe.samples
     return out
 
 
