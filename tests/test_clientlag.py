@@ -18,10 +18,17 @@ from pathlib import Path
 import pytest
 from test_loadgen import EMITTER_SRC, free_port
 
-from kimictl.runtime.benchreport import BenchOutcome, summarize_run
-from kimictl.runtime.clientlag import BATCHED_WARN_PCT, LAG_WARN_MS, LagProbe, client_health
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, RequestRecord, run_load
-from kimictl.runtime.workloads import RandomWorkload, parse_length
+from kimictl.runtime.load.bench import BenchOutcome
+from kimictl.runtime.load.clientlag import BATCHED_WARN_PCT, LAG_WARN_MS, LagProbe, client_health
+from kimictl.runtime.load.loadgen import (
+    LoadPoint,
+    LoadSettings,
+    LoadTarget,
+    RequestRecord,
+    run_load,
+)
+from kimictl.runtime.load.summary import summarize_run
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 
 
 async def test_probe_measures_how_long_the_loop_was_blocked() -> None:
@@ -109,8 +116,7 @@ async def _bench(url: str, *, hog: bool) -> BenchOutcome:
         records = await run_load(
             [LoadTarget("t", url, "ok")],
             RandomWorkload(parse_length(16), parse_length(64)),
-            points=[point],
-            num_prompts=6,
+            LoadSettings(points=(point,), num_prompts=6),
         )
     finally:
         if hog_task is not None:

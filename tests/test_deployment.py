@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime.deployment import (
+from kimictl.runtime.deployment.spec import (
     FIELD_CHECKS,
     DeploymentSpec,
     parse_max_model_len,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import cpu_runtime
 from kimictl.runtime.errors import LaunchError
-from kimictl.runtime.pip_progress import (
+from kimictl.runtime.serving import cpu_runtime
+from kimictl.runtime.serving.pip_progress import (
     BIG_DOWNLOAD_MB,
     HEARTBEAT_S,
     PipProgress,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
@@ -326,7 +327,5 @@ def build(
         "runtime_lib": RUNTIME_LIB if (arch_dir / RUNTIME_LIB).is_file() else None,
         "kernels": kernels,
     }
-    tmp = arch_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(arch_dir / MANIFEST)
+    atomic_write(arch_dir / MANIFEST, json.dumps(manifest, indent=1))
     return BuildResult(arch, arch_dir, kernels, time.perf_counter() - t0, reused)
