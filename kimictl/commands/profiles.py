@@ -244,9 +244,9 @@ def diff(
         console.print(f"{left.name} and {right.name} describe the same deployment.")
         return
     table = Table(title=f"{left.name} vs {right.name}", title_justify="left")
-    table.add_column("field")
-    table.add_column(left.name)
-    table.add_column(right.name)
+    table.add_column("field", overflow="fold")  # long dotted keys wrap, never cut
+    table.add_column(left.name, overflow="fold")
+    table.add_column(right.name, overflow="fold")
     for field_name, x, y in rows:
         table.add_row(field_name, escape(_cell(x)), escape(_cell(y)))
     console.print(table)
