@@ -198,16 +198,15 @@ def monitor(
         except KeyboardInterrupt:
             return
         if once:
+            silent = metrics.none_answered(pollers)
             if json_out:
                 from kimictl.commands._output import emit_json
 
                 emit_json(doc)
-            else:
+            elif silent is None:  # a table of dashes says nothing the error does not
                 _render_table(doc)
-            if all(ep["last_ok_at"] is None for ep in doc["endpoints"].values()):
-                from kimictl.runtime.errors import EndpointError
-
-                raise EndpointError("no endpoint answered /metrics during the window.")
+            if silent is not None:
+                raise silent
         return
 
     from kimictl.tui.app import MonitorApp

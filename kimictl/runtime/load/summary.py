@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from kimictl.runtime.load import vllm_compat
+from kimictl.runtime.load.clientlag import client_health
 from kimictl.runtime.load.records import RecordList, RequestRecord
 from kimictl.runtime.load.slo import SLO
 
@@ -267,6 +268,7 @@ def summarize_run(
         t = targets[name]
         p = points[label]
         server = _server_view(result, key, getattr(t, "model", None))
+        health = client_health(recs, result.client_lag, window=result.windows.get(key))
         out.append(
             summarize(
                 recs,
@@ -288,6 +290,7 @@ def summarize_run(
                     "repeat": rep,
                     "workload": dict(workload or {}),
                     "stop_reason": result.stop_reason,
+                    **health,
                 },
             )
         )
