@@ -317,3 +317,17 @@ def test_doctor_check(monkeypatch, tmp_path, installed, env, has_table, status) 
     assert not check.blocking
     if has_table:
         assert "has 7 points timed against vLLM's plan" in check.message
+
+
+def test_bench_times_vllms_own_plan(world: World) -> None:
+    from kimictl.kernels.bench import vllm_plan
+
+    run3 = vllm_plan(world.llg)
+    assert run3 is not None
+    w_qkv, w_o = FakeTensor(QKV_A), FakeTensor(O_PROJ)
+    assert run3(FakeTensor((1, 7168)), w_qkv).made_by == "vllm-cute"  # SM90 table: CuTe at M1
+    assert run3(FakeTensor((8, 7168)), w_qkv).made_by == "vllm-dsv3"  # dsv3_fused_a at M8
+    assert run3(FakeTensor((4, 1536)), w_o).made_by == "cublas"  # no plan entry: fallback
+    assert run3(FakeTensor((1, 7168), float16), w_qkv).made_by == "cublas"
+    world.capability = (8, 0)  # no vLLM table for this GPU: the bench stays two-way
+    assert vllm_plan(world.llg) is None
