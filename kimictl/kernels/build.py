@@ -52,10 +52,8 @@ class Family:
 
 # Shipped families are what `kimictl kernels build` compiles by default and what the manifest's
 # source hash covers; a family with shipped=False is built only on request
-# (`build(arch, configs=EXPERIMENTAL_CONFIGS)`) and leaves that hash alone. (The operand-swapped
-# `tcswap` family of the first session was such a family; it never beat cuBLAS outside noise and
-# is gone: benchmarks/RESULTS.md#kernels.) A family whose module is absent is skipped, so a new
-# family lands by adding its two files and one line here.
+# (`build(arch, configs=EXPERIMENTAL_CONFIGS)`) and leaves that hash alone. A family whose module is
+# absent is skipped, so a new family lands by adding its two files and one line here.
 FAMILIES: dict[str, Family] = {
     "wstream_gemm": Family(
         "wstream_gemm", "CONFIGS", "_compile_wstream",

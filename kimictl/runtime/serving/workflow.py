@@ -30,6 +30,7 @@ from kimictl.runtime.serving.launcher import (
 from kimictl.runtime.serving.runs import RunRecord
 
 if TYPE_CHECKING:
+    from kimictl.runtime.deployment.profiles import Profile
     from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
@@ -102,7 +103,7 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _load(name: str) -> Any:
+def _load(name: str) -> Profile:
     from kimictl.runtime.deployment.profiles import load_profile
 
     return load_profile(name)
@@ -202,7 +203,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         name = CPU_DEMO
         notes.append(f"no GPU found: serving the embedded CPU demo (profile {CPU_DEMO}).")
     profile = _load(name)
-    runtime = str(getattr(profile, "runtime", "gpu"))
+    runtime = profile.runtime
     if runtime == "cpu" and request.for_render:
         raise InputError(
             f"profile {profile.name} has runtime 'cpu': "
@@ -251,7 +252,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         spec = prof.spec
         if request.model:  # another model: the profile's served name no longer describes it
             spec = spec.with_(model=request.model, served_model_name=None)
-        prof_runtime = str(getattr(prof, "runtime", "gpu"))
+        prof_runtime = prof.runtime
         if prof_runtime == "cpu" and not any(n == CPU_GATE_NOTE for n in notes):
             notes.append(CPU_GATE_NOTE)
         found = _gate(spec, prof_runtime, host, [run_port], request.for_render)
