@@ -331,3 +331,25 @@ def test_bench_times_vllms_own_plan(world: World) -> None:
     assert run3(FakeTensor((1, 7168), float16), w_qkv).made_by == "cublas"
     world.capability = (8, 0)  # no vLLM table for this GPU: the bench stays two-way
     assert vllm_plan(world.llg) is None
+
+
+def test_doctor_reports_the_plugin(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "KIMICTL_CACHE_DIR": str(tmp_path),
+        vllm_plugin.ENV_VAR: "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "doctor", "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    checks = {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+    plugin = checks["kernels.vllm_plugin"]
+    # enabled here, but either not installed in this environment or without a table: a warning
+    assert plugin["status"] == "warn" and plugin["section"] == "Software stack"
+    assert "enabled" in plugin["message"] or "not installed" in plugin["message"]
