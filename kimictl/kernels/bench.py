@@ -30,7 +30,15 @@ from kimictl.kernels.dispatch import (
     pick_family_set,
 )
 
-__all__ = ["ROTATE_BYTES", "BenchReport", "BenchRow", "bench", "settle_chains", "time_graph"]
+__all__ = [
+    "ROTATE_BYTES",
+    "BenchReport",
+    "BenchRow",
+    "bench",
+    "settle_chains",
+    "time_graph",
+    "vllm_plan",
+]
 
 ROTATE_BYTES = 256 << 20  # > 4x the H200's 60 MB L2
 MIN_LAUNCHES = 16
@@ -162,6 +170,39 @@ def time_graph(launches: list[Callable[[], Any]], *, replays: int = REPLAYS) -> 
     return ms * 1e3 / len(launches)
 
 
+def vllm_plan(llg: Any = None) -> Callable[[Any, Any], Any] | None:
+    """vLLM 0.33.0's own K3 decode-GEMM plan as `run(x, w) -> y`, exactly as its installed
+    KimiK3LowLatencyLinearMethod serves a bias-free call: the per-(N, K) plan for this GPU when it
+    has an entry for M, else its cuBLAS fallback. None when vLLM (or its K3 module, or a table for
+    this GPU) is not there: the bench is then two-way. Uses vLLM 0.33.0's plan helpers (pinned)."""
+    if llg is None:
+        import importlib
+
+        from kimictl.kernels.vllm_plugin import LLG_MODULE
+
+        try:
+            llg = importlib.import_module(LLG_MODULE)
+        except Exception:  # no vLLM, or a build without the K3 NVIDIA path
+            return None
+    table = llg._low_latency_table()
+    if table is None:
+        return None
+    plans: dict[tuple[int, int], Any] = {}
+    linear = llg.torch.nn.functional.linear
+
+    def run(x: Any, w: Any) -> Any:
+        key = (int(w.shape[0]), int(w.shape[1]))
+        if key not in plans:
+            spec = table.get(key)
+            plans[key] = llg._build_plan(spec) if spec is not None else {}
+        y = None
+        if not llg.envs.VLLM_BATCH_INVARIANT and llg._runtime_ok(x, w):
+            y = llg._run_plan(plans[key], x, w)
+        return y if y is not None else linear(x, w)
+
+    return run
+
+
 def _copies(n: int, k: int) -> int:
     return max(1, min(64, math.ceil(ROTATE_BYTES / (n * k * 2))))
 
@@ -173,7 +214,11 @@ def bench(
     ms: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64),
     chain_ms: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64),
     log: Callable[[str], None] | None = None,
+    vllm: Callable[[Any, Any], Any] | None | bool = True,
 ) -> BenchReport:
+    """Time cuBLAS and every kimictl variant per (shape, M); with vLLM installed (`vllm=True`
+    looks for it, or pass `vllm_plan()`'s runner) also vLLM's own plan, making the table
+    three-way; `vllm=False` or no vLLM: two-way (log says which)."""
     import torch
     import torch.nn.functional as F
 
@@ -185,6 +230,9 @@ def bench(
     table = DispatchTable(props.name, str(arch_of(torch.cuda.get_device_capability())))
     rows: list[BenchRow] = []
     by_m: dict[tuple[int, bool], list[str]] = {}
+    vllm_run = vllm_plan() if vllm is True else (vllm or None)
+    if log:
+        log("three-way: timing vLLM's own plan too" if vllm_run else "two-way: no vLLM plan timed")
     for name in lib.names:
         e = lib.entry(name)
         by_m.setdefault((int(e["m"]), bool(e["residual"])), []).append(name)
@@ -206,7 +254,10 @@ def bench(
                 us = time_graph([partial(lib.launch, name, x, w, y, y) for w in order])
                 rows.append(BenchRow(shape, n, k, m, name, False, us, kb / us / 1e3))
                 kernels[name] = us
-            table.add(Measurement(n, k, m, cublas_us, kernels))
+            vllm_us = None
+            if vllm_run is not None:
+                vllm_us = time_graph([partial(vllm_run, x, w) for w in order])
+            table.add(Measurement(n, k, m, cublas_us, kernels, vllm_us=vllm_us))
             if by_m.get((m, True)):
                 addmm_us = time_graph([partial(torch.addmm, r, x, w.t()) for w in order])
                 rows.append(

@@ -24,6 +24,7 @@ __all__ = [
     "routes",
     "BENCH_MS",
     "Choice",
+    "VLLM",
     "DispatchTable",
     "Measurement",
     "geomean",
@@ -46,6 +47,7 @@ K3_GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
 )
 BENCH_MS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 CUBLAS = "cublas"
+VLLM = "vllm"
 
 
 ALL_FAMILIES = "all"  # layer-chain candidate: every family (the per-point winners)
@@ -78,6 +80,8 @@ class Measurement:
     cublas_us: float
     kernels: dict[str, float] = field(default_factory=dict)
     residual: bool = False
+    # vLLM 0.33's own plan for this point (its K3 kernel or its cuBLAS fallback), when timed
+    vllm_us: float | None = None
 
     @property
     def key(self) -> tuple[int, int, int, bool]:
@@ -152,6 +156,20 @@ class DispatchTable:
             CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, f"best kimictl ({best}) not faster"
         )
 
+    def choose3(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
+        """Three-way: the fastest of {vLLM's plan, the best kimictl kernel, cuBLAS} where vLLM's
+        plan was timed on this node; provider "vllm" (keep vLLM's plan) everywhere else and on
+        ties, so the plugin never replaces a plan with something not measured faster."""
+        meas = self.measurements.get((n, k, m, residual))
+        vllm_us = meas.vllm_us if meas is not None else None
+        if meas is None or vllm_us is None or not math.isfinite(vllm_us) or vllm_us <= 0:
+            return Choice(VLLM, VLLM, None, None, "vLLM's plan not timed on this node: vLLM's plan")
+        two = self.choose(n, k, m, residual=residual)
+        if two.us is not None and two.us < vllm_us:
+            why = f"{two.reason}; beats vLLM's plan ({vllm_us:.2f} us)"
+            return Choice(two.provider, two.name, two.us, two.cublas_us, why)
+        return Choice(VLLM, VLLM, vllm_us, meas.cublas_us, "vLLM's plan measured fastest")
+
     def grid(self, ms: tuple[int, ...] = BENCH_MS) -> Iterator[tuple[str, int, int, int, Choice]]:
         """(shape, N, K, M, choice) for each of K3's shapes x ms, in K3_GEMM_SHAPES order."""
         for name, n, k in K3_GEMM_SHAPES:
@@ -173,6 +191,7 @@ class DispatchTable:
                     "residual": m.residual,
                     "cublas_us": m.cublas_us,
                     "kernels": m.kernels,
+                    **({"vllm_us": m.vllm_us} if m.vllm_us is not None else {}),
                 }
                 for m in self.measurements.values()
             ],
@@ -194,6 +213,7 @@ class DispatchTable:
                     float(e["cublas_us"]),
                     {str(k): float(v) for k, v in e.get("kernels", {}).items()},
                     bool(e.get("residual", False)),
+                    float(e["vllm_us"]) if e.get("vllm_us") is not None else None,
                 )
             )
         return table

@@ -16,7 +16,9 @@ keys (anything else is an error naming the file, line and key, and the allowed k
                    cudagraph_capture_sizes, `extra` = inline table of other compilation_config keys
     [serve]        runtime ("gpu" | "cpu"), host, port, stock_twin, enable_sleep_mode,
                    decode_backend, mla_core, kda_decode_backend, kda_spec_decode_backend,
-                   kda_prefill_backend, additional_config (inline table), extra_args (list)
+                   kda_prefill_backend, additional_config (inline table), extra_args (list),
+                   kimictl_kernels (bool: render KIMICTL_VLLM_KERNELS=1, which enables kimictl's
+                   vLLM plugin: the node-measured three-way decode-GEMM dispatch)
     [env]          VAR = "value" (strings)
     [provenance]   free-form: who or what produced the profile, for which hardware and vLLM version,
                    predicted or measured figures (tools add keys here with update_provenance)
@@ -42,6 +44,7 @@ from kimictl.runtime.deployment import buckets
 from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
+    KERNELS_ENV_VAR,
     DeploymentSpec,
     ValueCheck,
     check_field,
@@ -176,6 +179,7 @@ _PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
         "runtime": one_of(*RUNTIMES),
         "stock_twin": nonempty_text,
         "additional_config": _table,
+        "kimictl_kernels": FIELD_CHECKS["enable_sleep_mode"],  # a plain switch
     },
     "metrics": {
         "interactivity_range": _speed_range,
@@ -409,6 +413,16 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
             )
         additional[key] = value
 
+    env = dict(s.get("env", {}))
+    if serve.get("kimictl_kernels"):
+        if env.get(KERNELS_ENV_VAR, "1") != "1":
+            line = _line_of(text, "serve", "kimictl_kernels")
+            raise InputError(
+                f"{path}:{line}: [serve] kimictl_kernels = true but [env] {KERNELS_ENV_VAR} = "
+                f'"{env[KERNELS_ENV_VAR]}"; set one of them.'
+            )
+        env[KERNELS_ENV_VAR] = "1"
+
     values: dict[str, Any] = {
         "model": model["name"],
         "served_model_name": model.get("served_name"),
@@ -436,7 +450,7 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
         "enable_sleep_mode": serve.get("enable_sleep_mode", False),
         "host": serve.get("host", DEFAULT_HOST),
         "port": serve.get("port"),
-        "env": dict(s.get("env", {})),
+        "env": env,
         "extra_args": serve.get("extra_args", []),
         "custom_histogram_buckets": histogram_buckets or None,
     }

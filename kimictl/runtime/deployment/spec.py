@@ -41,9 +41,14 @@ from kimictl.runtime.apikeys import ENV_VAR, redact_env
 from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.errors import InputError
 
+# The switch of kimictl's vLLM plugin (kimictl.kernels.vllm_plugin), rendered by profiles from
+# `[serve] kimictl_kernels = true`
+KERNELS_ENV_VAR = "KIMICTL_VLLM_KERNELS"
+
 __all__ = [
     "DEFAULT_HOST",
     "FIELD_CHECKS",
+    "KERNELS_ENV_VAR",
     "DeploymentSpec",
     "ParseResult",
     "ValueCheck",

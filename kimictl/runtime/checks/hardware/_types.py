@@ -35,6 +35,9 @@ RECORDED_ENV = (
     "VLLM_ALLREDUCE_USE_SYMM_MEM",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
+    # kimictl.kernels.vllm_plugin's switch and table override (doctor reports the plugin)
+    "KIMICTL_VLLM_KERNELS",
+    "KIMICTL_VLLM_KERNELS_TABLE",
 )
 Source = Literal["live", "recorded", "simulated"]
 T = TypeVar("T")

@@ -116,6 +116,23 @@ class Diagnosis:
         }
 
 
+def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
+    """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU."""
+    import os
+
+    from kimictl.kernels.harness import arch_of
+    from kimictl.kernels.vllm_plugin import doctor_check
+
+    env = {**(hw.nodes[0].env or {} if hw.nodes else os.environ), **(spec.env if spec else {})}
+    arch = None
+    for node in hw.nodes:
+        for gpu in node.gpus:
+            cc = gpu.compute_capability
+            if isinstance(cc, tuple) and arch is None:
+                arch = arch_of((int(cc[0]), int(cc[1])))
+    return doctor_check(env, arch)  # type: ignore[no-any-return]
+
+
 def diagnose(
     spec: DeploymentSpec | None = None,
     *,
@@ -161,6 +178,7 @@ def diagnose(
                 "Re-capture it with kimictl doctor --save-snapshot FILE on the node.",
             )
         )
+    checks.append(_plugin_check(spec, hw))
     if unrecognised:
         checks.append(
             Check(
