@@ -356,7 +356,7 @@ def _gb300_platform() -> None:
 
         @classmethod
         def device_count(cls) -> int:
-            return 8
+            return 64  # a GB300 NVL72 rack is one NVLink domain; TP16 fits
 
     platforms._current_platform = GB300Platform()
 
