@@ -30,6 +30,13 @@ K3_TEXT = {
     "num_attention_heads": 96,
     "vocab_size": 163840,
     "max_position_embeddings": 1048576,
+    # MLA and KDA shapes: without them vLLM treats the model as GQA (and refuses DCP)
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4]},
 }
 
 
