@@ -259,6 +259,9 @@ MUTATIONS: dict[str, Mutation] = {
     "graphs-decode-only": _add("-cc.cudagraph_mode", "FULL_DECODE_ONLY"),
     "graphs-full-and-piecewise": _add("-cc", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'),
     "graphs-lower": _add("-cc.cudagraph_mode", "piecewise"),
+    "cc-mode-lower": _add("-cc", '{"mode": "stock_torch_compile"}'),
+    "O0-graphs-full": _add("-O0", "-cc.cudagraph_mode", "FULL"),
+    "torch-compile-disable": _env("TORCH_COMPILE_DISABLE", "1"),
     # speculation
     "spec-dspark7": _spec_edit(method="dspark", num_speculative_tokens=7),
     "spec-3": _spec_edit(num_speculative_tokens=3),
@@ -272,6 +275,8 @@ MUTATIONS: dict[str, Mutation] = {
     "spec-adaptive-dash": _spec_edit(**{"enable-adaptive-verification": True}),
     "spec-tokens-dash": _spec_edit(**{"num-speculative-tokens": 8, "num_speculative_tokens": None}),
     "spec-flags": _spec_flags,
+    "spec-no-tokens": _spec_edit(num_speculative_tokens=None),  # DSpark: the draft's block_size
+    "spec-ngram-model": _spec_edit(method=None, model="ngram", num_speculative_tokens=3),
     "no-spec": _no_spec,
     # KDA cache dtypes
     "mamba-fp32": _add("--mamba-cache-dtype", "float32"),
@@ -279,6 +284,7 @@ MUTATIONS: dict[str, Mutation] = {
     "mamba-fp16": _add("--mamba-cache-dtype", "float16"),
     "ssm-bf16": _add("--mamba-ssm-cache-dtype", "bfloat16"),
     "ssm-fp32": _add("--mamba-ssm-cache-dtype", "float32"),
+    "ssm-fp16": _add("--mamba-ssm-cache-dtype", "float16"),
     "dtype-half": _add("--dtype", "half"),
     "dtype-fp16": _add("--dtype", "float16"),
     "dtype-fp32": _add("--dtype", "float32"),
@@ -288,8 +294,12 @@ MUTATIONS: dict[str, Mutation] = {
     "aux-1": _env("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "1"),
     "aux-0": _env("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "0"),
     "aux-2": _env("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "2"),
+    "aux-true": _env("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "true"),
     # decode backend
     "backend-bad": _backend("fast"),
+    "backend-auto": _backend("auto"),
+    "backend-missing": _backend(None),
+    "backend-dash-key": _add("--additional-config", '{"decode-backend": "latency_specialized"}'),
     # config.json variants
     **{f"config-{name}": _model(name) for name in CONFIGS if name != "k3"},
 }
@@ -300,6 +310,8 @@ BAD_SPELLINGS: dict[str, Mutation] = {
     "bad-eager-value": _add("--enforce-eager=true"),
     "bad-O-json": _add("-O", '{"mode": 1}'),
     "bad-tp-word": _tp(0, "--tensor-parallel-size=abc"),
+    "bad-cc-dash-key": _add("-cc", '{"cudagraph-mode": "FULL"}'),
+    "bad-O-level": _add("-O", "7"),
 }
 
 

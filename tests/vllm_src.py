@@ -270,10 +270,12 @@ def _regex_module(name: str) -> types.ModuleType:
 _SPECIAL = {"torch": _torch_module, "regex": _regex_module}
 
 # Modules replaced by stubs although their source is present: vLLM's IR op registry (registers
-# torch custom ops at import) and transformers' tokenizer/processor/audio layers and its check of
-# installed dependency versions (none of which the engine config needs).
+# torch custom ops at import), its CuMem allocator (loads libcudart at import; sleep mode imports
+# it), and transformers' tokenizer/processor/audio layers and its check of installed dependency
+# versions (none of which the engine config needs).
 _FORCED_STUBS = (
     "vllm.ir",
+    "vllm.device_allocator.cumem",
     "transformers.dependency_versions_check",
     "transformers.models.auto.tokenization_auto",
     "transformers.models.auto.image_processing_auto",
@@ -353,6 +355,9 @@ def _gb300_platform() -> None:
         @classmethod
         def log_warnings(cls) -> None:
             pass
+
+        def is_cumem_allocator_available(self) -> bool:
+            return True  # vLLM's CUDA wheel ships the cumem allocator (sleep mode needs it)
 
         @classmethod
         def device_count(cls) -> int:

@@ -376,10 +376,8 @@ FIELD_CHECKS: dict[str, ValueCheck] = {
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", ignore_case=True
     ),
     "compilation_config.cudagraph_capture_sizes": _sizes,
-    **{
-        f"additional_config.{key}": one_of(*allowed)
-        for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
-    },
+    # additional_config values are not checked here: vLLM parses any JSON there and refuses a
+    # bad decode_backend only when the model is built; the rules report it (k3.decode_backend).
 }
 
 
@@ -464,6 +462,8 @@ _PASSTHROUGH: dict[str, int] = {
     "--spec-model": 1,
     "--spec-tokens": 1,
     "--ubatch-size": 1,
+    "--mamba-backend": 1,
+    "--all2all-backend": 1,
     "--quantization": 1,
     "-q": 1,
     "--tokenizer": 1,
@@ -628,6 +628,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
     json_values: dict[str, dict[str, Any]] = {}
     json_flags: dict[tuple[str, str], str] = {}  # (field, key) -> the flag that set it, as typed
     json_is_none: set[str] = set()
+    dotted: dict[str, dict[str, dict[str, Any]]] = {}  # field -> flag spelling -> merged keys
+    sizes_given: list[int] | None = None
     extra: list[str] = []
     unrecognised: list[str] = []
     model: str | None = None
@@ -678,7 +680,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             keys = path.split(".")
             if not all(keys):
                 raise InputError(f"{flag} has an empty key in its dotted path.")
-            target = json_values.setdefault(field_name, {})
+            target = dotted.setdefault(field_name, {}).setdefault(base, {})
             _set_dotted(target, keys, _dotted_value(inline_value), flag)
             json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
             continue
@@ -734,8 +736,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                     j += 1
             if not sizes_words:
                 raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
-            sizes = [_to_int(flag, w) for w in sizes_words]
-            json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes
+            sizes_given = [_to_int(flag, w) for w in sizes_words]
             json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
             continue
 
@@ -783,9 +784,25 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             if field_name == "speculative_config":
                 # EngineArgs.create_speculative_config: keys' '-' become '_'
                 parsed = {str(k).replace("-", "_"): v for k, v in parsed.items()}
-            json_values.setdefault(field_name, {}).update(parsed)
+            elif field_name == "compilation_config":
+                # CompilationConfig is validated strictly (pydantic): no key has a '-'
+                dashed = [k for k in parsed if "-" in str(k)]
+                if dashed:
+                    raise InputError(
+                        f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
+                        f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
+                    )
+            json_values[field_name] = parsed  # argparse: a later value replaces the earlier
             json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
 
+    # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args collects the dotted forms of
+    # each spelling (-cc.x, --compilation-config.x) into one JSON appended AFTER all other words,
+    # so for argparse the last such JSON replaces every full JSON of that flag.
+    for field_name, by_spelling in dotted.items():
+        json_is_none.discard(field_name)
+        json_values[field_name] = list(by_spelling.values())[-1]
+    if sizes_given is not None:
+        json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes_given
     if not model:
         raise InputError("The command names no model: write `vllm serve MODEL ...`.")
     for field_name, (flag, value_text) in given.items():

@@ -10,7 +10,8 @@ Outcomes (`VllmVerdict.outcome`):
 - `refused`: building the engine config raises (a refusal before the gate, e.g. DBO on the V2
   runner), or the decode_backend value is not one vLLM accepts;
 - `not_ready`: the gate's first failing condition (`reason` is vLLM's string);
-- `ready`: the gate passes (the deployment gets the specialized decode).
+- `ready`: the gate passes (the deployment gets the specialized decode);
+- `stock`: decode_backend is `auto` (the gate does not run; the stock decode serves).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _GATE_MODULE = "vllm.models.kimi_k3.nvidia.specialized_decode.runtime"
 
 @dataclass(frozen=True)
 class VllmVerdict:
-    outcome: str  # bad_input | refused | not_ready | ready
+    outcome: str  # bad_input | refused | not_ready | ready | stock
     reason: str | None = None  # the gate's reason (not_ready)
     message: str = ""  # vLLM's own words (error text or the gate's ValueError)
 
@@ -143,13 +144,15 @@ def _verdict(serve_args: list[str], captured: io.StringIO) -> VllmVerdict:
 
     gate = sys.modules.get(_GATE_MODULE) or __import__(_GATE_MODULE, fromlist=["_"])
     try:
-        gate.specialized_decode_config(config)
+        decode = gate.specialized_decode_config(config)
     except ValueError as exc:
         message = str(exc)
         prefix = "Kimi K3 specialized decode does not support "
         if message.startswith(prefix):
             return VllmVerdict("not_ready", reason=message[len(prefix) :], message=message)
         return VllmVerdict("refused", message=message)
+    if decode is None:
+        return VllmVerdict("stock", message="decode_backend auto: the stock decode serves")
     return VllmVerdict("ready")
 
 

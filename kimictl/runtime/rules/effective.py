@@ -377,6 +377,96 @@ def _kda_dtypes(
     return (conv, recurrent), f"{why}, recurrent {recurrent}"
 
 
+_K3_ARCH = "KimiK3ForConditionalGeneration"
+_DBO_ALL2ALL = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
+
+
+def _build_refusals(
+    spec: DeploymentSpec,
+    raw: dict[str, Any] | None,
+    method: str | None,
+    tokens: int,
+    adaptive: bool,
+    v2: bool,
+    graphs: str,
+    ubatching: bool,
+) -> list[Refusal]:
+    """What vLLM's config build raises for a K3 deployment, in vLLM's words."""
+    out: list[Refusal] = []
+    archs = (raw or {}).get("architectures") or [_K3_ARCH]
+    arch = archs[0] if isinstance(archs, list) and archs else _K3_ARCH
+    if spec.enable_lora and arch == _K3_ARCH:
+        # vllm/config/lora.py:LoRAConfig.verify_with_model_config (K3 has no SupportsLoRA)
+        out.append(
+            Refusal(
+                f"LoRA is not supported for {arch} ({spec.model}). Supported models implement "
+                "the `SupportsLoRA` interface. Run this model without `enable_lora`.",
+                "drop --enable-lora",
+            )
+        )
+    if method == "dspark" and not v2:
+        # vllm/config/vllm.py:_validate_v1_model_runner
+        out.append(
+            Refusal(
+                "Model Runner V1 does not support: dspark speculative decoding",
+                "leave VLLM_USE_V2_MODEL_RUNNER unset or set it to 1",
+            )
+        )
+    if ubatching:
+        if v2:
+            # vllm/config/vllm.py:_get_dbo_unsupported_features (K3: multimodal and hybrid)
+            out.append(
+                Refusal(
+                    "Model Runner V2 does not yet support: dual batch overlap with multimodal "
+                    "models, dual batch overlap with hybrid models",
+                    "drop --enable-dbo / --ubatch-size",
+                )
+            )
+        elif _extra_value(spec.extra_args, "--all2all-backend") not in _DBO_ALL2ALL:
+            # vllm/config/vllm.py:VllmConfig.__post_init__ (CUDA)
+            out.append(
+                Refusal(
+                    "Microbatching currently only supports the "
+                    f"{', '.join(_DBO_ALL2ALL)} all2all backends on this platform.",
+                    "drop --enable-dbo / --ubatch-size",
+                )
+            )
+    if method is not None and adaptive and graphs not in _FULL_DECODE:
+        # vllm/config/vllm.py: adaptive verification check (has_full_cudagraphs())
+        out.append(
+            Refusal(
+                "Adaptive verification requires full CUDA graphs. Use cudagraph mode FULL, "
+                "FULL_DECODE_ONLY, or FULL_AND_PIECEWISE, or disable adaptive verification.",
+                "drop -sc.enable_adaptive_verification",
+            )
+        )
+    if method == "suffix":
+        import importlib.util
+
+        if importlib.util.find_spec("arctic_inference") is None:
+            # vllm/config/speculative.py:SpeculativeConfig.__post_init__ (suffix decoding)
+            out.append(
+                Refusal(
+                    "Arctic Inference is required for suffix decoding. Install via "
+                    "`pip install arctic-inference==0.1.1`.",
+                    f"set -sc.method {'dspark'}",
+                )
+            )
+    speculating = method is not None and tokens > 0
+    backend = _extra_value(spec.extra_args, "--mamba-backend") or "triton"
+    if spec.use_replayssm and not speculating and v2 and backend == "triton":
+        # vllm/config/vllm.py:VllmConfig.validate_mamba_cached_kernel (with speculation a KDA
+        # model takes the RecoverSSM branch instead, which V2 accepts; the gate then fails)
+        out.append(
+            Refusal(
+                "Triton ReplaySSM requires Model Runner V1; use --mamba-backend flashinfer or "
+                "Model Runner V1",
+                "drop --use-replayssm",
+            )
+        )
+    return out
+
+
 def effective_config(
     spec: DeploymentSpec, model_config: dict[str, Any] | None = None
 ) -> Effective:
@@ -422,6 +512,9 @@ def effective_config(
                     "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM takes 0 or 1 (vLLM parses it with int())",
                 )
             )
+    refusals.extend(
+        _build_refusals(spec, raw, method, tokens, adaptive, v2, graphs, ubatching)
+    )
     return Effective(
         text_config=text,
         v2_model_runner=v2,
