@@ -34,8 +34,8 @@ from kimictl.runtime.rules.base import Check, Status
 from kimictl.runtime.rules.deployment import deployment_checks
 
 sys.path.insert(0, str(Path(__file__).parent))
-import vllm_cases  # noqa: E402
-import vllm_src  # noqa: E402
+import vllm_cases
+import vllm_src
 
 pytestmark = pytest.mark.vllm_src
 
@@ -323,3 +323,34 @@ def test_doctor_cli_json_agrees(worker, models) -> None:  # type: ignore[no-unty
         else:
             wanted = k3.unsupported_message(vllm["reason"])
             assert any(c["message"].startswith(wanted) for c in failing), (wanted, failing)
+
+
+def test_doctor_runs_vllms_gate_where_vllm_is_importable(worker, models) -> None:  # type: ignore[no-untyped-def]
+    """Doctor with vLLM importable (here: the stubbed sources) adds vLLM's verdict as a check."""
+    snapshots = [a for p in GB300 for a in ("--from-snapshot", str(p))]
+    for words, status in ((["-O1"], "fail"), ([], "pass")):
+        dep = deployment(models, *words)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "tests/vllm_src.py"), "kimictl", "doctor", "--json",
+             "--vllm-args", dep.command(), *snapshots],
+            capture_output=True, text=True, cwd=ROOT, timeout=300,
+        )  # fmt: skip
+        doc = json.loads(done.stdout)
+        by_id = {c["id"]: c for c in doc["checks"]}
+        assert by_id["vllm.gate"]["status"] == status, by_id["vllm.gate"]
+        assert "vllm.agreement" not in by_id  # kimictl's rules agree
+        if status == "fail":
+            assert by_id["vllm.gate"]["message"].endswith(k3.RULES[11].message)
+
+
+def test_a_disagreement_is_flagged_as_a_kimictl_bug() -> None:
+    from kimictl.runtime.rules.base import Section
+    from kimictl.runtime.rules.vllm_check import _agrees
+    from kimictl.runtime.vllm_gate import VllmVerdict
+
+    passing = [Check("k3.decode_backend", Section.DEPLOYMENT, Status.PASS, "ok")]
+    failing = [*passing, Check("k3.tp", Section.DEPLOYMENT, Status.FAIL, k3.RULES[2].message)]
+    assert _agrees(VllmVerdict("ready"), passing)
+    assert not _agrees(VllmVerdict("ready"), failing)
+    assert _agrees(VllmVerdict("not_ready", reason=k3.RULES[2].reason), failing)
+    assert not _agrees(VllmVerdict("not_ready", reason=k3.RULES[3].reason), failing)

@@ -136,7 +136,11 @@ def _set_spec(dep: Deployment, spec: dict[str, Any] | None) -> None:
 def _ensure_spec(dep: Deployment, models: dict[str, Path]) -> dict[str, Any]:
     spec = _spec(dep)
     if spec is None:
-        spec = {"method": "dspark", "model": str(models["k3-dspark-draft"]), "num_speculative_tokens": 7}
+        spec = {
+            "method": "dspark",
+            "model": str(models["k3-dspark-draft"]),
+            "num_speculative_tokens": 7,
+        }
         _set_spec(dep, spec)
     return spec
 

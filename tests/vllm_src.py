@@ -20,7 +20,6 @@ The stubs change how imports behave for the whole process, so they run in a CHIL
 
 from __future__ import annotations
 
-import abc
 import importlib.abc
 import importlib.machinery
 import json
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 VLLM_VERSION = "0.33.0"
-# vLLM 0.33.0 requires transformers>=5.16.1,<5.21.0; transformers 5.17 requires huggingface-hub>=1.5,<2
+# vLLM 0.33.0 wants transformers>=5.16.1,<5.21.0; transformers 5.17 huggingface-hub>=1.5,<2
 WHEELS = (f"vllm=={VLLM_VERSION}", "transformers==5.17.0", "huggingface_hub==1.33.0")
 PACKAGES = ("vllm", "transformers", "huggingface_hub")
 _MARKER = ".kimictl-complete"
@@ -395,7 +394,7 @@ def _worker() -> int:
                 "reason": verdict.reason,
                 "message": verdict.message,
             }
-        except Exception as exc:  # noqa: BLE001 - the harness reports, the test decides
+        except Exception as exc:
             answer = {"outcome": "harness_error", "reason": None, "message": repr(exc)}
         sys.__stdout__.write(json.dumps(answer) + "\n")  # type: ignore[union-attr]
         sys.__stdout__.flush()  # type: ignore[union-attr]

@@ -376,8 +376,13 @@ FIELD_CHECKS: dict[str, ValueCheck] = {
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", ignore_case=True
     ),
     "compilation_config.cudagraph_capture_sizes": _sizes,
-    # additional_config values are not checked here: vLLM parses any JSON there and refuses a
-    # bad decode_backend only when the model is built; the rules report it (k3.decode_backend).
+    # Profiles check these; a `vllm serve` line does not (vLLM's parser takes any JSON there and
+    # refuses a bad value only when the model is built: the rules report it, k3.decode_backend
+    # and k3.additional_config).
+    **{
+        f"additional_config.{key}": one_of(*allowed)
+        for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
+    },
 }
 
 
@@ -660,8 +665,10 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
 
         # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args turns any -O<x> into
         # --optimization-level <x>: `-O.mode 1` is an invalid level, and -O JSON is refused.
-        if flag.startswith("-O") and not flag.startswith("--") and (
-            (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
+        if (
+            flag.startswith("-O")
+            and not flag.startswith("--")
+            and (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
         ):
             raise InputError(
                 f"{token} is not an optimization level: vLLM 0.33 reads -O<x> as "
@@ -694,9 +701,9 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             if candidate[1] == "bool":
                 known, negated = candidate, True
         if known is None and flag.startswith("--disable-"):
-            candidate = _FLAGS.get("--enable-" + flag[len("--disable-") :])
-            if candidate is not None and candidate[1] == "bool":
-                known, negated = candidate, True
+            enabling = _FLAGS.get("--enable-" + flag[len("--disable-") :])
+            if enabling is not None and enabling[1] == "bool":
+                known, negated = enabling, True
 
         if known is None:
             # not modelled: keep verbatim
@@ -810,7 +817,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             values[field_name] = _checked(field_name, values[field_name], flag, repr(value_text))
     for field_name, obj in json_values.items():
         for key, value in obj.items():
-            if value is not None:  # JSON null: vLLM's default
+            # JSON null: vLLM's default; additional_config: judged by the rules (see FIELD_CHECKS)
+            if value is not None and field_name != "additional_config":
                 where = json_flags.get((field_name, key), f"{_JSON_FLAG_NAME[field_name]}.{key}")
                 obj[key] = _checked(f"{field_name}.{key}", value, where, _dump_json(value))
         values[field_name] = obj

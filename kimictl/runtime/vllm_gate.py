@@ -139,7 +139,7 @@ def _verdict(serve_args: list[str], captured: io.StringIO) -> VllmVerdict:
 
     try:
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
-    except Exception as exc:  # noqa: BLE001 - any refusal is the verdict, with vLLM's words
+    except Exception as exc:
         return VllmVerdict("refused", message=_one_line(exc))
 
     gate = sys.modules.get(_GATE_MODULE) or __import__(_GATE_MODULE, fromlist=["_"])

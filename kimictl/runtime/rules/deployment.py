@@ -140,7 +140,6 @@ def _rule_moe_config(rule: k3.Rule, spec: DeploymentSpec, eff: Effective) -> Che
 def _rule_simple(rule: k3.Rule, spec: DeploymentSpec, eff: Effective) -> Check:
     """Rules 3-18, on the values vLLM builds (rules.effective), not the raw flags."""
     tp = spec.tensor_parallel_size
-    sc = spec.speculative_config or {}
     n = rule.number
     if n == 3:
         if tp in k3.ALLOWED_TP:

@@ -49,10 +49,20 @@ _MTP_METHODS = frozenset(
     "glm5_next_mtp".split()
 )
 # vllm/config/vllm.py:OPTIMIZATION_LEVEL_00..03 ["compilation_config"]["cudagraph_mode"]
-_LEVEL_CUDAGRAPH_MODE = {0: "NONE", 1: "PIECEWISE", 2: "FULL_AND_PIECEWISE", 3: "FULL_AND_PIECEWISE"}
+_LEVEL_CUDAGRAPH_MODE = {
+    0: "NONE",
+    1: "PIECEWISE",
+    2: "FULL_AND_PIECEWISE",
+    3: "FULL_AND_PIECEWISE",
+}
 _DEFAULT_OPTIMIZATION_LEVEL = 2  # vllm/config/vllm.py:VllmConfig.optimization_level = O2
 # vllm/config/compilation.py:CompilationMode
-_COMPILATION_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
+_COMPILATION_MODES = {
+    0: "NONE",
+    1: "STOCK_TORCH_COMPILE",
+    2: "DYNAMO_TRACE_ONCE",
+    3: "VLLM_COMPILE",
+}
 _FULL_DECODE = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # CUDAGraphMode.decode_mode()
 # vllm/utils/torch_utils.py:STR_DTYPE_TO_TORCH_DTYPE names for --dtype / cache dtypes
 _DTYPE_NAMES = {
@@ -143,8 +153,9 @@ def model_text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         body = given if isinstance(given, dict) else {}
     elif model_type == "kimi_linear":
         body = raw
-    else:  # another config class: its own values, no K3 defaults
-        return dict(raw), None
+    else:  # another config class: its own values (its text config when nested), no K3 defaults
+        nested = raw.get("text_config")
+        return dict(nested if isinstance(nested, dict) else raw), None
     text = {**KIMI_LINEAR_DEFAULTS, **{k: body[k] for k in KIMI_LINEAR_DEFAULTS if k in body}}
     refusal = None
     if text["moe_router_activation_func"] not in _ROUTER_FUNCS:
@@ -168,7 +179,8 @@ def _model_dtype(spec: DeploymentSpec, raw: dict[str, Any] | None) -> tuple[str,
         return name, None
     config_dtype = None
     if raw is not None:
-        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+        nested = raw.get("text_config")
+        text: dict[str, Any] = nested if isinstance(nested, dict) else {}
         config_dtype = raw.get("dtype") or raw.get("torch_dtype") or text.get("torch_dtype")
     if config_dtype in ("float16", "half"):
         return "float16", None
@@ -292,7 +304,11 @@ def _v2_runner(
         unsupported.append("pipeline parallelism with external_launcher")
     if method in ("suffix", "custom_class"):
         unsupported.append(f"speculative method '{method}'")
-    if method is not None and config.get("parallel_drafting") and method not in ("dflash", "dspark"):
+    if (
+        method is not None
+        and config.get("parallel_drafting")
+        and method not in ("dflash", "dspark")
+    ):
         unsupported.append("parallel drafting for EAGLE speculative decoding")
     if ubatching:  # _get_dbo_unsupported_features() with the env unset
         unsupported.append("dual batch overlap")
@@ -467,9 +483,7 @@ def _build_refusals(
     return out
 
 
-def effective_config(
-    spec: DeploymentSpec, model_config: dict[str, Any] | None = None
-) -> Effective:
+def effective_config(spec: DeploymentSpec, model_config: dict[str, Any] | None = None) -> Effective:
     """The gate's inputs as vLLM 0.33 builds them. `model_config` is the model's config.json
     (read from a local `spec.model` folder when not given; None when unreadable)."""
     refusals: list[Refusal] = []
@@ -512,9 +526,7 @@ def effective_config(
                     "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM takes 0 or 1 (vLLM parses it with int())",
                 )
             )
-    refusals.extend(
-        _build_refusals(spec, raw, method, tokens, adaptive, v2, graphs, ubatching)
-    )
+    refusals.extend(_build_refusals(spec, raw, method, tokens, adaptive, v2, graphs, ubatching))
     return Effective(
         text_config=text,
         v2_model_runner=v2,
