@@ -29,7 +29,7 @@ from _sse_emitter import running_emitter
 
 
 def _vllm_bench(args: argparse.Namespace, out: Path) -> dict:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     vllm = cpu_runtime.venv_dir() / "bin" / "vllm"
     cmd = [

@@ -27,13 +27,13 @@ from _sse_emitter import running_emitter
 
 KIMICTL_CLIENT = r"""
 import asyncio, json, sys, time
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, run_load
-from kimictl.runtime.workloads import RandomWorkload, parse_length
+from kimictl.runtime.load.loadgen import LoadPoint, LoadSettings, LoadTarget, run_load
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 url, streams, tokens, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 w = RandomWorkload(parse_length(8), parse_length(tokens))
 c0, t0 = time.process_time(), time.perf_counter()
-recs = asyncio.run(run_load([LoadTarget("e", url, "m")], w, points=[LoadPoint(concurrency=streams)],
-                            num_prompts=n, scrape_metrics=False))
+recs = asyncio.run(run_load([LoadTarget("e", url, "m")], w,
+                            LoadSettings(points=(LoadPoint(concurrency=streams),), num_prompts=n)))
 cpu, wall = time.process_time() - c0, time.perf_counter() - t0
 toks = sum(r.output_tokens for r in recs if r.ok)
 chunks = sum(len(r.chunk_times) for r in recs if r.ok)
@@ -110,7 +110,7 @@ print(json.dumps({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter
 
 
 def _vllm_python() -> Path | None:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     return cpu_runtime.python_path() if cpu_runtime.is_installed() else None
 

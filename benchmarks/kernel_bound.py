@@ -2,7 +2,7 @@
 
 Reads the measured per-kernel floor (`kernel_floor.py`: time = floor + bytes / bandwidth for the
 M = 1 kernel back to back) and the final `kernels_h200.py` bench (cuBLAS at every K3 shape x M),
-and answers the two open questions of issue 7's targets:
+and answers the two open questions of the kernel targets:
 
 1. Geomean bound: if every grid point ran a kernel at floor + weight bytes / bandwidth (and cuBLAS
    where that is slower), what geomean speedup over cuBLAS would the grid reach? The M = 1 floor
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
-TARGET_TBPS = 3.8  # issue 7: on every shape of >= 16 MB at M <= 8
+TARGET_TBPS = 3.8  # target: on every shape of >= 16 MB at M <= 8
 BIG_MB = 16.0
 
 

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import metrics
-from kimictl.runtime.gpu_telemetry import sample_gpus
+from kimictl.runtime.observe import metrics
+from kimictl.runtime.observe.gpu_telemetry import sample_gpus
 
 
 def _pollers(url: str, n: int) -> list[metrics.EndpointPoller]:

@@ -25,10 +25,10 @@ def _free_port() -> int:
 
 
 def one_run(profile: str) -> dict[str, object]:
-    from kimictl.runtime import launcher
+    from kimictl.runtime.serving import launcher, workflow
 
-    prepared = launcher.prepare_serve(launcher.ServeRequest(profile=profile, port=_free_port()))
-    launcher.refuse_if_blocked(prepared)
+    prepared = workflow.prepare_serve(workflow.ServeRequest(profile=profile, port=_free_port()))
+    workflow.refuse_if_blocked(prepared)
     (plan,) = prepared.plans
     phases: dict[str, float] = {}
     launch = launcher.start(plan)

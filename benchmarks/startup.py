@@ -1,6 +1,6 @@
 """Start-up time of kimictl, measured beside `import torch` in the same run.
 
-Targets (issue 2): `kimictl --help` median <= 0.3 s; `kimictl doctor --json` on a machine with no
+Targets: `kimictl --help` median <= 0.3 s; `kimictl doctor --json` on a machine with no
 GPU <= 1.0 s. Each command runs in a fresh process; the median of N runs is reported.
 
     python benchmarks/startup.py [--runs 15] [--torch-python /path/to/python-with-torch] [--json]

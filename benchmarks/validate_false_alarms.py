@@ -1,4 +1,4 @@
-"""Does `kimictl validate` cry wolf, and does it catch a subtly wrong twin? (issue 8's proof)
+"""Does `kimictl validate` cry wolf, and does it catch a subtly wrong twin?
 
 On the CPU embedded runtime, one server at a time (the machine has 2 cores):
   1. start identically built tiny-model servers one after another (runs + 1 processes) and record
@@ -31,9 +31,10 @@ from typing import Any
 
 import httpx
 
-from kimictl.runtime import cpu_runtime, tinymodel
-from kimictl.runtime.evals import CHECKS, Endpoint, Thresholds, plan_for, score_check
-from kimictl.runtime.evals.runner import collect, prepare
+from kimictl.runtime.evals.client import Endpoint
+from kimictl.runtime.evals.plan import CHECKS, Thresholds, plan_for
+from kimictl.runtime.evals.runner import collect, prepare, score_check
+from kimictl.runtime.serving import cpu_runtime, tinymodel
 
 PERTURB = "scale:1e-2"
 

@@ -26,7 +26,7 @@ ROOT_OPTIONS = [
 
 # name -> (module, attribute holding a typer.Typer, one-line help). Order is the help order.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("kimictl.commands.demo", "app", "Run the main job on the CPU default: A/B bench."),
+    "demo": ("kimictl.commands.demo", "app", "The main job on the CPU default: tune, A/B."),
     "doctor": (
         "kimictl.commands.doctor",
         "app",

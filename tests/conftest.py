@@ -31,10 +31,14 @@ def free_port() -> int:
 
 
 def start_cpu_server(
-    run_dir: Path, *, perturb: str | None = None, port: int | None = None
+    run_dir: Path,
+    *,
+    perturb: str | None = None,
+    port: int | None = None,
+    max_model_len: int = 2048,
 ) -> Server:
     """Start a real vLLM CPU server and wait until it answers a one-token completion."""
-    from kimictl.runtime import cpu_runtime, launcher, tinymodel
+    from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -48,7 +52,7 @@ def start_cpu_server(
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            cpu_runtime.server_argv(model_dir, port=port),
+            cpu_runtime.server_argv(model_dir, port=port, max_model_len=max_model_len),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kimictl.runtime.benchreport import (
+from kimictl.runtime.load.benchreport import (
     HEADLINE,
     compare,
     percentile,
@@ -20,8 +20,8 @@ from kimictl.runtime.benchreport import (
     write_csv,
     write_plots,
 )
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, RecordList, RequestRecord
-from kimictl.runtime.slo import parse_slo
+from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, RecordList, RequestRecord
+from kimictl.runtime.load.slo import parse_slo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime.deployment import (
+from kimictl.runtime.deployment.spec import (
     FIELD_CHECKS,
     DeploymentSpec,
     parse_max_model_len,
@@ -233,7 +233,7 @@ WRONG_VALUES = [
 def test_additional_config_values_on_a_command_line_are_for_the_rules():
     """vLLM's parser takes any JSON in --additional-config and refuses a bad decode_backend only
     when it builds the model: a command line keeps the value, the rules fail it."""
-    from kimictl.runtime.rules.deployment import deployment_checks
+    from kimictl.runtime.checks.rules.deployment import deployment_checks
 
     spec = parse_vllm_command("vllm serve m --additional-config.decode_backend fast").spec
     assert spec.additional_config == {"decode_backend": "fast"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime.hardware import load_snapshot
+from kimictl.runtime.checks.hardware import load_snapshot
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 H200 = SNAPSHOTS / "h200-real.json"
@@ -49,7 +49,7 @@ def test_cpu_machine_gets_a_clean_no_driver_report(capsys: pytest.CaptureFixture
 
 
 def load_snapshot_live_has_driver() -> bool:
-    from kimictl.runtime.hardware import probe_local
+    from kimictl.runtime.checks.hardware import probe_local
 
     return probe_local(include_stack=False).has_driver
 
@@ -206,7 +206,7 @@ def test_empty_snapshot_is_bad_input_not_ready(
 
 
 def test_profile_by_name_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    profiles = pytest.importorskip("kimictl.runtime.profiles")
+    profiles = pytest.importorskip("kimictl.runtime.deployment.profiles")
     names = [p.name for p in profiles.list_profiles()]
     if "k3-tp8-latency" not in names:
         pytest.skip(f"no k3-tp8-latency profile shipped (have {names})")

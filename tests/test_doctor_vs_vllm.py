@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import parse_vllm_command
+from kimictl.runtime.checks.hardware import HardwareReport, load_snapshots
+from kimictl.runtime.checks.rules.base import Check, Status
+from kimictl.runtime.checks.rules.deployment import deployment_checks
+from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment.spec import parse_vllm_command
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.hardware import HardwareReport, load_snapshots
-from kimictl.runtime.rules.base import Check, Status
-from kimictl.runtime.rules.deployment import deployment_checks
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_cases
@@ -344,9 +344,9 @@ def test_doctor_runs_vllms_gate_where_vllm_is_importable(worker, models) -> None
 
 
 def test_a_disagreement_is_flagged_as_a_kimictl_bug() -> None:
-    from kimictl.runtime.rules.base import Section
-    from kimictl.runtime.rules.vllm_check import _agrees
-    from kimictl.runtime.vllm_gate import VllmVerdict
+    from kimictl.runtime.checks.rules.base import Section
+    from kimictl.runtime.checks.rules.vllm_check import _agrees
+    from kimictl.runtime.checks.vllm_gate import VllmVerdict
 
     passing = [Check("k3.decode_backend", Section.DEPLOYMENT, Status.PASS, "ok")]
     failing = [*passing, Check("k3.tp", Section.DEPLOYMENT, Status.FAIL, k3.RULES[2].message)]

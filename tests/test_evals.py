@@ -17,18 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.evals import (
-    CheckStatus,
-    Endpoint,
-    Thresholds,
-    greedy,
-    longctx,
-    plan_for,
-    sampling,
-    score_check,
-    structured,
-)
+from kimictl.runtime.evals import greedy, longctx, sampling, structured
+from kimictl.runtime.evals.client import Endpoint
+from kimictl.runtime.evals.plan import CHECKS, Thresholds, plan_for
 from kimictl.runtime.evals.prompts import filler_text, greedy_prompts, mrcr_task, needle_task
+from kimictl.runtime.evals.report import CheckStatus
+from kimictl.runtime.evals.runner import score_check
 from kimictl.runtime.evals.schema import unsupported_keywords, validate
 from kimictl.runtime.evals.stats import (
     chi2_homogeneity,
@@ -362,10 +356,7 @@ def recorded() -> dict[str, dict[str, Any]]:
     return {n: _recorded(n) for n in ("identical_a", "identical_b", "perturbed")}
 
 
-CHECK_NAMES = ("greedy", "long_context", "sampling", "structured", "full_context")
-
-
-@pytest.mark.parametrize("check", CHECK_NAMES)
+@pytest.mark.parametrize("check", CHECKS)
 def test_recorded_identical_servers_pass_every_check(recorded: dict[str, Any], check: str) -> None:
     plan = plan_for(recorded["identical_a"]["mode"] == "quick")
     cand = recorded["identical_b"]["responses"][check]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import hardware
+from kimictl.runtime.checks import hardware
+from kimictl.runtime.checks.hardware import HardwareReport, Unavailable, load_snapshots
+from kimictl.runtime.checks.hardware._imex import list_imex_channels
+from kimictl.runtime.checks.hardware._smi import _fabric_from_q
+from kimictl.runtime.checks.rules.base import Section, Status
+from kimictl.runtime.checks.rules.hardware import hardware_checks
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.hardware import HardwareReport, Unavailable, load_snapshots
-from kimictl.runtime.hardware._imex import list_imex_channels
-from kimictl.runtime.hardware._smi import _fabric_from_q
-from kimictl.runtime.rules.base import Section, Status
-from kimictl.runtime.rules.hardware import hardware_checks
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 H200 = SNAPSHOTS / "h200-real.json"
@@ -124,7 +124,7 @@ def test_probe_local_never_raises_and_explains_a_missing_driver() -> None:
 
 
 def test_nvml_choke_point_returns_unavailable_instead_of_raising() -> None:
-    from kimictl.runtime.hardware import _nvml
+    from kimictl.runtime.checks.hardware import _nvml
 
     if _nvml.nvml_status() is None:
         pytest.skip("NVML works here")
@@ -254,24 +254,8 @@ def test_node_without_driver_in_a_group_is_named() -> None:
     assert count.message == "4 GPUs on 1 node with a driver."
 
 
-def test_evaluate_without_deployment_rules_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    from kimictl.runtime.deployment import parse_vllm_command
-    from kimictl.runtime.rules import evaluate
-
-    spec = parse_vllm_command("vllm serve moonshotai/Kimi-K3 -tp 16").spec
-    monkeypatch.setitem(sys.modules, "kimictl.runtime.rules.deployment", None)
-    checks = evaluate(spec, scenario("gb300-tp8-healthy"), None)
-    rules = next(c for c in checks if c.id == "deployment.rules")
-    assert rules.status is Status.UNKNOWN
-    # Without the deployment rules the hardware rules count the GPUs the spec needs.
-    count = next(c for c in checks if c.id == "hw.gpu_count")
-    assert count.status is Status.FAIL and "needs 16 GPUs" in count.message
-
-
 def test_snapshot_without_recorded_stack_is_unknown(tmp_path: Path) -> None:
-    from kimictl.runtime.rules import diagnose
+    from kimictl.runtime.checks.rules import diagnose
 
     report = scenario("gb300-tp8-healthy")
     paths = []
@@ -373,7 +357,7 @@ def test_any_report_round_trips_through_json(nodes: list, source: str) -> None:
 
 
 def test_nvidia_smi_fallback_parses_the_csv_query() -> None:
-    from kimictl.runtime.hardware._smi import parse_smi
+    from kimictl.runtime.checks.hardware._smi import parse_smi
 
     csv = (
         "0, NVIDIA H200, GPU-36e529ec-00d8-5312-8107-981a2be1110d, 9.0, 143771, [N/A], Enabled, "

@@ -13,8 +13,8 @@ import pytest
 
 from kimictl.cli import main
 from kimictl.kernels.node import KERNEL_STACK, plan_stack
-from kimictl.runtime.hardware import Unavailable
-from kimictl.runtime.stack import PINNED, PackageCheck, StackReport
+from kimictl.runtime.checks.hardware import Unavailable
+from kimictl.runtime.checks.stack import PINNED, PackageCheck, StackReport
 
 
 def _has_gpu() -> bool:

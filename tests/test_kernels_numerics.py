@@ -35,7 +35,7 @@ def _torch_python() -> str | None:
         return sys.executable
     except ImportError:
         pass
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     return str(cpu_runtime.python_path()) if cpu_runtime.is_installed() else None
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import launcher, runs
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.launcher import LaunchPlan
-from kimictl.runtime.runs import RunState
+from kimictl.runtime.serving import launcher, runs, workflow
+from kimictl.runtime.serving.launcher import LaunchPlan
+from kimictl.runtime.serving.runs import RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
 REAL_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_cpu_startup.log"
@@ -265,7 +265,7 @@ def test_foreground_children_die_with_a_killed_kimictl(tmp_path):
             import sys, time
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             from test_launcher import fake_plan
-            from kimictl.runtime import launcher
+            from kimictl.runtime.serving import launcher, workflow
             launch = launcher.start(fake_plan("ok", port={port}))
             print(launch.record.id, launch.record.pgid, flush=True)
             time.sleep(600)
@@ -294,14 +294,14 @@ def test_foreground_children_die_with_a_killed_kimictl(tmp_path):
 def test_run_serve_stops_everything_on_signal():
     """The foreground path: ready, then SIGTERM to kimictl -> both servers stopped, exit clean."""
     plans = [fake_plan("ok"), fake_plan("ok")]
-    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
     ready: list[list[runs.RunRecord]] = []
 
     def on_ready(records):
         ready.append(records)
         os.kill(os.getpid(), signal.SIGTERM)  # as if the user pressed Ctrl-C now
 
-    records = launcher.run_serve(prepared, detach=False, on_ready=on_ready, grace=5)
+    records = workflow.run_serve(prepared, detach=False, on_ready=on_ready, grace=5)
     assert len(ready) == 1 and {r.state for r in ready[0]} == {RunState.READY}
     assert [r.state for r in records] == [RunState.STOPPED, RunState.STOPPED]
     assert all(group_gone(r.pgid) for r in records)
@@ -313,16 +313,16 @@ def test_run_serve_ab_pair_starts_whole_or_not_at_all():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         plans = [fake_plan("ok"), fake_plan("ok", port=busy.getsockname()[1])]
-        prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
+        prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=plans, checks=[])
         with pytest.raises(InputError, match="already in use"):
-            launcher.run_serve(prepared, detach=True)
+            workflow.run_serve(prepared, detach=True)
     assert runs.list_runs(include_finished=True) == []
 
 
 def test_detached_run_survives_and_is_recorded():
     plan = fake_plan("ok")
-    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
-    (record,) = launcher.run_serve(prepared, detach=True)
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = workflow.run_serve(prepared, detach=True)
     try:
         assert record.state is RunState.READY and record.supervisor_pid is None
         assert runs.resolve_target(record.id).url == plan.url

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.loadgen import LoadPoint, LoadTarget, _gap, run_load
-from kimictl.runtime.workloads import RandomWorkload, parse_length
+from kimictl.runtime.load.loadgen import LoadPoint, LoadSettings, LoadTarget, _gap, run_load
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 
 # A minimal OpenAI-style streaming server. The request's "model" picks the behaviour; "max_tokens"
 # the number of tokens. Shared with test_bench.py (run there as a separate process).
@@ -129,12 +129,24 @@ async def emitter():
     server.close()
 
 
+async def _load(targets, workload, *, stop=None, on_record=None, on_point=None, **settings):  # type: ignore[no-untyped-def]
+    settings["points"] = tuple(settings["points"])
+    return await run_load(
+        targets,
+        workload,
+        LoadSettings(**settings),
+        stop=stop,
+        on_record=on_record,
+        on_point=on_point,
+    )
+
+
 def _wl(n_out: int = 8) -> RandomWorkload:
     return RandomWorkload(parse_length(16), parse_length(n_out))
 
 
 async def _one(url: str, model: str, **kw: object):
-    return await run_load(
+    return await _load(
         [LoadTarget("t", url, model)],
         _wl(kw.pop("n_out", 8)),  # type: ignore[arg-type]
         points=[LoadPoint(concurrency=int(kw.pop("concurrency", 1)))],  # type: ignore[call-overload]
@@ -212,7 +224,7 @@ async def test_stop_event_cancels_hung_requests_quickly(emitter: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(0.3, stop.set)
     t0 = time.perf_counter()
-    recs = await run_load(
+    recs = await _load(
         [LoadTarget("ok", emitter, "ok"), LoadTarget("hang", emitter, "hang")],
         _wl(),
         points=[LoadPoint(concurrency=2)],
@@ -236,7 +248,7 @@ async def test_keep_alive_pool_reuses_connections(emitter: str) -> None:
 
 async def test_duration_stops_issuing(emitter: str) -> None:
     t0 = time.perf_counter()
-    recs = await run_load(
+    recs = await _load(
         [LoadTarget("t", emitter, "ok")],
         RandomWorkload(parse_length(4), parse_length(50)),
         points=[LoadPoint(concurrency=2)],
@@ -248,7 +260,7 @@ async def test_duration_stops_issuing(emitter: str) -> None:
 
 
 async def test_open_loop_constant_rate_spacing(emitter: str) -> None:
-    recs = await run_load(
+    recs = await _load(
         [LoadTarget("t", emitter, "ok")],
         _wl(2),
         points=[LoadPoint(rate=20.0, arrivals="constant")],
@@ -277,7 +289,7 @@ def test_gamma_gaps_have_the_asked_mean_and_burstiness() -> None:
 
 
 async def test_same_seed_same_request_bodies_for_both_targets(emitter: str) -> None:
-    recs = await run_load(
+    recs = await _load(
         [LoadTarget("a", emitter, "ok"), LoadTarget("b", emitter, "ok")],
         RandomWorkload(parse_length("8:64"), parse_length("2:6")),
         points=[LoadPoint(concurrency=1)],
@@ -292,16 +304,16 @@ async def test_same_seed_same_request_bodies_for_both_targets(emitter: str) -> N
 
 async def test_bad_arguments_raise_input_error(emitter: str) -> None:
     with pytest.raises(InputError, match="num-prompts or --duration"):
-        await run_load([LoadTarget("t", emitter, "ok")], _wl(), points=[LoadPoint(concurrency=1)])
+        await _load([LoadTarget("t", emitter, "ok")], _wl(), points=[LoadPoint(concurrency=1)])
     with pytest.raises(InputError, match="burstiness"):
-        await run_load(
+        await _load(
             [LoadTarget("t", emitter, "ok")],
             _wl(),
             points=[LoadPoint(rate=1, burstiness=0)],
             num_prompts=1,
         )
     with pytest.raises(InputError, match="not http"):
-        await run_load(
+        await _load(
             [LoadTarget("t", "ftp://x", "ok")],
             _wl(),
             points=[LoadPoint(concurrency=1)],
@@ -310,8 +322,8 @@ async def test_bad_arguments_raise_input_error(emitter: str) -> None:
 
 
 def test_payload_asks_for_usage_and_exact_lengths() -> None:
-    from kimictl.runtime.loadgen import _payload
-    from kimictl.runtime.workloads import RequestSpec
+    from kimictl.runtime.load.loadgen import _payload
+    from kimictl.runtime.load.workloads import RequestSpec
 
     body = orjson.loads(
         _payload(LoadTarget("t", "http://x", "m"), RequestSpec([1, 2], 2, 9), False, True)
@@ -325,10 +337,10 @@ def test_payload_asks_for_usage_and_exact_lengths() -> None:
 
 
 async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
-    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+    from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
     w = AgenticWorkload(AGENTIC_PRESETS["small"])
-    recs = await run_load(
+    recs = await _load(
         [LoadTarget("t", emitter, "ok")],
         w,
         points=[LoadPoint(rate=50.0)],  # arrivals much faster than sessions end
@@ -351,8 +363,8 @@ async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
 async def test_interleave_runs_targets_at_the_same_time(emitter: str) -> None:
     targets = [LoadTarget("a", emitter, "ok"), LoadTarget("b", emitter, "ok")]
     kw = {"points": [LoadPoint(concurrency=2)], "num_prompts": 6}
-    turn = await run_load(targets, RandomWorkload(parse_length(4), parse_length(30)), **kw)
-    both = await run_load(
+    turn = await _load(targets, RandomWorkload(parse_length(4), parse_length(30)), **kw)
+    both = await _load(
         targets, RandomWorkload(parse_length(4), parse_length(30)), interleave=True, **kw
     )
 

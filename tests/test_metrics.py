@@ -1,4 +1,4 @@
-"""Window math of kimictl.runtime.metrics on /metrics texts recorded from the real CPU vLLM server
+"""Window math of runtime.observe.metrics on /metrics texts recorded from the real CPU vLLM server
 (tests/fixtures/metrics, captured with capture.py there: `load_*` from a loaded server, `spec_*`
 from a fresh server with ngram speculation, i.e. a restart relative to `load_*`)."""
 
@@ -14,13 +14,13 @@ import socket
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime import metrics as m
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.observe import metrics as m
+from kimictl.runtime.observe.scrape import metrics_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -358,39 +358,63 @@ def test_parse_window_rejects_with_a_sentence(raw: str) -> None:
         m.parse_window(raw)
 
 
-def _transport(responses: list[object]) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/metrics"
-        item = responses.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        assert isinstance(item, httpx.Response)
-        return item
+class _Scripted(http.server.BaseHTTPRequestHandler):
+    """Answers GET /metrics with the next (status, body) of `script`, one connection per answer."""
 
-    return httpx.MockTransport(handler)
+    protocol_version = "HTTP/1.1"
+    script: list[tuple[int, bytes]] = []
+
+    def do_GET(self) -> None:
+        assert self.path == "/metrics"
+        status, body = type(self).script.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[http.server.BaseHTTPRequestHandler], port: int = 0):  # type: ignore[no-untyped-def]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _stop(server: http.server.ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
 
 
 async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
-    ok = [httpx.Response(200, text=text(f"load_t{i}")) for i in range(3)]
-    refused = httpx.ConnectError("refused")
-    responses: list[object] = [ok[0], refused, httpx.Response(503, text="dead"), ok[1], ok[2]]
-    poller = m.EndpointPoller("a", "http://127.0.0.1:1/v1", keepalive=False)
-    async with httpx.AsyncClient(transport=_transport(responses)) as client:
-        assert await poller.poll(client, interval=0.01)
+    ok = [(200, text(f"load_t{i}").encode()) for i in range(3)]
+    handler = type("H", (_Scripted,), {"script": [ok[0], (503, b"dead"), ok[1], ok[2]]})
+    server = _serve(handler)
+    port = server.server_address[1]
+    poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}/v1")
+    try:
+        assert await poller.poll(interval=0.01)
         assert poller.status is m.EndpointStatus.UP
-        assert not await poller.poll(client, interval=0.01)
+        _stop(server)  # nothing listens now: refused
+        assert not await poller.poll(interval=0.01)
         assert poller.status is m.EndpointStatus.DOWN
         assert poller.reason == "connection refused or host unreachable"
         first_wait = poller.next_try_mono
         poller.next_try_mono = 0.0
-        assert not await poller.poll(client, interval=0.01)
+        server = _serve(handler, port)
+        assert not await poller.poll(interval=0.01)
         assert poller.reason == "HTTP 503" and poller.failures == 2
         assert poller.next_try_mono > first_wait  # backoff grew
         view = poller.view(10, interval=0.01)
         assert view.stale_since is not None and view.stats is None  # one scrape only: no window yet
         poller.next_try_mono = 0.0
-        assert await poller.poll(client, interval=0.01)
-        assert await poller.poll(client, interval=0.01)
+        assert await poller.poll(interval=0.01)
+        assert await poller.poll(interval=0.01)
+    finally:
+        poller.close()
+        _stop(server)
     assert poller.status is m.EndpointStatus.UP and poller.reason is None
     view = poller.view(60, interval=1.0)
     assert view.stale_since is None and view.stats is not None and view.stats.tokens_per_s
@@ -398,18 +422,29 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
 
 
 async def test_poller_skips_while_backing_off() -> None:
-    poller = m.EndpointPoller("a", "http://x", keepalive=False)
-    async with httpx.AsyncClient(transport=_transport([httpx.ConnectError("x")])) as client:
-        await poller.poll(client, interval=5.0)
-        # a second poll right away must not hit the server (the transport would fail: empty list)
-        assert not await poller.poll(client, interval=5.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}")
+    await poller.poll(interval=5.0)
+    handler = type("H", (_Scripted,), {"script": []})  # any request would fail: empty script
+    server = _serve(handler, port)
+    try:
+        assert not await poller.poll(interval=5.0)  # backing off: no request
+    finally:
+        _stop(server)
     assert poller.failures == 1
 
 
 async def test_scrape_of_a_non_vllm_server_is_an_endpoint_error() -> None:
-    async with httpx.AsyncClient(transport=_transport([httpx.Response(200, text="up 1\n")])) as c:
+    server = _serve(type("H", (_Scripted,), {"script": [(200, b"up 1\n")]}))
+    conn = metrics_endpoint(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
         with pytest.raises(EndpointError, match="no vllm: metrics"):
-            await m.scrape(c, "http://h", timeout=1)
+            await m.scrape(conn, "http://h", timeout=5)
+    finally:
+        conn.close()
+        _stop(server)
 
 
 def test_monitor_snapshot_has_the_documented_keys_and_ab_ratio() -> None:
@@ -439,7 +474,7 @@ def test_monitor_snapshot_has_the_documented_keys_and_ab_ratio() -> None:
     json.dumps(doc, allow_nan=False)
 
 
-# ---- the keep-alive scraper, over real sockets
+# ---- the keep-alive scrape connection, over real sockets
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -477,9 +512,8 @@ async def test_keepalive_scrape_reuses_one_connection(mode: str) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}"
     poller = m.EndpointPoller("a", url)
     try:
-        async with httpx.AsyncClient() as client:
-            for _ in range(3):
-                assert await poller.poll(client, interval=1.0)
+        for _ in range(3):
+            assert await poller.poll(interval=1.0)
     finally:
         poller.close()
         server.shutdown()
@@ -490,14 +524,12 @@ async def test_keepalive_scrape_reuses_one_connection(mode: str) -> None:
     assert len(handler.connections) == 1  # three scrapes, one TCP connection
 
 
-async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
+async def test_scrape_reports_refused_and_not_http() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(EndpointError, match="connection refused or host unreachable"):
-        await m.scrape_keepalive(
-            m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
-        )
+        await m.scrape(metrics_endpoint(f"http://127.0.0.1:{port}"), "u", timeout=2)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
@@ -508,8 +540,6 @@ async def test_keepalive_scrape_reports_refused_and_not_http() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(EndpointError, match="not HTTP|connection lost"):
-            await m.scrape_keepalive(
-                m._KeepAliveGet(f"http://127.0.0.1:{port}/metrics"), "u", timeout=2
-            )
+            await m.scrape(metrics_endpoint(f"http://127.0.0.1:{port}"), "u", timeout=2)
     finally:
         server.close()

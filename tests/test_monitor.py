@@ -24,8 +24,8 @@ import pytest
 from conftest import run_cli_diagnosed
 
 from kimictl.cli import main
-from kimictl.runtime.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.metrics import EndpointPoller, EndpointStatus
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
+from kimictl.runtime.observe.metrics import EndpointPoller, EndpointStatus
 from kimictl.tui.app import HelpScreen, MonitorApp
 from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
 
@@ -262,7 +262,7 @@ def test_bad_record_file_or_url_exits_2_and_leaves_the_file(
 
 
 def test_record_appends_to_an_existing_record(tmp_path: Path) -> None:
-    from kimictl.runtime.metrics import append_jsonl, check_record_target
+    from kimictl.runtime.observe.metrics import append_jsonl, check_record_target
 
     record = tmp_path / "rec.jsonl"
     append_jsonl(record, {"taken_at": 1.0})
@@ -319,7 +319,7 @@ def test_default_target_is_the_latest_ab_pair(
 ) -> None:
     import os
 
-    from kimictl.runtime import runs
+    from kimictl.runtime.serving import runs
 
     monkeypatch.setenv("KIMICTL_STATE_DIR", str(tmp_path))
     assert main(["monitor", "--once"]) == 2
@@ -360,7 +360,7 @@ def test_default_target_is_the_latest_ab_pair(
 
 
 def test_gpu_telemetry_without_a_gpu_is_empty_with_a_reason() -> None:
-    from kimictl.runtime.gpu_telemetry import sample_gpus
+    from kimictl.runtime.observe.gpu_telemetry import sample_gpus
 
     telemetry = sample_gpus()
     if telemetry.gpus:
@@ -383,9 +383,10 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A scrape stuck past its own timeout must not keep --once (or --duration) alive."""
-    from kimictl.runtime import metrics
+    from kimictl.runtime.observe.poller import watch
+    from kimictl.runtime.observe.scrape import scrape_timeout
 
-    async def stuck(self: EndpointPoller, client: Any, *, interval: float) -> bool:
+    async def stuck(self: EndpointPoller, *, interval: float) -> bool:
         await asyncio.Event().wait()  # never set
         return False
 
@@ -393,12 +394,10 @@ async def test_once_ends_even_when_a_scrape_never_returns(
     poller = EndpointPoller("e", "http://127.0.0.1:9")
     began = time.monotonic()
     doc = await asyncio.wait_for(
-        metrics.watch(
-            [poller], interval=0.05, window_s=0.2, duration_s=0.3, on_tick=lambda d: None
-        ),
+        watch([poller], interval=0.05, window_s=0.2, duration_s=0.3, on_tick=lambda d: None),
         timeout=30,
     )
-    assert time.monotonic() - began < 0.3 + metrics.scrape_timeout(0.05) + 3
+    assert time.monotonic() - began < 0.3 + scrape_timeout(0.05) + 3
     assert doc["endpoints"]["e"]["last_ok_at"] is None
 
 
@@ -484,3 +483,19 @@ def test_once_json_on_the_real_server(cpu_server: Any) -> None:
     ep = next(iter(json.loads(out.stdout)["endpoints"].values()))
     assert ep["status"] == "UP" and ep["tokens_per_s"] > 0 and ep["requests_finished"] >= 1
     assert 4.0 <= ep["window_s"] <= 6.0  # a full window, however slow the first scrape
+
+
+def test_gpu_cells_show_missing_readings_as_dash_not_zero() -> None:
+    from kimictl.commands.monitor import _line
+    from kimictl.runtime.observe.gpu_telemetry import GpuSample, GpuTelemetry
+
+    # figures as NVML gave them for GPU 0 of the lent 2 x H200 under the all-reduce benchmark
+    busy = GpuSample(
+        0, "NVIDIA H200", 55.0, 0.0, 1595.0, 143771.0, 161.1, 700.0, 1980.0, 2619.0, 33.0
+    )
+    blind = GpuSample(1, None, None, None, None, None, None, None, None, None, None)
+    assert busy.summary() == "GPU0 55% 2/140G 161W 1980MHz 33C"
+    assert blind.summary() == "GPU1 - - - - -"
+    doc = {"endpoints": {}, "gpus": GpuTelemetry(0.0, (busy, blind)).to_json()}
+    assert _line(doc) == "GPU0 55% 2/140G 161W 1980MHz 33C | GPU1 - - - - -"
+    assert _line({"endpoints": {}, "gpus": GpuTelemetry(0.0, (), "no GPU").to_json()}) == ""

@@ -11,22 +11,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import FIELD_CHECKS, DeploymentSpec, parse_vllm_command
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.hardware import load_snapshots
-from kimictl.runtime.profiles import (
+from kimictl.runtime.checks.hardware import load_snapshots
+from kimictl.runtime.checks.rules import evaluate
+from kimictl.runtime.checks.rules.base import Status
+from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
+from kimictl.runtime.deployment.profile_writer import update_provenance, write_profile
+from kimictl.runtime.deployment.profiles import (
     diff_profiles,
     list_profiles,
     load_profile,
     scan_profiles,
     shipped_profiles_dir,
-    update_provenance,
-    write_profile,
 )
-from kimictl.runtime.rules import evaluate
-from kimictl.runtime.rules.base import Status
-from kimictl.runtime.rules.deployment import deployment_checks, fast_path_coverage
+from kimictl.runtime.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3, parse_vllm_command
+from kimictl.runtime.errors import InputError
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 K3_TUNED = ["k3-tp8-latency", "k3-tp16-latency", "k3-tp8-long-context"]

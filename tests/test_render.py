@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime import launcher, render
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.serving import launcher, render, workflow
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _plan(profile: str) -> launcher.LaunchPlan:
-    prepared = launcher.prepare_serve(launcher.ServeRequest(profile=profile, for_render=True))
+    prepared = workflow.prepare_serve(workflow.ServeRequest(profile=profile, for_render=True))
     assert prepared.blocking == [], [c.message for c in prepared.blocking]
     return prepared.plans[0]
 

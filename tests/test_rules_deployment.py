@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import parse_vllm_command
-from kimictl.runtime.hardware import FabricInfo, GpuInfo, HardwareReport, NodeReport, Unavailable
-from kimictl.runtime.rules.base import Status
-from kimictl.runtime.rules.deployment import deployment_checks, fast_path_coverage
+from kimictl.runtime.checks.hardware import (
+    FabricInfo,
+    GpuInfo,
+    HardwareReport,
+    NodeReport,
+    Unavailable,
+)
+from kimictl.runtime.checks.rules.base import Status
+from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
+from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment.spec import parse_vllm_command
 
 SPEC_JSON = '{"method":"dspark","model":"moonshotai/Kimi-K3-DSpark","num_speculative_tokens":7}'
 UPSTREAM = (

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import runs
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.runs import RunRecord, RunState
+from kimictl.runtime.serving import runs
+from kimictl.runtime.serving.runs import RunRecord, RunState
 
 
 @pytest.fixture(autouse=True)

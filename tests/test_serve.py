@@ -84,10 +84,10 @@ def test_port_in_use_is_refused_with_a_clear_message(capsys):
 
 
 def test_profile_failing_the_rules_is_refused_with_every_reason(capsys, tmp_path):
-    from kimictl.runtime import hardware
-    from kimictl.runtime.profiles import load_profile
-    from kimictl.runtime.rules import evaluate
-    from kimictl.runtime.stack import probe_stack
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.rules import evaluate
+    from kimictl.runtime.checks.stack import probe_stack
+    from kimictl.runtime.deployment.profiles import load_profile
 
     bad = tmp_path / "bad-k3.toml"
     text = (Path(load_profile("k3-tp8-latency").path)).read_text()
@@ -218,7 +218,7 @@ def _kimictl(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.
 
 
 def _require_runtime() -> None:
-    from kimictl.runtime import cpu_runtime
+    from kimictl.runtime.serving import cpu_runtime
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -420,11 +420,11 @@ def _newest(state: Path) -> dict:
 def test_logs_follow_ends_when_the_server_stops(_state_dir):
     from test_launcher import fake_plan
 
-    from kimictl.runtime import launcher, runs
+    from kimictl.runtime.serving import launcher, runs, workflow
 
     plan = fake_plan("ok")
-    prepared = launcher.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
-    (record,) = launcher.run_serve(prepared, detach=True)
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = workflow.run_serve(prepared, detach=True)
     follow = _kimictl("logs", record.id, "-f", "--tail", "0")
     try:
         time.sleep(1.5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.slo import parse_slo
+from kimictl.runtime.load.slo import parse_slo
 
 
 def test_parse_the_documented_example() -> None:

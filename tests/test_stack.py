@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime import stack
-from kimictl.runtime.hardware import load_snapshots
-from kimictl.runtime.rules.base import Status
-from kimictl.runtime.rules.hardware import stack_checks
+from kimictl.runtime.checks import stack
+from kimictl.runtime.checks.hardware import load_snapshots
+from kimictl.runtime.checks.rules.base import Status
+from kimictl.runtime.checks.rules.hardware import stack_checks
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime import k3
-from kimictl.runtime.profiles import load_profile
-from kimictl.runtime.rules.base import Status
-from kimictl.runtime.rules.deployment import deployment_checks
+from kimictl.runtime.checks.rules.base import Status
+from kimictl.runtime.checks.rules.deployment import deployment_checks
+from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment.profiles import load_profile
 from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning.systems import SYSTEMS
 

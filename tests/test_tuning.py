@@ -13,16 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.slo import parse_slo
+from kimictl.runtime.load.slo import parse_slo
 from kimictl.runtime.tuning import model as m
+from kimictl.runtime.tuning import published as pub
 from kimictl.runtime.tuning.search import SearchInputs, model_stats, pareto_front, search
 from kimictl.runtime.tuning.systems import SYSTEMS, get_system
 
 GB300 = SYSTEMS["gb300"]
 TOLERANCE = 0.15  # the bar for every published figure
-SETUPS = m.published_setups()
+SETUPS = pub.published_setups()
 
 
 def _speedup(cfg: m.Config, system: m.System = GB300) -> float:
@@ -35,14 +36,14 @@ def _speedup(cfg: m.Config, system: m.System = GB300) -> float:
 
 
 def test_one_layer_stock_is_130us_in_23_kernels() -> None:
-    layer = m.mean_layer_us(GB300, SETUPS["layer"], "stock")
+    layer = pub.mean_layer_us(GB300, SETUPS["layer"], "stock")
     assert layer == pytest.approx(130.0, rel=TOLERANCE)
     parts = m.layer_time_us(GB300, SETUPS["layer"], path="stock")
     assert parts["kernels"] == pytest.approx(23 * m.PARAMS["kernel_overhead_us_stock"].value)
 
 
 def test_one_layer_specialized_is_69us_in_13_kernels() -> None:
-    layer = m.mean_layer_us(GB300, SETUPS["layer"], "specialized")
+    layer = pub.mean_layer_us(GB300, SETUPS["layer"], "specialized")
     assert layer == pytest.approx(69.0, rel=TOLERANCE)
     parts = m.layer_time_us(GB300, SETUPS["layer"], path="specialized")
     assert parts["kernels"] == pytest.approx(13 * m.PARAMS["kernel_overhead_us_specialized"].value)
@@ -65,14 +66,14 @@ def test_1_88_to_1_92x_without_speculation_on_tp16(batch: int) -> None:
 
 
 def test_published_checks_report_every_figure_within_tolerance() -> None:
-    checks = m.published_checks(GB300)
+    checks = pub.published_checks(GB300)
     assert len(checks) == 6
     assert all(abs(check.error) <= TOLERANCE for check in checks)
     assert {check.in_sample for check in checks} == {True, False}  # out-of-sample ones exist
 
 
 def test_stored_fitted_parameters_match_a_fresh_calibration() -> None:
-    fitted = m.calibrate(GB300)
+    fitted = pub.calibrate(GB300)
     assert set(fitted) == {name for name, p in m.PARAMS.items() if p.fitted}
     for name, value in fitted.items():
         assert m.PARAMS[name].value == pytest.approx(value, rel=0.01, abs=1e-3), name

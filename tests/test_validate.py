@@ -186,3 +186,49 @@ def test_identical_twin_passes_and_perturbed_twin_fails(
     assert "validation failed: greedy, long_context" in err
     assert checks["greedy"]["status"] == "fail" and checks["long_context"]["status"] == "fail"
     assert checks["long_context"]["metrics"]["max_abs_dlogprob"] > 0.02  # type: ignore[index]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("max_model_len", [256, 768])
+def test_checks_fit_a_short_context_or_skip_with_the_reason(
+    cpu_server: object,
+    max_model_len: int,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> None:
+    """A candidate serving 256 or 768 tokens (cpu-demo serves 768) against the 2048-token
+    shared server: every check runs at the shorter context or says why it cannot; the answer is
+    a verdict (exit 0 or 1), never a crash (exit 3)."""
+    from conftest import start_cpu_server, stop_cpu_server
+
+    runs = Path(tempfile.mkdtemp(prefix="kv-"))
+    request.addfinalizer(lambda: shutil.rmtree(runs, ignore_errors=True))
+    short = start_cpu_server(runs / "short", max_model_len=max_model_len)
+    try:
+        code, out, err = _run(
+            [
+                "--candidate",
+                short.url,
+                "--reference",
+                cpu_server.url,  # type: ignore[attr-defined]
+                "--quick",
+                "--json",
+            ],
+            capsys,
+        )
+    finally:
+        stop_cpu_server(short)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["candidate"]["max_model_len"] == max_model_len
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert all(c["status"] in ("pass", "skip") for c in checks.values()), checks
+    long_ctx = checks["long_context"]
+    assert long_ctx["status"] == "pass"
+    assert max(long_ctx["metrics"]["lengths"]) <= max_model_len
+    # MRCR prompts need a few hundred tokens: at 256 and at 25% of 768 they are left out, by name
+    skipped = long_ctx["metrics"]["retrieval_skipped"]
+    assert any(s.startswith("mrcr at ") for s in skipped), skipped
+    assert all(" tokens (needs " in s for s in skipped), skipped
+    assert checks["full_context"]["metrics"]  # ran at the candidate's full context

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.workloads import (
+from kimictl.runtime.load.workloads import (
     AGENTIC_PRESETS,
     TOKEN_HI,
     TOKEN_LO,

@@ -14,7 +14,7 @@ Used by tests/test_doctor_vs_vllm.py (and the docs' example) to run vLLM's own a
 
 The stubs change how imports behave for the whole process, so they run in a CHILD process only:
 `python tests/vllm_src.py worker` answers one JSON line per request on stdin
-(`{"args": [...], "env": {...}}` -> kimictl.runtime.vllm_gate.VllmVerdict as JSON), and
+(`{"args": [...], "env": {...}}` -> kimictl.runtime.checks.vllm_gate.VllmVerdict as JSON), and
 `python tests/vllm_src.py kimictl ARGS...` runs the kimictl CLI with vLLM importable.
 """
 
@@ -383,7 +383,7 @@ def load(sources: Path) -> None:
 
 
 def _worker() -> int:
-    from kimictl.runtime.vllm_gate import vllm_verdict
+    from kimictl.runtime.checks.vllm_gate import vllm_verdict
 
     for line in sys.stdin:
         request = json.loads(line)

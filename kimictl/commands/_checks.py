@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kimictl.runtime.rules.base import Check
+    from kimictl.runtime.checks.rules.base import Check
 
 __all__ = ["STATUS_STYLE", "print_check"]
 

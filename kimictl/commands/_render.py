@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from kimictl.runtime.benchreport import BenchOutcome
-    from kimictl.runtime.launcher import Launch, LaunchPlan, Prepared
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.serving.launcher import Launch, LaunchPlan
+    from kimictl.runtime.serving.workflow import Prepared
 
 __all__ = [
     "bench_progress",
@@ -210,7 +211,7 @@ def render_bench(outcome: BenchOutcome) -> None:
     )
 
 
-def render_ab(outcome: BenchOutcome) -> None:
+def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
@@ -243,6 +244,6 @@ def render_ab(outcome: BenchOutcome) -> None:
             if "verdict" in r:
                 verdict = r["verdict"]
         console.print(table)
-        if verdict:
+        if verdict and show_verdict:
             said = verdict if verdict == "no significant difference" else f"{a} is {verdict}"
             console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")

@@ -11,8 +11,8 @@ from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 
 if TYPE_CHECKING:
-    from kimictl.runtime.benchreport import BenchOutcome
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
 
 app = typer.Typer(add_completion=False)
 
@@ -43,19 +43,19 @@ def _numbers(text: str, what: str, kind: type) -> list[Any]:
 def _targets(
     texts: list[str], ab: bool, model: str | None, gpus: int | None, key: str | None
 ) -> list[LoadTarget]:
-    from kimictl.runtime.loadgen import LoadTarget
-    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+    from kimictl.runtime.load.loadgen import LoadTarget
+    from kimictl.runtime.serving.runs import ab_targets, resolve_target
 
     if ab:
         if texts:
             raise InputError("--ab and --target exclude each other; give one of them")
-        pair = latest_ab_pair()
-        if pair is None:
-            raise InputError(
-                "--ab: no live A/B pair was launched by kimictl",
+        resolved = list(
+            ab_targets(
+                ("tuned", "stock"),
+                missing="--ab: no live A/B pair was launched by kimictl",
                 hint="start one with `kimictl serve --ab`, or pass --target a=URL --target b=URL",
             )
-        resolved = [resolve_target(f"tuned={pair[0].id}"), resolve_target(f"stock={pair[1].id}")]
+        )
     elif texts:
         resolved = [resolve_target(t) for t in texts]
     else:
@@ -89,7 +89,7 @@ def _workload(
     prompts: Path | None,
     replay_speed: float,
 ) -> Any:
-    from kimictl.runtime import workloads as w
+    from kimictl.runtime.load import workloads as w
 
     out_dist = w.parse_length(output_len, what="--output-len")
     if name == "random":
@@ -112,7 +112,7 @@ def _workload(
 def _points(
     concurrency: str | None, rate: str | None, burstiness: float, arrivals: str, replay: bool
 ) -> list[LoadPoint]:
-    from kimictl.runtime.loadgen import LoadPoint
+    from kimictl.runtime.load.loadgen import LoadPoint
 
     if arrivals not in ("poisson", "constant"):
         raise InputError(f"--arrivals {arrivals!r} is not one of: poisson, constant")
@@ -227,8 +227,8 @@ def bench(
 
     Two targets make an A/B: the same requests go to both in turn; ratios A/B with 95% CIs.
     """
-    from kimictl.runtime.benchreport import BenchConfig
-    from kimictl.runtime.slo import parse_slo
+    from kimictl.runtime.load.benchreport import BenchConfig
+    from kimictl.runtime.load.slo import parse_slo
 
     if endpoint not in ("completions", "chat"):
         raise InputError(f"--endpoint {endpoint!r} is not one of: completions, chat")
@@ -292,7 +292,7 @@ def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:
     import signal
 
     from kimictl.commands._render import bench_progress
-    from kimictl.runtime.benchreport import resolve_models, run_bench
+    from kimictl.runtime.load.benchreport import resolve_models, run_bench
 
     progress, on_point, on_record = bench_progress(cfg.num_prompts, cfg.repeat, quiet=quiet)
 
@@ -324,7 +324,8 @@ def _write(
     import orjson
 
     from kimictl.commands._output import err_console
-    from kimictl.runtime.benchreport import write_csv, write_plots
+    from kimictl.runtime.load.benchreport import write_csv, write_plots
+    from kimictl.runtime.outputs import atomic_write
 
     if json_out:
         data = orjson.dumps(
@@ -335,10 +336,7 @@ def _write(
 
             sys.stdout.write(data.decode() + "\n")
         else:
-            p = Path(json_out)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_bytes(data + b"\n")
-            tmp.replace(p)
+            p = atomic_write(json_out, data + b"\n")
             err_console.print(f"wrote {p}")
     if csv_out:
         err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")

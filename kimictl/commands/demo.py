@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,6 +23,15 @@ def _step_printer(quiet: bool):  # type: ignore[no-untyped-def]
     return on_step
 
 
+def _bench_ui(quiet: bool):  # type: ignore[no-untyped-def]
+    from kimictl.commands._render import bench_progress
+
+    def make(num_prompts: int) -> tuple[Any, Any, Any]:
+        return bench_progress(num_prompts, 1, quiet=quiet)
+
+    return make
+
+
 def _print_intro(plan: DemoPlan) -> None:
     from kimictl.commands._output import console
     from kimictl.commands._render import print_gate, print_notes, print_plan
@@ -31,59 +40,88 @@ def _print_intro(plan: DemoPlan) -> None:
     for note in plan.notes:
         console.print(f"[cyan]note:[/] {note}")
     print_gate(plan.prepared)
-    for p in plan.prepared.plans:
+    console.print(f"search space ({len(plan.candidates)} configurations, served one at a time):")
+    for cand, p in plan.candidates:
         print_plan(p, with_env=False)
-        console.print(f"  log: {p.log_path}", highlight=False, soft_wrap=True)
+        console.print(f"  why: {cand.why}", highlight=False, soft_wrap=True)
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _print_candidates(result: DemoResult) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    choice = result.choice
+    table = Table(
+        title="measured tune (agentic small, same seed; interactivity = tok/s/user = 1/TPOT)",
+        title_justify="left",
+    )
+    table.add_column("configuration", no_wrap=True)
+    for col in ("p10", "p50", "TTFT mean ms", "output tok/s", "defaults p10 beside", "SLO met"):
+        table.add_column(col, justify="right")
+    for m in result.measured:
+        mark = " [bold green]<- chosen[/]" if choice and m.name == choice.chosen else ""
+        if m.error is not None:
+            table.add_row(m.name + mark, "-", "-", "-", "-", "-", f"[red]{m.error}[/]")
+            continue
+        met = choice.met.get(m.name) if choice else None
+        table.add_row(
+            m.name + mark,
+            _f(m.interactivity_p10),
+            _f(m.interactivity_p50),
+            _f(m.ttft_mean_ms, 0),
+            _f(m.output_throughput),
+            _f(m.baseline_p10),
+            "-" if met is None else ("yes" if met else "no"),
+        )
+    console.print(table)
+    if choice is not None:
+        console.print(f"rule: {choice.rule}", highlight=False)
+        console.print(f"[bold]choice:[/] {choice.chosen}: {choice.reason}", highlight=False)
 
 
 def _print_result(result: DemoResult) -> None:
     from kimictl.commands._output import console
-    from kimictl.commands._render import render_bench
+    from kimictl.commands._render import render_ab
 
-    if result.outcome is not None:
-        render_bench(result.outcome)
-    a, b = result.plan.names
-    diff = result.plan.difference
-    console.print(
-        f"[bold]what differs:[/] {diff['setting']} {diff[a]} ({a}) vs {diff[b]} ({b}); "
-        "no specialized K3 path on CPU.",
-        highlight=False,
-    )
-    for row in result.takeaway():
-        if row["ratio"] is None:
-            continue
-        ci = row["ci95"]
-        sure = (
-            f"95% CI {ci[0]:.2f}-{ci[1]:.2f}, better: {row['better'] or 'not significant'}"
-            if ci
-            else "one run: no CI"
-        )
-        console.print(
-            f"  {row['metric']}: {a} / {b} = {row['ratio']:.2f} ({sure})", highlight=False
-        )
+    if result.measured:
+        _print_candidates(result)
+    if result.outcome is not None and result.outcome.ab:
+        render_ab(result.outcome, show_verdict=False)  # ours names the SLO's metric
+    sentence = result.verdict()
+    if sentence:
+        console.print(f"[bold]verdict:[/] {sentence}", highlight=False)
     if result.json_path is not None:
         console.print(f"report: {result.json_path}", highlight=False, soft_wrap=True)
     for path in result.plots:
         console.print(f"plot:   {path}", highlight=False, soft_wrap=True)
     if result.plots_error:
         console.print(f"[yellow]no plots:[/] {result.plots_error}")
-    if result.kept:
-        ids = " ".join(r.id for r in result.records)
+    kept = [r for r in result.records if result.kept and r.role in ("tuned", "stock")]
+    if kept:
+        ids = " ".join(r.id for r in kept)
         console.print(f"kept running (--keep): {ids}", highlight=False)
         console.print(f"  monitor: kimictl monitor {ids}", highlight=False)
         console.print(f"  stop:    kimictl stop {ids}", highlight=False)
-    else:
+    others = [r for r in result.records if r not in kept]
+    if others:
         console.print(
-            "stopped: " + ", ".join(f"{r.id} ({r.state.value})" for r in result.records),
+            "stopped: " + ", ".join(f"{r.id} ({r.state.value})" for r in others),
             highlight=False,
+            soft_wrap=True,
         )
     console.print(f"demo wall time {result.wall_s:.0f} s", highlight=False)
 
 
 @app.command(
-    help="Run the main job on the embedded CPU default: start the cpu-demo deployment and a twin "
-    "with one setting changed (max_num_seqs), A/B-bench them with the agentic workload, print the "
-    "comparison, write demo.json and PNG plots into a new folder, and stop both servers. No GPU "
+    help="Run the main job on the embedded CPU default: the gate, a measured tune over a small "
+    "search space (vLLM's defaults, max_num_seqs, max_num_batched_tokens, ngram speculation) "
+    "against an interactivity SLO, an A/B of kimictl's choice vs vLLM's defaults with 95% CIs, "
+    "the verdict, demo.json and PNG plots in a new folder; every server is stopped. No GPU "
     "needed. Exit 0 ok, 1 a server failed, 2 bad input, 130 interrupted."
 )
 def demo(
@@ -91,63 +129,76 @@ def demo(
         int, typer.Option(help="Agentic sessions in flight on each server (closed loop).")
     ] = 4,
     num_prompts: Annotated[
-        int, typer.Option(help="Measured requests per server (a session may overshoot it).")
+        int, typer.Option(help="Measured requests per server in the A/B (may overshoot).")
     ] = 32,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per server, not counted.")] = 1,
+    tune_prompts: Annotated[
+        int, typer.Option(help="Measured requests per candidate in the tune.")
+    ] = 16,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per bench, not counted.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same requests.")] = 0,
+    candidates: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated candidates to measure (vLLM's defaults always are); default "
+            "all: vllm-defaults,max-num-seqs-2,batched-tokens-128,ngram-spec-3."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="New folder for demo.json and plots/ (default ./kimictl-demo-<time>)."),
     ] = None,
     keep: Annotated[
-        bool, typer.Option("--keep", help="Leave both servers running afterwards (kimictl ps).")
+        bool,
+        typer.Option("--keep", help="Leave the A/B pair running afterwards (kimictl ps)."),
     ] = False,
     port: Annotated[
         int | None,
-        typer.Option(help="Port of cpu-demo; the twin gets PORT+1 (default: 8100 or next free)."),
+        typer.Option(help="First port; candidate N gets PORT+N-1 (default: 8100 or next free)."),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for both servers.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each server.")] = 900.0,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the demo report as one JSON document.")
     ] = False,
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
-    from kimictl.commands._render import bench_progress, phase_printer
+    from kimictl.commands._render import phase_printer
     from kimictl.runtime import demo as rt
     from kimictl.runtime.errors import EndpointError
 
+    names = None
+    if candidates is not None:
+        names = tuple(n.strip() for n in candidates.split(",") if n.strip())
     request = rt.DemoRequest(
         out=out,
         sessions=sessions,
         num_prompts=num_prompts,
+        tune_prompts=tune_prompts,
         warmup=warmup,
         keep=keep,
         seed=seed,
         port=port,
         timeout=timeout,
+        candidates=names,
     )
     plan = rt.prepare_demo(request)
     if not json_out:
         _print_intro(plan)
-    progress, on_point, on_record = bench_progress(num_prompts, 1, quiet=json_out)
     result = rt.run_demo(
         plan,
         on_step=_step_printer(json_out),
         on_phase=phase_printer(json_out),
-        on_point=on_point,
-        on_record=on_record,
-        live=progress,
+        bench_ui=_bench_ui(json_out),
     )
     if json_out:
         emit_json(result.to_json())
     else:
         _print_result(result)
     if result.interrupted:
-        err_console.print("interrupted: both servers stopped; finished requests are in the report")
+        err_console.print("interrupted: every server stopped; finished requests are in the report")
         raise typer.Exit(130)
     reason = result.outcome.stop_reason if result.outcome is not None else None
     if reason:
         raise EndpointError(
-            f"the demo's bench stopped early: {reason}",
+            f"the demo's A/B bench stopped early: {reason}",
             hint="finished requests are in the report; the servers' logs are named above",
         )

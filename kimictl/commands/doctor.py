@@ -12,8 +12,8 @@ import typer
 from kimictl.runtime.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment import DeploymentSpec
-    from kimictl.runtime.rules import Diagnosis
+    from kimictl.runtime.checks.rules import Diagnosis
+    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 app = typer.Typer(add_completion=False)
 
@@ -25,7 +25,7 @@ def _spec_from(
         raise InputError("--profile and --vllm-args both given; pass one of them.")
     if profile:
         try:
-            from kimictl.runtime.profiles import load_profile
+            from kimictl.runtime.deployment.profiles import load_profile
         except ImportError:
             raise InputError(
                 f"--profile {profile}: profiles are not available in this kimictl build.",
@@ -37,7 +37,7 @@ def _spec_from(
             raise InputError(
                 '--vllm-args is empty; pass a command such as "vllm serve MODEL -tp 8".'
             )
-        from kimictl.runtime.deployment import parse_vllm_command
+        from kimictl.runtime.deployment.spec import parse_vllm_command
 
         parsed = parse_vllm_command(vllm_args)
         return parsed.spec, list(parsed.unrecognised)
@@ -45,7 +45,7 @@ def _spec_from(
 
 
 def _inventory(diagnosis: Diagnosis) -> list[str]:
-    from kimictl.runtime.hardware import Unavailable
+    from kimictl.runtime.checks.hardware import Unavailable
 
     lines = []
     hw = diagnosis.hardware
@@ -77,7 +77,7 @@ def _inventory(diagnosis: Diagnosis) -> list[str]:
 def _render(diagnosis: Diagnosis) -> None:
     from kimictl.commands._checks import print_check
     from kimictl.commands._output import console
-    from kimictl.runtime.rules import Section
+    from kimictl.runtime.checks.rules import Section
 
     for section in Section:
         console.print(f"\n[bold]{section.value}[/bold]")
@@ -131,7 +131,7 @@ def doctor(
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
-    from kimictl.runtime.rules import diagnose
+    from kimictl.runtime.checks.rules import diagnose
 
     spec, unrecognised = _spec_from(profile, vllm_args)
     diagnosis = diagnose(

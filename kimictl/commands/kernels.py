@@ -6,7 +6,6 @@ imported inside the commands so `kimictl kernels --help` stays light.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -109,14 +108,9 @@ def install(
 
 
 def _install_stack(*, dry_run: bool, json_out: bool) -> None:
-    from kimictl.kernels.node import plan_stack
-    from kimictl.runtime.hardware import probe_local
-    from kimictl.runtime.stack import probe_stack
+    from kimictl.kernels.node import install_stack, node_stack_plan
 
-    hw = probe_local(include_stack=False)
-    node = hw.nodes[0] if hw.nodes else None
-    driver: Any = node.cuda_driver_version if node else None
-    plan = plan_stack(probe_stack(), driver)
+    plan = node_stack_plan()
     if json_out:
         emit_json({"dry_run": dry_run, **plan.to_json()})
     else:
@@ -134,13 +128,7 @@ def _install_stack(*, dry_run: bool, json_out: bool) -> None:
             "from vLLM 0.33.0's pins",
             hint="run without --dry-run to install them",
         )
-    proc = subprocess.run(plan.pip_argv, check=False)
-    if proc.returncode != 0:
-        raise CheckFailed(f"pip install exited with {proc.returncode}")
-    after = plan_stack(probe_stack(), driver)
-    if after.pip_argv is not None:
-        raise CheckFailed("pins still differ after pip install: " + ", ".join(
-            p["name"] for p in after.packages if p["status"] != "ok"))  # fmt: skip
+    install_stack(plan)
     if not json_out:
         console.print("kernel stack now matches vLLM 0.33.0's pins")
 

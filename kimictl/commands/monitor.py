@@ -11,27 +11,23 @@ import typer
 from kimictl.runtime.errors import InputError
 
 if TYPE_CHECKING:
-    from kimictl.runtime.runs import Target
+    from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
 
 
 def _targets(texts: list[str]) -> list[Target]:
-    from kimictl.runtime.runs import Target, latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import ab_targets, resolve_target
 
     if not texts:
-        pair = latest_ab_pair()
-        if pair is None:
-            raise InputError(
-                "no endpoint given and no live A/B pair was launched by kimictl.",
+        return list(
+            ab_targets(
+                ("tuned", "stock"),
+                missing="no endpoint given and no live A/B pair was launched by kimictl.",
                 hint="pass URLs (kimictl monitor http://127.0.0.1:8000 or tuned=URL stock=URL), "
                 "a run id from `kimictl ps`, or start a pair with `kimictl serve --ab`.",
             )
-        tuned, stock = pair
-        return [
-            Target("tuned", tuned.url, tuned.model, tuned.gpus, tuned.id, "tuned"),
-            Target("stock", stock.url, stock.model, stock.gpus, stock.id, "stock"),
-        ]
+        )
     targets = [resolve_target(t) for t in texts]
     seen: set[str] = set()
     for t in targets:
@@ -47,7 +43,7 @@ def _render_table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
-    from kimictl.runtime.metrics import HIGHER_IS_BETTER, format_window
+    from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, format_window
     from kimictl.tui.rows import ROWS, fmt, fmt_ratio
 
     endpoints = doc["endpoints"]
@@ -99,6 +95,11 @@ def _line(doc: dict[str, Any]) -> str:
             + f" tok/s/user, running {ep.get('running') or 0:.0f}"
             + f", waiting {ep.get('waiting') or 0:.0f}"
         )
+    gpus = doc.get("gpus")
+    if gpus and gpus.get("gpus"):  # the GPU strip of the TUI, one cell per GPU
+        from kimictl.runtime.observe.gpu_telemetry import GpuSample
+
+        parts.extend(GpuSample(**g).summary() for g in gpus["gpus"])
     return " | ".join(parts)
 
 
@@ -137,7 +138,7 @@ def monitor(
 ) -> None:
     import asyncio
 
-    from kimictl.runtime import metrics
+    from kimictl.runtime.observe import metrics
 
     window_s = metrics.parse_window(window)
     if not 0.05 <= interval <= 60:
@@ -159,7 +160,7 @@ def monitor(
     ]
 
     if once or no_tui:
-        from kimictl.runtime.gpu_telemetry import sample_gpus
+        from kimictl.runtime.observe.gpu_telemetry import sample_gpus
 
         def on_tick(doc: dict[str, Any]) -> None:
             if record is not None:

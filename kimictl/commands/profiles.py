@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.profiles import Profile
-    from kimictl.runtime.rules.base import Check
+    from kimictl.runtime.checks.rules.base import Check
+    from kimictl.runtime.deployment.profiles import Profile
 
 app = typer.Typer(
     add_completion=False,
@@ -43,8 +43,8 @@ def list_(json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime import k3
-    from kimictl.runtime.profiles import profile_dirs, scan_profiles
+    from kimictl.runtime.deployment import k3
+    from kimictl.runtime.deployment.profiles import profile_dirs, scan_profiles
 
     good, bad = scan_profiles()
     if json_out:
@@ -99,8 +99,8 @@ def show(
     from rich.markup import escape
 
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime.profiles import load_profile
-    from kimictl.runtime.rules.deployment import fast_path_coverage
+    from kimictl.runtime.checks.rules.deployment import fast_path_coverage
+    from kimictl.runtime.deployment.profiles import load_profile
 
     profile = load_profile(name)
     coverage = fast_path_coverage(profile.spec)
@@ -132,11 +132,11 @@ def show(
 
 
 def _validate_checks(profile: Profile, snapshots: list[Path]) -> list[Check]:
-    from kimictl.runtime.rules.deployment import deployment_checks
+    from kimictl.runtime.checks.rules.deployment import deployment_checks
 
     hw = None
     if snapshots:
-        from kimictl.runtime.hardware import load_snapshots
+        from kimictl.runtime.checks.hardware import load_snapshots
 
         hw = load_snapshots(snapshots)
     return deployment_checks(profile.spec, hw)
@@ -160,8 +160,8 @@ def validate(
 ) -> None:
     from kimictl.commands._checks import print_check
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime.profiles import load_profile
-    from kimictl.runtime.rules.base import verdict
+    from kimictl.runtime.checks.rules.base import verdict
+    from kimictl.runtime.deployment.profiles import load_profile
 
     profile = load_profile(file)
     cpu = profile.runtime == "cpu"
@@ -214,7 +214,7 @@ def diff(
     from rich.table import Table
 
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime.profiles import diff_profiles, load_profile
+    from kimictl.runtime.deployment.profiles import diff_profiles, load_profile
 
     left, right = load_profile(a), load_profile(b)
     rows = diff_profiles(left, right)

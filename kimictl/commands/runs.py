@@ -38,7 +38,7 @@ def ps(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime import launcher, runs
+    from kimictl.runtime.serving import launcher, runs
 
     records = runs.list_runs(include_finished=all_runs)
     healths = {
@@ -97,8 +97,8 @@ def stop(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime import launcher, runs
     from kimictl.runtime.errors import InputError
+    from kimictl.runtime.serving import launcher, runs
 
     if run_ids and all_runs:
         raise InputError("give run ids or --all, not both.")
@@ -128,8 +128,8 @@ def logs(
 ) -> None:
     import sys
 
-    from kimictl.runtime import launcher, runs
     from kimictl.runtime.errors import InputError
+    from kimictl.runtime.serving import launcher, runs
 
     record = runs.get_run(run_id)
     try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.runs import RunRecord
+    from kimictl.runtime.serving.runs import RunRecord
 
 app = typer.Typer(add_completion=False)
 
@@ -96,8 +96,8 @@ def serve(
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
-    from kimictl.runtime import launcher
     from kimictl.runtime.errors import InputError
+    from kimictl.runtime.serving import workflow
 
     if render is not None and render not in ("slurm", "k8s"):
         raise InputError(f"--render {render!r} is not a format; allowed: slurm, k8s.")
@@ -105,7 +105,7 @@ def serve(
         raise InputError("--render writes one deployment; drop --ab (render each profile).")
     if output is not None and render is None:
         raise InputError("--output goes with --render; without it there is no file to write.")
-    request = launcher.ServeRequest(
+    request = workflow.ServeRequest(
         profile=profile,
         model=model,
         host=host,
@@ -120,11 +120,11 @@ def serve(
         insecure=insecure,
         for_render=render is not None,
     )
-    prepared = launcher.prepare_serve(request)
+    prepared = workflow.prepare_serve(request)
     if render is not None:
-        from kimictl.runtime.render import render as render_job
+        from kimictl.runtime.serving.render import render as render_job
 
-        launcher.refuse_if_blocked(prepared)
+        workflow.refuse_if_blocked(prepared)
         plan = prepared.plans[0]
         text = render_job(plan, render, nnodes=nnodes, api_key=plan.api_key is not None)
         if output is None:
@@ -149,14 +149,14 @@ def serve(
         return
     if not json_out:
         print_notes(prepared)
-    launcher.refuse_if_blocked(prepared)  # the error lists every blocking reason
+    workflow.refuse_if_blocked(prepared)  # the error lists every blocking reason
     if not json_out:
         print_gate(prepared)
     if not json_out:
         for plan in prepared.plans:
             print_plan(plan, with_env=False)  # --dry-run shows the environment too
             console.print(f"  log: {plan.log_path}", highlight=False, soft_wrap=True)
-    records = launcher.run_serve(
+    records = workflow.run_serve(
         prepared,
         detach=detach,
         on_phase=phase_printer(json_out),

@@ -28,7 +28,7 @@ def cpu_runtime_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
-    from kimictl.runtime import cpu_runtime, tinymodel
+    from kimictl.runtime.serving import cpu_runtime, tinymodel
 
     begin = time.monotonic()
     steps: list[dict[str, object]] = []

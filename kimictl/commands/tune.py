@@ -43,6 +43,15 @@ AcceptOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+CommOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--comm-curve",
+        help="All-reduce curve JSON from benchmarks/allreduce.py: the model's communication term "
+        "comes from it (other TPs extrapolated) instead of the spec-sheet constants.",
+        metavar="FILE",
+    ),
+]
 
 
 @app.callback(invoke_without_command=True)
@@ -93,6 +102,7 @@ def tune(
             metavar="BENCH.json PROFILE",
         ),
     ] = None,
+    comm_curve: CommOpt = None,
 ) -> None:
     """Search TP8/TP16 x DCP x draft x max-num-seqs; print the Pareto frontier and a choice."""
     if ctx.invoked_subcommand is not None:
@@ -121,6 +131,7 @@ def tune(
 
         check_png_target(plot, overwrite=force)
     hw, count, source = service.resolve_system(system, gpus, from_snapshot)
+    hw = service.with_comm_curve(hw, comm_curve)
     result = service.run_search(
         system=hw,
         gpus=count,
@@ -143,6 +154,7 @@ def tune(
     if json_out:
         doc = result.to_json()
         doc["hardware_source"] = source
+        doc["communication"] = hw.communication()
         doc["model"] = service.model_card()["published_figures"]
         if written is not None:
             doc["written"] = str(written)
@@ -152,6 +164,7 @@ def tune(
         _fail_if_nothing_fits(result)
         return
     _render_search(result, source)
+    console.print(f"[dim]all-reduce term: {hw.communication()}[/dim]", soft_wrap=True)
     if png is not None:
         console.print(f"plot written: {png}")
     if written is not None:
@@ -172,8 +185,9 @@ def _fail_if_nothing_fits(result: SearchResult) -> None:
 def _render_search(result: SearchResult, source: str) -> None:
     from rich.table import Table
 
-    from kimictl.runtime.tuning.model import MODEL_VERSION, published_checks
+    from kimictl.runtime.tuning.model import MODEL_VERSION
     from kimictl.runtime.tuning.plot import terminal_plot
+    from kimictl.runtime.tuning.published import published_checks
     from kimictl.runtime.tuning.systems import SYSTEMS
 
     inp = result.inputs
@@ -250,11 +264,13 @@ def predict_cmd(
     context: ContextOpt = "8k",
     output_len: OutputOpt = "1k",
     json_out: JsonOpt = False,
+    comm_curve: CommOpt = None,
 ) -> None:
     """The model's prediction for one configuration, specialized path and stock."""
     from kimictl.runtime.tuning import service
 
     hw, count, _ = service.resolve_system(system, gpus, from_snapshot)
+    hw = service.with_comm_curve(hw, comm_curve)
     result = service.predict_pair(
         system=hw,
         gpus=count,
@@ -297,6 +313,18 @@ def _render_predict(result: dict[str, Any]) -> None:
     )
     if result["specialized_unavailable"]:
         console.print(f"[yellow]note:[/yellow] {result['specialized_unavailable']}")
+    console.print(f"all-reduce term: {result['communication']}", soft_wrap=True)
+    plain = result["spec_sheet_communication"]
+    if plain is not None:
+        parts = []
+        for path in ("specialized", "stock"):
+            now, then = result[path], plain[path]
+            comm_now = now["detail"]["breakdown_us"].get("comm", 0.0)
+            parts.append(
+                f"{path} {then['tokens_per_s_per_user']:,.1f} tokens/s/user "
+                f"(comm {then['comm_us']:.1f} us/step; measured: {comm_now:.1f})"
+            )
+        console.print("with the spec-sheet constants instead: " + "; ".join(parts), soft_wrap=True)
 
 
 def _check(bench: Path, profile: str, json_out: bool, system: str | None) -> None:
@@ -350,7 +378,7 @@ def _measure(
     if write is not None:  # refuse a bad --write before the sweep, not after it
         check_write_target(write, overwrite=force)
         if base_profile is not None:
-            from kimictl.runtime.profiles import load_profile
+            from kimictl.runtime.deployment.profiles import load_profile
 
             load_profile(base_profile)
     result = measure(

@@ -10,46 +10,24 @@ import typer
 from kimictl.commands._output import console, emit_json, err_console
 from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.runtime.evals.plan import CHECKS, parse_checks
 
 if TYPE_CHECKING:
-    from kimictl.runtime.evals import CheckResult, ValidationReport
-    from kimictl.runtime.runs import Target
+    from kimictl.runtime.evals.report import CheckResult, ValidationReport
+    from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
 
-CHECK_NAMES = ("greedy", "long_context", "sampling", "structured", "full_context")
-
-
-def _parse_checks(text: str | None) -> tuple[str, ...]:
-    if text is None:
-        return CHECK_NAMES
-    chosen = []
-    for part in text.split(","):
-        name = part.strip().replace("-", "_")
-        if not name:
-            continue
-        if name not in CHECK_NAMES:
-            raise InputError(
-                f"--checks {text!r}: unknown check {part.strip()!r}; "
-                f"allowed: {', '.join(CHECK_NAMES)}"
-            )
-        chosen.append(name)
-    if not chosen:
-        raise InputError(f"--checks {text!r} names no check; allowed: {', '.join(CHECK_NAMES)}")
-    return tuple(c for c in CHECK_NAMES if c in chosen)
-
 
 def _targets(candidate: str | None, reference: str | None) -> tuple[Target, Target]:
-    from kimictl.runtime.runs import latest_ab_pair, resolve_target
+    from kimictl.runtime.serving.runs import ab_targets, resolve_target
 
     if candidate is None and reference is None:
-        pair = latest_ab_pair()
-        if pair is None:
-            raise InputError(
-                "no --candidate/--reference given and no live A/B pair launched by kimictl",
-                hint="start one with `kimictl serve --ab`, or pass --candidate URL --reference URL",
-            )
-        return resolve_target(f"candidate={pair[0].id}"), resolve_target(f"reference={pair[1].id}")
+        return ab_targets(
+            ("candidate", "reference"),
+            missing="no --candidate/--reference given and no live A/B pair launched by kimictl",
+            hint="start one with `kimictl serve --ab`, or pass --candidate URL --reference URL",
+        )
     if candidate is None or reference is None:
         missing = "--candidate" if candidate is None else "--reference"
         raise InputError(
@@ -65,10 +43,14 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _style(check: CheckResult) -> str:
+    return "green" if check.passed else "yellow" if check.status.value == "skip" else "red"
+
+
 def _render_check(check: CheckResult) -> None:
     from rich.table import Table
 
-    style = "green" if check.passed else "red"
+    style = _style(check)
     console.print(
         f"\n[bold]{check.name}[/] [{style}]{check.status.value.upper()}[/]  {check.summary}"
     )
@@ -111,7 +93,7 @@ def _render(report: ValidationReport) -> None:
     table.add_column("numbers")
     table.add_column("s", justify="right")
     for check in report.checks:
-        style = "green" if check.passed else "red"
+        style = _style(check)
         table.add_row(
             check.name,
             f"[{style}]{check.status.value.upper()}[/]",
@@ -128,6 +110,9 @@ def _render(report: ValidationReport) -> None:
         if report.passed
         else ("[red]FAIL[/]: the candidate must not take traffic")
     )
+    if report.passed and report.skipped:
+        skipped = ", ".join(c.name for c in report.skipped)
+        verdict += f" [yellow](not checked at this context: {skipped})[/]"
     console.print(f"\nverdict: {verdict} ({report.seconds:.0f} s)")
 
 
@@ -142,7 +127,7 @@ def validate(
     ] = None,
     checks: Annotated[
         str | None,
-        typer.Option("--checks", help=f"Comma-separated subset of: {', '.join(CHECK_NAMES)}."),
+        typer.Option("--checks", help=f"Comma-separated subset of: {', '.join(CHECKS)}."),
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer prompts and samples (about 2x faster).")
@@ -170,13 +155,16 @@ def validate(
     """Compare a candidate deployment with a reference serving the same model: greedy agreement,
     long-context numerics and retrieval, temperature sampling, structured output, full context.
     Exit 0 when every check passes, 1 when one fails, 2 on bad input."""
-    from kimictl.runtime.evals import Endpoint, Thresholds, provenance_updates, run_validation
+    from kimictl.runtime.evals.client import Endpoint
+    from kimictl.runtime.evals.plan import Thresholds
+    from kimictl.runtime.evals.report import provenance_updates
+    from kimictl.runtime.evals.runner import run_validation
 
-    chosen = _parse_checks(checks)
+    chosen = parse_checks(checks)
     limits = Thresholds().with_overrides(threshold or [])
     profile_path = None
     if gate is not None:
-        from kimictl.runtime.profiles import load_profile
+        from kimictl.runtime.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
     cand_t, ref_t = _targets(candidate, reference)
@@ -206,7 +194,7 @@ def validate(
 
         save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
     if profile_path is not None:
-        from kimictl.runtime.profiles import update_provenance
+        from kimictl.runtime.deployment.profile_writer import update_provenance
 
         update_provenance(profile_path, provenance_updates(report))
     if json_out:
@@ -219,7 +207,12 @@ def validate(
                 highlight=False,
             )
     if not report.passed:
-        failed = [c.name for c in report.checks if not c.passed]
+        failed = [c.name for c in report.checks if c.status.value in ("fail", "error")]
+        if not failed:
+            raise CheckFailed(
+                "validation proved nothing: every check was skipped at this context",
+                hint="the report above says what each check needs; serve a longer max_model_len",
+            )
         raise CheckFailed(
             f"validation failed: {', '.join(failed)}",
             hint="the report above names each threshold and the evidence",

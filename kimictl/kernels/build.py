@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
@@ -51,10 +52,8 @@ class Family:
 
 # Shipped families are what `kimictl kernels build` compiles by default and what the manifest's
 # source hash covers; a family with shipped=False is built only on request
-# (`build(arch, configs=EXPERIMENTAL_CONFIGS)`) and leaves that hash alone. (The operand-swapped
-# `tcswap` family of the first session was such a family; it never beat cuBLAS outside noise and
-# is gone: benchmarks/RESULTS.md#kernels.) A family whose module is absent is skipped, so a new
-# family lands by adding its two files and one line here.
+# (`build(arch, configs=EXPERIMENTAL_CONFIGS)`) and leaves that hash alone. A family whose module is
+# absent is skipped, so a new family lands by adding its two files and one line here.
 FAMILIES: dict[str, Family] = {
     "wstream_gemm": Family(
         "wstream_gemm", "CONFIGS", "_compile_wstream",
@@ -326,7 +325,5 @@ def build(
         "runtime_lib": RUNTIME_LIB if (arch_dir / RUNTIME_LIB).is_file() else None,
         "kernels": kernels,
     }
-    tmp = arch_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(arch_dir / MANIFEST)
+    atomic_write(arch_dir / MANIFEST, json.dumps(manifest, indent=1))
     return BuildResult(arch, arch_dir, kernels, time.perf_counter() - t0, reused)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.outputs import atomic_write
+
 __all__ = [
     "K3_GEMM_SHAPES",
     "family_of",
@@ -27,7 +29,7 @@ __all__ = [
     "geomean",
 ]
 
-# (name, N, K) per GPU, TP8 unless the name says otherwise (issue 7)
+# (name, N, K) per GPU, TP8 unless the name says otherwise
 K3_GEMM_SHAPES: tuple[tuple[str, int, int], ...] = (
     ("fused_qkv_a", 2112, 7168),
     ("kda_in_tp8", 12448, 7168),
@@ -197,10 +199,7 @@ class DispatchTable:
         return table
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: Path) -> DispatchTable:

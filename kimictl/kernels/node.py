@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kimictl.kernels.dispatch import DispatchTable
+from kimictl.runtime.checks.stack import CUTLASS_INSTALL
 from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
-from kimictl.runtime.stack import CUTLASS_INSTALL
 
 __all__ = [
     "KERNEL_STACK",
+    "install_stack",
+    "node_stack_plan",
     "MIN_DRIVER_CUDA",
     "InstallReport",
     "StackPlan",
@@ -33,7 +36,7 @@ __all__ = [
     "require_gpu",
 ]
 
-# The kernel stack vLLM 0.33.0 pins (issue 7); versions come from kimictl.runtime.stack.PINNED.
+# The kernel stack vLLM 0.33.0 pins; versions come from checks.stack.PINNED.
 KERNEL_STACK: tuple[str, ...] = (
     "torch",
     "flashinfer-python",
@@ -245,9 +248,9 @@ def _parse_cuda(version: str) -> tuple[int, int] | None:
 def plan_stack(stack: Any, driver_cuda: Any, *, python: str | None = None) -> StackPlan:
     """Which of the kernel-stack pins are off, and the single pip command that fixes them.
 
-    `stack` is a kimictl.runtime.stack.StackReport; `driver_cuda` the driver's CUDA version
+    `stack` is a kimictl.runtime.checks.stack.StackReport; `driver_cuda` the driver's CUDA version
     ("13.0"), or a falsy Unavailable/None when no driver answered."""
-    from kimictl.runtime.stack import PINNED
+    from kimictl.runtime.checks.stack import PINNED
 
     if not driver_cuda:
         reason = getattr(driver_cuda, "reason", None) or "no NVIDIA driver answered"
@@ -277,3 +280,32 @@ def plan_stack(stack: Any, driver_cuda: Any, *, python: str | None = None) -> St
             installs.append(pin.install)
     argv = [python or sys.executable, "-m", "pip", "install", *installs] if installs else None
     return StackPlan(driver_str, driver_ok, driver_reason, rows, argv)
+
+
+def _driver_cuda() -> Any:
+    from kimictl.runtime.checks.hardware import probe_local
+
+    hw = probe_local(include_stack=False)
+    return hw.nodes[0].cuda_driver_version if hw.nodes else None
+
+
+def node_stack_plan() -> StackPlan:
+    """plan_stack for this node: its installed packages and its driver's CUDA version."""
+    from kimictl.runtime.checks.stack import probe_stack
+
+    return plan_stack(probe_stack(), _driver_cuda())
+
+
+def install_stack(plan: StackPlan) -> StackPlan:
+    """Run the plan's one pip command, then check the pins again. CheckFailed when pip fails or a
+    pin still differs afterwards."""
+    if plan.pip_argv is None:
+        return plan
+    proc = subprocess.run(plan.pip_argv, check=False)
+    if proc.returncode != 0:
+        raise CheckFailed(f"pip install exited with {proc.returncode}")
+    after = node_stack_plan()
+    if after.pip_argv is not None:
+        differ = ", ".join(p["name"] for p in after.packages if p["status"] != "ok")
+        raise CheckFailed(f"pins still differ after pip install: {differ}")
+    return after

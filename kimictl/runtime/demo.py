@@ -1,14 +1,23 @@
 """The main job on the embedded default: `kimictl demo`.
 
-Starts the `cpu-demo` deployment and a differently configured twin (its stock twin profile with
-`max_num_seqs` lowered, see TWIN_MAX_NUM_SEQS), sends both the same agentic workload (the `small`
-preset) in turn, compares them, writes the JSON report and the plots into a new folder, and stops
-everything it started. Nothing here is new machinery: profiles -> `launcher.prepare_serve` (the A/B
-pair of `serve --ab`), `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
+The operator's workflow, start to finish, on kimictl's tiny K2-architecture model and CPU build of
+vLLM: (1) the gate, as `kimictl serve` runs it; (2) a measured tune over a small real search space
+(demo_tune.CANDIDATES: vLLM's defaults and a few settings that plausibly change per-user decode
+speed), each candidate served in turn and benched with the same seeded agentic workload; (3) the
+choice, by a stated rule over those measurements (demo_tune.choose) against an interactivity SLO
+derived from the defaults; (4) an A/B of the chosen configuration against vLLM's defaults with
+bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
+
+Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the gate) and
+`launcher.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
 `benchreport.run_bench` for the load and the comparison, `benchreport.write_plots` for the PNGs.
 
-Lifetime: SIGINT/SIGTERM set a flag (`launcher.stop_signals`) that both the start-up wait and the
-bench watch; whatever happens, a `finally` stops the servers (unless `keep` and all went well).
+vLLM's defaults stay up through the tune: each candidate is benched back to back with them, so a
+shared machine's load drift and the servers' warm-up hit both sides of each comparison alike.
+Only the defaults and the current choice stay up while the next candidate is measured (at most
+three servers), so the chosen one is already running for the A/B. SIGINT/SIGTERM set a flag
+(`launcher.stop_signals`) that the start-up waits and the benches watch; whatever happens, a
+`finally` stops the servers (unless `keep` and all went well: then the A/B pair stays up).
 """
 
 from __future__ import annotations
@@ -24,29 +33,48 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import launcher
-from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.runtime.demo_tune import (
+    CANDIDATES,
+    DEFAULTS,
+    KNOBS,
+    Candidate,
+    Choice,
+    Measured,
+    choose,
+    measured_from,
+    verdict,
+)
+from kimictl.runtime.errors import InputError, LaunchError, Unsupported
+from kimictl.runtime.outputs import atomic_write
+from kimictl.runtime.serving import launcher, workflow
 
 __all__ = [
     "DEMO_PROFILE",
     "DemoPlan",
     "DemoRequest",
     "DemoResult",
-    "TWIN_MAX_NUM_SEQS",
     "default_out_dir",
     "prepare_demo",
     "run_demo",
 ]
 
-DEMO_PROFILE = launcher.CPU_DEMO
-# The twin differs from cpu-demo in one setting a CPU user can see: no batching. With several
-# sessions in flight, batching buys throughput and first-token time, not per-user decode speed.
-TWIN_MAX_NUM_SEQS = 1
+DEMO_PROFILE = workflow.CPU_DEMO
 JSON_NAME = "demo.json"
 PLOTS_DIR = "plots"
+TUNE_PLOTS_DIR = "plots/tune"
 REQUEST_TIMEOUT_S = 120.0
-TAKEAWAY = ("output tokens/s", "TTFT mean ms", "interactivity p50 tok/s/user")
+CONTROL = "defaults-control"  # A's name when the choice is vLLM's defaults (a control run)
+TAKEAWAY = (
+    "interactivity p10 (slow tail) tok/s/user",
+    "interactivity p50 tok/s/user",
+    "output tokens/s",
+    "TTFT mean ms",
+)
 _PORT_SEARCH = 100  # ports tried above the profile's when they are taken
+
+StepFn = Callable[[str], None]
+# (measured requests) -> (live display, on_point, on_record) for one bench
+BenchUi = Callable[[int], tuple[AbstractContextManager[Any], Any, Any]]
 
 
 @dataclass(frozen=True)
@@ -56,30 +84,44 @@ class DemoRequest:
     out: Path | None = None
     sessions: int = 4
     num_prompts: int = 32
+    tune_prompts: int = 16
     warmup: int = 1
     keep: bool = False
     seed: int = 0
     port: int | None = None
     timeout: float = 900.0
+    candidates: tuple[str, ...] | None = None  # names from demo_tune.CANDIDATES; None = all
 
 
 @dataclass
 class DemoPlan:
-    """The checked demo: the A/B pair's plans (twin re-planned), where results go, what differs."""
+    """The checked demo: the gate's findings, one launch plan per candidate, the output folder."""
 
     request: DemoRequest
-    prepared: launcher.Prepared
+    prepared: workflow.Prepared  # the gate, as `kimictl serve` runs it
     out: Path
-    names: tuple[str, str]
-    difference: dict[str, Any]
+    candidates: list[tuple[Candidate, launcher.LaunchPlan]]
+    ab_group: str
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
-        a, b = self.prepared.plans
         return {
-            "a": {"name": self.names[0], "profile": a.profile, "url": a.url, "run_id": a.run_id},
-            "b": {"name": self.names[1], "profile": b.profile, "url": b.url, "run_id": b.run_id},
-            "difference": self.difference,
+            "profile": DEMO_PROFILE,
+            "gate": [
+                {"id": c.id, "status": c.status.value, "message": c.message}
+                for c in self.prepared.checks
+            ],
+            "candidates": [
+                {
+                    "name": c.name,
+                    "changes": dict(c.changes),
+                    "why": c.why,
+                    "url": p.url,
+                    "run_id": p.run_id,
+                    "argv": p.redacted_argv(),
+                }
+                for c, p in self.candidates
+            ],
             "notes": self.notes,
         }
 
@@ -87,43 +129,62 @@ class DemoPlan:
 @dataclass
 class DemoResult:
     plan: DemoPlan
-    outcome: Any | None  # benchreport.BenchOutcome; None when stopped before the bench
-    records: list[Any]  # runs.RunRecord, as last written
+    measured: list[Measured]
+    choice: Choice | None
+    names: tuple[str, str] | None  # the A/B's (A = chosen, B = vLLM's defaults)
+    outcome: Any | None  # the A/B's benchreport.BenchOutcome; None when stopped before it
+    tune_outcome: Any | None  # every candidate's bench, merged (summaries, records)
+    records: list[Any]  # runs.RunRecord of every server started, as last written
     json_path: Path | None
     plots: list[Path]
     plots_error: str | None
     interrupted: bool
     kept: bool
     wall_s: float
-    ready_s: float | None
+    timings: dict[str, float]
 
     def takeaway(self) -> list[dict[str, Any]]:
-        """The A/B rows a CPU user learns from (throughput, first token, per-user speed)."""
+        """The A/B rows the story needs: per-user speed (the SLO's metric), what it costs."""
         if self.outcome is None or not self.outcome.ab:
             return []
         return [r for r in self.outcome.ab if r["metric"] in TAKEAWAY]
 
+    def verdict(self) -> str | None:
+        if self.outcome is None or not self.outcome.ab or self.choice is None:
+            return None
+        assert self.names is not None
+        chosen = DEFAULTS if self.choice.is_defaults else self.names[0]
+        return verdict(self.outcome.ab, chosen=chosen, defaults=self.names[1])
+
     def to_json(self) -> dict[str, Any]:
+        req = self.plan.request
         return {
-            "kimictl_demo": 1,
+            "kimictl_demo": 2,
             **self.plan.describe(),
             "workload": {
                 "name": "agentic",
                 "preset": "small",
-                "sessions": self.plan.request.sessions,
-                "num_prompts": self.plan.request.num_prompts,
-                "warmup": self.plan.request.warmup,
-                "seed": self.plan.request.seed,
+                "sessions": req.sessions,
+                "tune_num_prompts": req.tune_prompts,
+                "ab_num_prompts": req.num_prompts,
+                "warmup": req.warmup,
+                "seed": req.seed,
             },
+            "measured": [m.to_json() for m in self.measured],
+            "choice": None if self.choice is None else self.choice.to_json(),
+            "a": None if self.names is None else self.names[0],
+            "b": None if self.names is None else self.names[1],
+            "takeaway": self.takeaway(),
+            "verdict": self.verdict(),
+            "bench": None if self.outcome is None else self.outcome.to_json(),
+            "tune_bench": None if self.tune_outcome is None else self.tune_outcome.to_json(),
+            "runs": [r.to_json() for r in self.records],
+            "plots": [str(p) for p in self.plots],
+            "plots_error": self.plots_error,
             "interrupted": self.interrupted,
             "kept_running": self.kept,
             "wall_s": self.wall_s,
-            "ready_s": self.ready_s,
-            "runs": [r.to_json() for r in self.records],
-            "takeaway": self.takeaway(),
-            "bench": None if self.outcome is None else self.outcome.to_json(),
-            "plots": [str(p) for p in self.plots],
-            "plots_error": self.plots_error,
+            "timings_s": self.timings,
         }
 
 
@@ -157,18 +218,36 @@ def _check_out(out: Path) -> None:
         raise InputError(f"--out {out}: cannot create it ({parent} is not a writable folder).")
 
 
-def _check_sizes(request: DemoRequest) -> None:
+def _pick_candidates(names: tuple[str, ...] | None) -> list[Candidate]:
+    if names is None:
+        return list(CANDIDATES)
+    known = {c.name: c for c in CANDIDATES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(
+            f"--candidates: unknown candidate {', '.join(unknown)}; allowed: {', '.join(known)}."
+        )
+    wanted = {DEFAULTS, *names}  # the defaults are the baseline: always measured
+    return [c for c in CANDIDATES if c.name in wanted]
+
+
+def _check_sizes(request: DemoRequest, count: int) -> None:
     for flag, value, low in (
         ("--sessions", request.sessions, 1),
         ("--num-prompts", request.num_prompts, 2),
+        ("--tune-prompts", request.tune_prompts, 2),
         ("--timeout", request.timeout, 1),
     ):
         if value < low:
             raise InputError(f"{flag} {value} must be >= {low}.")
     if request.warmup < 0:
         raise InputError(f"--warmup {request.warmup} must be >= 0.")
-    if request.port is not None and not 0 < request.port < 65535:
-        raise InputError(f"--port {request.port} is not a TCP port pair; allowed: 1-65534.")
+    top = 65535 - count
+    if request.port is not None and not 0 < request.port <= top:
+        raise InputError(
+            f"--port {request.port} leaves no room for {count} servers "
+            f"(PORT..PORT+{count - 1}); allowed: 1-{top}."
+        )
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -179,79 +258,156 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _free_pair(host: str, start: int) -> int:
-    """The first port P >= start with P and P+1 both free (the demo's pair)."""
-    for port in range(start, min(start + _PORT_SEARCH, 65534)):
-        if _port_free(host, port) and _port_free(host, port + 1):
+def _free_block(host: str, start: int, count: int) -> int:
+    """The first port P >= start with P..P+count-1 all free (one per candidate)."""
+    for port in range(start, min(start + _PORT_SEARCH, 65535 - count)):
+        if all(_port_free(host, port + i) for i in range(count)):
             return port
     raise InputError(
-        f"no two free ports between {start} and {start + _PORT_SEARCH} on {host}.",
-        hint="pick a base with --port (the twin gets PORT+1).",
+        f"no {count} free ports in a row between {start} and {start + _PORT_SEARCH} on {host}.",
+        hint="pick a base with --port (the candidates get PORT..PORT+N-1).",
     )
 
 
 def prepare_demo(request: DemoRequest) -> DemoPlan:
-    """Check the request, plan the pair (no GPU needed), and pick a new output folder.
+    """Check the request, run the gate, plan one server per candidate, pick a new output folder.
     Starts nothing and writes nothing."""
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
-    _check_sizes(request)
+    candidates = _pick_candidates(request.candidates)
+    _check_sizes(request, len(candidates))
     out = request.out.expanduser() if request.out is not None else default_out_dir()
     _check_out(out)
     profile = load_profile(DEMO_PROFILE)
     host = profile.spec.host or "127.0.0.1"
     port = request.port
     if port is None:
-        port = _free_pair(host, profile.spec.port or launcher.DEFAULT_PORT)
-    prepared = launcher.prepare_serve(
-        launcher.ServeRequest(profile=DEMO_PROFILE, ab=True, port=port)
-    )
-    launcher.refuse_if_blocked(prepared)  # e.g. no CPU runtime: CheckFailed naming the remedy
-    tuned, stock = prepared.plans
-    twin = load_profile(stock.profile or str(profile.stock_twin))
-    base_seqs = profile.spec.max_num_seqs
-    twin_spec = twin.spec.with_(max_num_seqs=TWIN_MAX_NUM_SEQS)
-    # Re-plan the twin through the launcher with the one setting changed (same id, port, group).
-    names = (DEMO_PROFILE, f"twin-seqs{TWIN_MAX_NUM_SEQS}")
-    stock = launcher.plan_launch(
-        twin_spec,
-        name=names[1],
-        profile=twin.name,
-        runtime=stock.runtime,
-        host=stock.host,
-        port=stock.port,
-        role=stock.role,
-        ab_group=stock.ab_group,
-        run_id=stock.run_id,
-    )
-    prepared.plans = [tuned, stock]
-    difference = {
-        "setting": "max_num_seqs",
-        names[0]: base_seqs,
-        names[1]: TWIN_MAX_NUM_SEQS,
-        "why": (
-            "the most sequences vLLM batches per step: with several agentic sessions in flight, "
-            "batching trades per-user decode speed (TPOT) for throughput and first-token time "
-            "(TTFT)"
-        ),
-    }
+        port = _free_block(host, profile.spec.port or launcher.DEFAULT_PORT, len(candidates))
+    # The gate exactly as `kimictl serve cpu-demo` runs it (e.g. no CPU runtime: CheckFailed
+    # naming `kimictl setup cpu-runtime`).
+    prepared = workflow.prepare_serve(workflow.ServeRequest(profile=DEMO_PROFILE, port=port))
+    workflow.refuse_if_blocked(prepared)
+    # vLLM's defaults = the profile with every tuning knob unset; max_model_len and
+    # enforce_eager stay (the CPU build needs both).
+    base = profile.spec.with_(**dict.fromkeys(KNOBS))
+    ab_group = f"ab-{os.urandom(2).hex()}"
+    planned = []
+    for i, cand in enumerate(candidates):
+        is_base = cand.name == DEFAULTS
+        planned.append(
+            (
+                cand,
+                launcher.plan_launch(
+                    base.with_(**cand.changes),
+                    name=cand.name,
+                    profile=profile.name,
+                    runtime=prepared.runtime,
+                    host=host,
+                    port=port + i,
+                    role="stock" if is_base else None,
+                    ab_group=ab_group if is_base else None,
+                ),
+            )
+        )
+    prepared.plans = [planned[0][1]]
     notes = [
-        f"A = {names[0]} (profile {profile.name}, max_num_seqs {base_seqs}); "
-        f"B = {names[1]} (profile {twin.name} with max_num_seqs {TWIN_MAX_NUM_SEQS}: no batching). "
-        "Everything else is the same. On CPU there is no specialized K3 decode path, so the "
-        "demo compares two stock configurations: it shows the workflow, not the K3 speed-up.",
+        f"vLLM's defaults = profile {profile.name} with {', '.join(KNOBS)} unset; max_model_len "
+        f"{base.max_model_len} and enforce_eager stay, because the CPU build needs them (the CPU "
+        "MLA kernel is sized for short contexts; torch.compile's cache never reloads on CPU).",
+        "On CPU there is no specialized K3 decode path: the demo tunes stock vLLM settings "
+        "on this machine. It shows the workflow (gate, measured tune, A/B, verdict), not the K3 "
+        "speed-up.",
     ]
     return DemoPlan(
         request=request,
         prepared=prepared,
         out=out,
-        names=names,
-        difference=difference,
+        candidates=planned,
+        ab_group=ab_group,
         notes=notes,
     )
 
 
-StepFn = Callable[[str], None]
+def _bench(
+    plan: DemoPlan,
+    targets: list[tuple[str, launcher.LaunchPlan]],
+    num_prompts: int,
+    flag: Callable[[], bool],
+    bench_ui: BenchUi | None,
+) -> Any:
+    """One run_bench over `targets` (one at a time), watching the signal flag."""
+    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
+
+    request = plan.request
+    workload: Any = AgenticWorkload(AGENTIC_PRESETS["small"])  # a frozen Workload
+    cfg = BenchConfig(
+        targets=tuple(
+            LoadTarget(name=name, url=p.url, model=p.model, api_key=p.api_key, gpus=None)
+            for name, p in targets
+        ),
+        workload=workload,
+        points=(LoadPoint(concurrency=request.sessions),),
+        num_prompts=num_prompts,
+        warmup=request.warmup,
+        seed=request.seed,
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    live, on_point, on_record = bench_ui(num_prompts) if bench_ui else (None, None, None)
+
+    async def bench() -> Any:
+        stop = asyncio.Event()
+
+        async def watch() -> None:  # the signal flag, seen from inside the event loop
+            while not flag():
+                await asyncio.sleep(0.2)
+            stop.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            resolved = await resolve_models(cfg.targets)
+            with live if live is not None else contextlib.nullcontext():
+                return await run_bench(
+                    replace(cfg, targets=tuple(resolved)),
+                    stop=stop,
+                    on_record=on_record,
+                    on_point=on_point,
+                )
+        finally:
+            watcher.cancel()
+
+    return asyncio.run(bench())
+
+
+def _line(m: Measured, choice: Choice) -> str:
+    if m.error is not None:
+        return f"{m.name}: not measured ({m.error})"
+    p10 = "-" if m.interactivity_p10 is None else f"{m.interactivity_p10:.1f}"
+    p50 = "-" if m.interactivity_p50 is None else f"{m.interactivity_p50:.1f}"
+    ttft = "-" if m.ttft_mean_ms is None else f"{m.ttft_mean_ms:.0f}"
+    slo = "meets" if choice.met.get(m.name) else "misses"
+    beside = "" if m.baseline_p10 is None else f"; the defaults beside it: p10 {m.baseline_p10:.1f}"
+    return (
+        f"{m.name}: interactivity p10 {p10} / p50 {p50} tok/s/user, TTFT mean {ttft} ms, "
+        f"{m.output_throughput:.1f} tok/s{beside} ({slo} its SLO "
+        f"p10 >= {choice.thresholds[m.name]:.1f})"
+    )
+
+
+class _Merged:
+    """The candidates' benches as one document (bench's `--json` shape, no A/B)."""
+
+    def __init__(self) -> None:
+        self.summaries: list[dict[str, Any]] = []
+        self.records: list[Any] = []
+
+    def add(self, outcome: Any) -> None:
+        self.summaries.extend(outcome.summaries)
+        self.records.extend(outcome.records)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kimictl_bench": 1, "stop_reason": None, "runs": self.summaries, "ab": None}
 
 
 def run_demo(
@@ -259,130 +415,177 @@ def run_demo(
     *,
     on_step: StepFn | None = None,
     on_phase: launcher.ProgressFn | None = None,
-    on_point: Callable[..., None] | None = None,
-    on_record: Callable[[Any], None] | None = None,
-    live: AbstractContextManager[Any] | None = None,
+    bench_ui: BenchUi | None = None,
 ) -> DemoResult:
-    """Start the pair, wait until both are ready, bench them in turn, stop them (unless `keep`),
-    then write `demo.json` and the plots into the (new) output folder."""
-    from kimictl.runtime.benchreport import BenchConfig, resolve_models, run_bench, write_plots
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.workloads import AGENTIC_PRESETS, AgenticWorkload
+    """Gate -> measured tune -> choice -> A/B -> report; stops every server (unless `keep`)."""
+    from kimictl.runtime.serving import runs
 
     step = on_step or (lambda _text: None)
     request = plan.request
     begin = time.monotonic()
-    keep = request.keep
-    launches: list[launcher.Launch] = []
+    timings: dict[str, float] = {}
+    launches: dict[str, launcher.Launch] = {}
+    measured: list[Measured] = []
+    tune = _Merged()
+    choice: Choice | None = None
+    names: tuple[str, str] | None = None
     outcome = None
-    ready_s = None
     interrupted = False
     handed_over = False
-    for p in plan.prepared.plans:  # both ports before any start: the pair starts whole or not
+    total = len(plan.candidates)
+    for _, p in plan.candidates:  # every port before any start
         launcher.check_port_free(p.host, p.port)
+    checks = plan.prepared.checks
+    passed = sum(1 for c in checks if c.status.value == "pass")
+    step(f"1/5 gate (as `kimictl serve` runs it): {passed} of {len(checks)} checks pass")
+
+    stopped: set[str] = set()
+
+    def stop(names_: list[str]) -> None:
+        gone = [n for n in names_ if n in launches and n not in stopped]
+        if gone:
+            launcher.stop_launches([launches[n] for n in gone], grace=launcher.STOP_GRACE_S)
+            stopped.update(gone)
+
     with launcher.stop_signals() as flag:
         try:
-            step(f"starting 2 CPU vLLM servers ({plan.names[0]} and {plan.names[1]})")
-            for p in plan.prepared.plans:
-                launches.append(launcher.start(p, detach=keep))
-            launcher.wait_ready(
-                launches, timeout=request.timeout, on_phase=on_phase, stop_flag=flag
-            )
-            ready_s = time.monotonic() - begin
-            step(f"both servers ready after {ready_s:.0f} s")
-            workload: Any = AgenticWorkload(AGENTIC_PRESETS["small"])  # a frozen Workload
-            cfg = BenchConfig(
-                targets=tuple(
-                    LoadTarget(name=name, url=p.url, model=p.model, api_key=p.api_key, gpus=None)
-                    for name, p in zip(plan.names, plan.prepared.plans, strict=True)
-                ),
-                workload=workload,
-                points=(LoadPoint(concurrency=request.sessions),),
-                num_prompts=request.num_prompts,
-                warmup=request.warmup,
-                seed=request.seed,
-                timeout=REQUEST_TIMEOUT_S,
-            )
             step(
-                f"bench: agentic (small preset), {request.sessions} concurrent sessions, "
-                f"{request.num_prompts} measured requests per server, one server at a time"
+                f"2/5 tune: {total} configurations served in turn, each benched back to back with "
+                f"vLLM's defaults: agentic workload (small preset, {request.sessions} sessions, "
+                f"{request.tune_prompts} requests, seed {request.seed})"
             )
-
-            async def bench() -> Any:
-                stop = asyncio.Event()
-
-                async def watch() -> None:  # the signal flag, seen from inside the event loop
-                    while not flag():
-                        await asyncio.sleep(0.2)
-                    stop.set()
-
-                watcher = asyncio.create_task(watch())
+            for i, (cand, lp) in enumerate(plan.candidates, start=1):
+                step(f"candidate {i}/{total} {cand.name}: {cand.describe()} (port {lp.port})")
+                t0 = time.monotonic()
                 try:
-                    targets = await resolve_models(cfg.targets)
-                    with live if live is not None else contextlib.nullcontext():
-                        return await run_bench(
-                            replace(cfg, targets=tuple(targets)),
-                            stop=stop,
-                            on_record=on_record,
-                            on_point=on_point,
-                        )
-                finally:
-                    watcher.cancel()
-
-            outcome = asyncio.run(bench())
+                    launch = launcher.start(lp, detach=request.keep)
+                    launches[cand.name] = launch
+                    launcher.wait_ready(
+                        [launch], timeout=request.timeout, on_phase=on_phase, stop_flag=flag
+                    )
+                except LaunchError as error:
+                    if cand.name == DEFAULTS:
+                        raise  # no baseline, no tune
+                    first = error.message.splitlines()[0]
+                    measured.append(_failed(cand.name, f"did not start: {first}"))
+                    step(f"{cand.name} did not start ({first}); left out of the choice")
+                    stop([cand.name])
+                    continue
+                timings[f"{cand.name}.ready"] = round(time.monotonic() - t0, 1)
+                t1 = time.monotonic()
+                # Back to back with the defaults (still up): load drift hits both alike.
+                targets = [(cand.name, lp)]
+                if cand.name != DEFAULTS:
+                    targets.append((DEFAULTS, plan.candidates[0][1]))
+                result = _bench(plan, targets, request.tune_prompts, flag, bench_ui)
+                timings[f"{cand.name}.bench"] = round(time.monotonic() - t1, 1)
+                if flag():
+                    raise launcher.StopRequested()
+                tune.add(result)
+                by_target = {s["kimictl"]["target"]: s for s in result.summaries}
+                m = (
+                    measured_from(
+                        cand.name,
+                        by_target[cand.name],
+                        baseline=by_target.get(DEFAULTS) if cand.name != DEFAULTS else None,
+                    )
+                    if cand.name in by_target
+                    else _failed(cand.name, "no request finished")
+                )
+                if result.stop_reason and m.error is None:
+                    m = replace(m, error=f"bench stopped early: {result.stop_reason}")
+                measured.append(m)
+                choice = choose(measured)
+                step(_line(m, choice))
+                # Keep only the baseline and the current choice: the next candidate gets the CPU.
+                stop([n for n in launches if n not in (DEFAULTS, choice.chosen)])
+            assert choice is not None
+            step(f"3/5 choice: {choice.chosen}: {choice.reason}")
+            base_plan = plan.candidates[0][1]
+            if choice.is_defaults:
+                names = (CONTROL, DEFAULTS)
+                pair = [(CONTROL, base_plan), (DEFAULTS, base_plan)]
+            else:
+                chosen_plan = next(p for c, p in plan.candidates if c.name == choice.chosen)
+                names = (choice.chosen, DEFAULTS)
+                pair = [(choice.chosen, chosen_plan), (DEFAULTS, base_plan)]
+                launch = launches[choice.chosen]
+                launch.record = runs.update_record(
+                    launch.record, role="tuned", ab_group=plan.ab_group
+                )
+            step(
+                f"4/5 A/B: {names[0]} vs {names[1]}, {request.num_prompts} requests each, one "
+                "server at a time"
+            )
+            t2 = time.monotonic()
+            outcome = _bench(plan, pair, request.num_prompts, flag, bench_ui)
+            timings["ab.bench"] = round(time.monotonic() - t2, 1)
             interrupted = flag() or outcome.stop_reason == "interrupted"
         except launcher.StopRequested:
             interrupted = True
         finally:
-            if keep and not interrupted and outcome is not None:
-                for launch in launches:
-                    launcher.hand_over(launch)
-                handed_over = True
-            else:
-                if launches:
-                    step("stopping both servers")
-                launcher.stop_launches(
-                    launches, grace=0.0 if flag.count > 1 else launcher.STOP_GRACE_S
-                )
-    records = [launch.record for launch in launches]
+            keep_pair = request.keep and not interrupted and outcome is not None
+            kept = list(dict.fromkeys([DEFAULTS, choice.chosen])) if keep_pair and choice else []
+            rest = [n for n in launches if n not in kept and n not in stopped]
+            if rest:
+                step("5/5 stopping " + ", ".join(rest))
+            launcher.stop_launches(
+                [launches[n] for n in rest],
+                grace=0.0 if flag.count > 1 else launcher.STOP_GRACE_S,
+            )
+            for n in kept:
+                launcher.hand_over(launches[n])
+            handed_over = bool(kept)
+    records = [launch.record for launch in launches.values()]
     plots: list[Path] = []
     plots_error = None
-    if outcome is not None:
+    if measured and any(m.error is None for m in measured):
         plan.out.mkdir(parents=True, exist_ok=False)
-        if outcome.summaries:
-            step(f"writing the report and plots into {plan.out}")
-            try:
-                plots = write_plots(outcome.summaries, outcome.records, plan.out / PLOTS_DIR)
-            except Unsupported as error:  # no matplotlib: the JSON still gets written
-                plots_error = error.message
+        step(f"writing the report and plots into {plan.out}")
+        plots, plots_error = _plots(plan.out, outcome, tune)
     result = DemoResult(
         plan=plan,
+        measured=measured,
+        choice=choice,
+        names=names,
         outcome=outcome,
+        tune_outcome=tune if tune.summaries else None,
         records=records,
         json_path=None,
         plots=plots,
         plots_error=plots_error,
         interrupted=interrupted,
         kept=handed_over,
-        wall_s=time.monotonic() - begin,
-        ready_s=ready_s,
+        wall_s=round(time.monotonic() - begin, 1),
+        timings=timings,
     )
-    if outcome is not None:
+    if plan.out.is_dir():
         result.json_path = _write_json(result, plan.out / JSON_NAME)
     return result
+
+
+def _failed(name: str, why: str) -> Measured:
+    return Measured(name, 0, 0, None, None, None, None, 0.0, error=why)
+
+
+def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | None]:
+    from kimictl.runtime.load.benchreport import write_plots
+
+    plots: list[Path] = []
+    try:
+        if outcome is not None and outcome.summaries:
+            plots += write_plots(outcome.summaries, outcome.records, out / PLOTS_DIR)
+        if tune.summaries:
+            plots += write_plots(tune.summaries, tune.records, out / TUNE_PLOTS_DIR)
+    except Unsupported as error:  # no matplotlib: the JSON still gets written
+        return plots, error.message
+    return plots, None
 
 
 def _write_json(result: DemoResult, path: Path) -> Path:
     import orjson
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            result.to_json(),
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        )
-        + b"\n"
+    data = orjson.dumps(
+        result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str
     )
-    tmp.replace(path)
-    return path
+    return atomic_write(path, data + b"\n")

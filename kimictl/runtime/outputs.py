@@ -1,13 +1,15 @@
-"""Files kimictl writes at the user's request (--save-snapshot, --write, --plot): one check that
-nothing the user has is replaced silently, run before any long work."""
+"""Files kimictl writes: one check that nothing the user has is replaced silently (run before any
+long work), and the one atomic write every writer uses."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from kimictl.runtime.errors import InputError
 
-__all__ = ["check_new_file"]
+__all__ = ["atomic_write", "check_new_file"]
 
 
 def check_new_file(
@@ -33,4 +35,23 @@ def check_new_file(
             f"{flag} {shown!r} already exists; kimictl does not overwrite it.",
             hint="choose another name, or pass --force to replace it",
         )
+    return target
+
+
+def atomic_write(path: str | Path, data: str | bytes, *, mode: int = 0o644) -> Path:
+    """Write `data` whole or not at all: a temp file in the same folder, fsync, rename over `path`.
+    Creates the folder. A replaced file keeps its permissions; a new one gets `mode`."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return target

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -23,8 +22,8 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
-from kimictl.runtime.gpu_telemetry import GpuTelemetry, sample_gpus
-from kimictl.runtime.metrics import (
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry, sample_gpus
+from kimictl.runtime.observe.metrics import (
     WINDOWS_S,
     EndpointPoller,
     EndpointView,
@@ -35,6 +34,7 @@ from kimictl.runtime.metrics import (
     monitor_snapshot,
     poll_all,
 )
+from kimictl.runtime.outputs import atomic_write
 from kimictl.tui.widgets import (
     SERIES_STYLES,
     ChartsPanel,
@@ -123,7 +123,6 @@ class MonitorApp(App[None]):
         self.gpus: GpuTelemetry | None = None
         self.rounds = 0
         self._timer: Timer | None = None
-        self._client: httpx.AsyncClient | None = None
         self._busy = False
         self.last_export: Path | None = None
 
@@ -139,7 +138,6 @@ class MonitorApp(App[None]):
 
     def on_ready(self) -> None:
         # on_ready, not on_mount: the widgets exist before the first round lands
-        self._client = httpx.AsyncClient()
         self._update_subtitle()
         self._restart_timer()
         self.poll_now()
@@ -147,8 +145,6 @@ class MonitorApp(App[None]):
     async def on_unmount(self) -> None:
         for poller in self.pollers:
             poller.close()
-        if self._client is not None:
-            await self._client.aclose()
 
     def _restart_timer(self) -> None:
         if self._timer is not None:
@@ -169,10 +165,9 @@ class MonitorApp(App[None]):
     # ---- polling
     @work(exclusive=True, group="poll", exit_on_error=False, description="scrape /metrics")
     async def poll_now(self) -> None:
-        assert self._client is not None
         self._busy = True
         try:
-            await poll_all(self.pollers, self._client, interval=self.interval)
+            await poll_all(self.pollers, interval=self.interval)
             views = [p.view(self.window_s, interval=self.interval) for p in self.pollers]
             gpus = self.gpu_sampler()
         finally:
@@ -281,9 +276,7 @@ class MonitorApp(App[None]):
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = self.export_dir / f"kimictl-monitor-{stamp}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_bytes(orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
-        tmp.replace(path)
+        atomic_write(path, orjson.dumps(self.snapshot(), option=orjson.OPT_INDENT_2))
         self.last_export = path
         self.notify(f"snapshot written to {path}", title="export")
 

@@ -13,8 +13,8 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from kimictl.runtime.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
+from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
+from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
 from kimictl.tui.rows import ROWS, fmt, fmt_ratio
 
 __all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]
@@ -324,15 +324,5 @@ class GpuStrip(_Lines):
         if not telemetry.gpus:
             self.feed(Text(f"GPUs: none here ({telemetry.reason})", style="dim"), 1)
             return
-        parts = []
-        for g in telemetry.gpus:
-            mem = (
-                f"{g.memory_used_mib / 1024:.0f}/{g.memory_total_mib / 1024:.0f}G"
-                if g.memory_used_mib is not None and g.memory_total_mib is not None
-                else "-"
-            )
-            parts.append(
-                f"GPU{g.index} {g.util_percent or 0:.0f}% {mem} "
-                f"{g.power_w or 0:.0f}W {g.sm_clock_mhz or 0:.0f}MHz"
-            )
+        parts = [g.summary() for g in telemetry.gpus]
         self.feed(Text("  ".join(parts)), len(parts))

@@ -7,11 +7,11 @@ byte-identical inputs and prompt lengths are exact. HTTP and transport errors be
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
 
+from kimictl.runtime.apikeys import bearer_headers, env_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 
 __all__ = ["Endpoint", "token_id"]
@@ -47,8 +47,7 @@ class Endpoint:
             )
         self.base = base
         self.name = name or base
-        key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = bearer_headers(api_key if api_key is not None else env_api_key())
         self._client = httpx.Client(
             base_url=base,
             headers=headers,
@@ -134,7 +133,7 @@ class Endpoint:
 
     def finished_requests(self) -> float | None:
         """vLLM's cumulative finished-request counter from /metrics; None when unavailable."""
-        from kimictl.runtime.metrics import REQUEST_SUCCESS, parse_prometheus_text
+        from kimictl.runtime.observe.metrics import REQUEST_SUCCESS, parse_prometheus_text
 
         try:
             response = self._client.get("/metrics")

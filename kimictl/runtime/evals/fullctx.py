@@ -12,13 +12,14 @@ from kimictl.runtime.errors import EndpointError
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import Plan, Thresholds
 from kimictl.runtime.evals.prompts import filler_text
-from kimictl.runtime.evals.report import CheckResult, CheckStatus
+from kimictl.runtime.evals.report import CheckResult, CheckStatus, require_context
 
 __all__ = ["collect", "prepare", "score"]
 
 
 def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> list[int]:
     length = max_len - plan.fullctx_gen_tokens
+    require_context("full_context", 2 * plan.fullctx_gen_tokens, max_len)
     words = int(length * 1.2) + 64
     while True:
         tokens = tokenizer.tokenize(filler_text(4000, words), add_special_tokens=True)

@@ -12,16 +12,18 @@ from typing import Any
 from kimictl.runtime.evals.client import Endpoint, token_id
 from kimictl.runtime.evals.plan import Plan, Thresholds
 from kimictl.runtime.evals.prompts import greedy_prompts
-from kimictl.runtime.evals.report import CheckResult, CheckStatus
+from kimictl.runtime.evals.report import CheckResult, CheckStatus, require_context
 from kimictl.runtime.evals.stats import mean
 
 __all__ = ["collect", "prepare", "score"]
 
 
-def prepare(tokenizer: Endpoint, plan: Plan) -> list[list[int]]:
-    return [
+def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> list[list[int]]:
+    prompts = [
         tokenizer.tokenize(p, add_special_tokens=True) for p in greedy_prompts(plan.greedy_prompts)
     ]
+    require_context("greedy", max(map(len, prompts)) + plan.greedy_max_tokens, max_len)
+    return prompts
 
 
 def collect(ep: Endpoint, prompts: list[list[int]], plan: Plan) -> list[dict[str, Any]]:

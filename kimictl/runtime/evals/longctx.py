@@ -18,12 +18,14 @@ from typing import Any
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import Plan, Thresholds
 from kimictl.runtime.evals.prompts import RetrievalTask, filler_text, mrcr_task, needle_task
-from kimictl.runtime.evals.report import CheckResult, CheckStatus
+from kimictl.runtime.evals.report import CheckResult, CheckStatus, require_context
 from kimictl.runtime.evals.stats import mean
 
 __all__ = ["collect", "prepare", "score"]
 
 _DEPTHS = (0.1, 0.5, 0.9)
+_MIN_HAYSTACK = 16  # filler tokens a retrieval prompt needs around its insert
+_MIN_DOC = 32  # shortest teacher-forced document worth scoring
 
 
 def _filler_tokens(tokenizer: Endpoint, seed: int, length: int) -> list[int]:
@@ -37,23 +39,29 @@ def _filler_tokens(tokenizer: Endpoint, seed: int, length: int) -> list[int]:
 
 def _fit(
     task: RetrievalTask, filler: list[int], insert: list[int], question: list[int], length: int
-) -> list[int]:
+) -> list[int] | None:
+    """The task's prompt at `length` tokens, or None when insert + question leave no haystack."""
     budget = length - len(insert) - len(question)
-    if budget < 16:
-        raise ValueError(f"context {length} too short for a {task.kind} prompt")
+    if budget < _MIN_HAYSTACK:
+        return None
     at = max(1, int(task.depth * budget))
     return filler[:at] + insert + filler[at:budget] + question
 
 
 def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> dict[str, Any]:
-    """Token-id prompts for every length: documents and retrieval tasks (tokenized once)."""
-    lengths = [int(f * max_len) for f in plan.lc_fractions]
+    """Token-id prompts for every length: documents and retrieval tasks (tokenized once).
+
+    Retrieval tasks that cannot fit a length (an MRCR prompt needs a few hundred tokens) are left
+    out and listed in `skipped`; the check SKIPs only when not even the documents fit."""
     # leave room for the retrieval answer inside the served context
     room = plan.retrieval_max_tokens + 1
+    require_context("long_context", _MIN_DOC + room, max_len)
+    lengths = [max(_MIN_DOC, int(f * max_len)) for f in plan.lc_fractions]
     longest = max(lengths)
     docs = [_filler_tokens(tokenizer, 1000 + d, longest) for d in range(plan.lc_docs)]
     filler = _filler_tokens(tokenizer, 2000, longest)
-    tasks = []
+    tasks: list[dict[str, Any]] = []
+    skipped: list[str] = []
     n = 0
     for f, length in zip(plan.lc_fractions, lengths, strict=True):
         for _ in range(plan.retrieval_tasks):
@@ -63,16 +71,29 @@ def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> dict[str, Any]:
                 insert = tokenizer.tokenize(task.insert)
                 question = tokenizer.tokenize(task.question)
                 fit_len = min(length, max_len - room)
+                prompt = _fit(task, filler, insert, question, fit_len)
+                if prompt is None:
+                    need = len(insert) + len(question) + _MIN_HAYSTACK + room
+                    skipped.append(
+                        f"{task.kind} at {fit_len} tokens (needs {need} with its answer)"
+                    )
+                    continue
                 tasks.append(
                     {
                         "kind": task.kind,
                         "fraction": f,
                         "depth": task.depth,
                         "answer": task.answer,
-                        "prompt": _fit(task, filler, insert, question, fit_len),
+                        "prompt": prompt,
                     }
                 )
-    return {"lengths": lengths, "docs": docs, "tasks": tasks, "max_len": max_len}
+    return {
+        "lengths": lengths,
+        "docs": docs,
+        "tasks": tasks,
+        "max_len": max_len,
+        "skipped": skipped,
+    }
 
 
 def _prompt_token_logprobs(reply: dict[str, Any], prompt: list[int]) -> list[float | None]:
@@ -111,7 +132,12 @@ def collect(ep: Endpoint, prepared: dict[str, Any], plan: Plan) -> dict[str, Any
                 "text": reply["choices"][0]["text"],
             }
         )
-    return {"max_len": prepared["max_len"], "docs": docs, "retrieval": retrieval}
+    return {
+        "max_len": prepared["max_len"],
+        "docs": docs,
+        "retrieval": retrieval,
+        "retrieval_skipped": prepared.get("skipped", []),
+    }
 
 
 def exact_match(text: str, answer: str) -> bool:
@@ -193,6 +219,10 @@ def score(
             f"{row['reference_exact_match']:.2f} exact match, "
             f"{row['identical_answers']}/{row['tasks']} answers identical"
         )
+    skipped = ref.get("retrieval_skipped", [])
+    if skipped:
+        metrics["retrieval_skipped"] = skipped
+        evidence.append(f"retrieval prompts too long for this context, skipped: {len(skipped)}")
     deepest = band_rows[-1] if band_rows else {"max_abs_dlogprob": 0.0}
     summary = (
         f"lengths {metrics['lengths']}, max |dlp| {metrics['max_abs_dlogprob']:.3g} "

@@ -13,10 +13,29 @@ from typing import Any
 
 from kimictl.runtime.errors import InputError
 
-__all__ = ["CHECKS", "Plan", "Thresholds", "plan_for"]
+__all__ = ["CHECKS", "Plan", "Thresholds", "parse_checks", "plan_for"]
 
 # The five checks, in the order they run and are reported.
 CHECKS = ("greedy", "long_context", "sampling", "structured", "full_context")
+
+
+def parse_checks(text: str | None) -> tuple[str, ...]:
+    """`--checks a,b`: the named checks in CHECKS order (all when None); InputError otherwise."""
+    if text is None:
+        return CHECKS
+    chosen = []
+    for part in text.split(","):
+        name = part.strip().replace("-", "_")
+        if not name:
+            continue
+        if name not in CHECKS:
+            raise InputError(
+                f"--checks {text!r}: unknown check {part.strip()!r}; allowed: {', '.join(CHECKS)}"
+            )
+        chosen.append(name)
+    if not chosen:
+        raise InputError(f"--checks {text!r} names no check; allowed: {', '.join(CHECKS)}")
+    return tuple(c for c in CHECKS if c in chosen)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ from typing import Any
 __all__ = [
     "PROVENANCE_KEYS",
     "CheckResult",
+    "CheckSkipped",
     "CheckStatus",
     "EndpointInfo",
     "ValidationReport",
     "provenance_updates",
+    "require_context",
 ]
 
 # Keys `validate --gate` writes into a profile's [provenance] (tune and serve read them).
@@ -35,6 +37,21 @@ class CheckStatus(StrEnum):
     FAIL = "fail"
     # The check could not be run (endpoint refused a feature): blocks the gate like a FAIL.
     ERROR = "error"
+    # The served context is too short for what the check sends: reported, not gating.
+    SKIP = "skip"
+
+
+class CheckSkipped(Exception):
+    """Raised by a check's `prepare` when it cannot fit the served context; the reason is shown."""
+
+
+def require_context(check: str, needed: int, max_len: int) -> None:
+    """SKIP `check` when it needs `needed` tokens (prompt + output) and the server serves fewer."""
+    if needed > max_len:
+        raise CheckSkipped(
+            f"{check} needs {needed} tokens of context (prompt + output); "
+            f"the servers serve {max_len} (max_model_len)"
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +112,13 @@ class ValidationReport:
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        """No check failed or errored, and at least one ran (a skipped check does not gate)."""
+        ran = [c for c in self.checks if c.status is not CheckStatus.SKIP]
+        return bool(ran) and all(c.passed for c in ran)
+
+    @property
+    def skipped(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status is CheckStatus.SKIP]
 
     @property
     def verdict(self) -> str:

@@ -18,7 +18,13 @@ from kimictl.runtime.errors import EndpointError, InputError
 from kimictl.runtime.evals import fullctx, greedy, longctx, sampling, structured
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import CHECKS, Plan, Thresholds
-from kimictl.runtime.evals.report import CheckResult, CheckStatus, EndpointInfo, ValidationReport
+from kimictl.runtime.evals.report import (
+    CheckResult,
+    CheckSkipped,
+    CheckStatus,
+    EndpointInfo,
+    ValidationReport,
+)
 
 __all__ = ["collect", "prepare", "run_validation", "score_check"]
 
@@ -54,13 +60,13 @@ def score_check(name: str, cand: Any, ref: Any, thresholds: Thresholds, plan: Pl
 def prepare(tokenizer: Endpoint, name: str, plan: Plan, max_len: int) -> Any:
     """Token-id inputs of one check (tokenized on `tokenizer`, shared by both endpoints)."""
     if name == "greedy":
-        return greedy.prepare(tokenizer, plan)
+        return greedy.prepare(tokenizer, plan, max_len)
     if name == "long_context":
         return longctx.prepare(tokenizer, plan, max_len)
     if name == "sampling":
-        return sampling.prepare(tokenizer, plan)
+        return sampling.prepare(tokenizer, plan, max_len)
     if name == "structured":
-        return structured.prepare(tokenizer, plan)
+        return structured.prepare(tokenizer, plan, max_len)
     if name == "full_context":
         return fullctx.prepare(tokenizer, plan, max_len)
     raise InputError(f"unknown check {name!r}; allowed: {', '.join(CHECKS)}")
@@ -144,6 +150,16 @@ def run_validation(
             cand_raw, ref_raw = _both(
                 candidate, reference, partial(collect, name=name, prepared=prepared, plan=plan)
             )
+        except CheckSkipped as skip:
+            results.append(
+                CheckResult(
+                    name=name,
+                    status=CheckStatus.SKIP,
+                    summary=str(skip),
+                    seconds=time.monotonic() - start,
+                )
+            )
+            continue
         except EndpointError as exc:
             results.append(
                 CheckResult(

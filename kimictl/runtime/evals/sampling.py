@@ -18,15 +18,16 @@ from typing import Any
 from kimictl.runtime.evals.client import Endpoint, token_id
 from kimictl.runtime.evals.plan import Plan, Thresholds
 from kimictl.runtime.evals.prompts import greedy_prompts
-from kimictl.runtime.evals.report import CheckResult, CheckStatus
+from kimictl.runtime.evals.report import CheckResult, CheckStatus, require_context
 from kimictl.runtime.evals.stats import chi2_homogeneity, total_variation
 
 __all__ = ["collect", "prepare", "score"]
 
 
-def prepare(tokenizer: Endpoint, plan: Plan) -> dict[str, Any]:
+def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> dict[str, Any]:
     texts = greedy_prompts(plan.sampling_prefixes + plan.seeded_prompts, seed=7)
     toks = [tokenizer.tokenize(t, add_special_tokens=True) for t in texts]
+    require_context("sampling", max(map(len, toks)) + plan.seeded_max_tokens, max_len)
     return {
         "prefixes": toks[: plan.sampling_prefixes],
         "seeded": toks[plan.sampling_prefixes :],

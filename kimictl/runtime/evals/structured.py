@@ -20,7 +20,7 @@ from typing import Any
 
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import Plan, Thresholds
-from kimictl.runtime.evals.report import CheckResult, CheckStatus
+from kimictl.runtime.evals.report import CheckResult, CheckStatus, require_context
 from kimictl.runtime.evals.schema import unsupported_keywords, validate
 
 __all__ = ["SCHEMAS", "collect", "prepare", "score"]
@@ -87,12 +87,12 @@ def whitespace_token_ids(tokenizer: Endpoint) -> list[int]:
     return sorted(ids)
 
 
-def prepare(tokenizer: Endpoint, plan: Plan) -> dict[str, Any]:
+def prepare(tokenizer: Endpoint, plan: Plan, max_len: int) -> dict[str, Any]:
     for name, schema in SCHEMAS.items():
         bad = unsupported_keywords(schema)
         if bad:  # a programming error, not user input
             raise ValueError(f"schema {name} uses keywords the validator lacks: {bad}")
-    requests = []
+    requests: list[dict[str, Any]] = []
     i = 0
     for name in SCHEMAS:
         for _ in range(plan.structured_per_schema):
@@ -100,6 +100,9 @@ def prepare(tokenizer: Endpoint, plan: Plan) -> dict[str, Any]:
             prompt = tokenizer.tokenize(text, add_special_tokens=True)
             requests.append({"schema": name, "seed": 100 + i, "prompt": prompt})
             i += 1
+    # a shorter max_tokens would cut JSON objects short and fail a correct server
+    longest = max(len(r["prompt"]) for r in requests)
+    require_context("structured", longest + plan.structured_max_tokens, max_len)
     return {
         "requests": requests,
         "logit_bias": {str(t): -100 for t in whitespace_token_ids(tokenizer)},

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import k3
-from kimictl.runtime.deployment import DeploymentSpec
+from kimictl.runtime.checks.stack import VLLM_VERSION
+from kimictl.runtime.deployment.spec import DeploymentSpec, k3
 from kimictl.runtime.errors import CheckFailed, InputError
-from kimictl.runtime.stack import VLLM_VERSION
 from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
 from kimictl.runtime.tuning.search import SearchResult
 
@@ -25,7 +24,7 @@ __all__ = ["check_write_target", "spec_for", "twin_path", "write_choice", "write
 
 
 def _base_spec(tp: int, *, stock: bool) -> DeploymentSpec:
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     name = f"k3-tp{tp}-latency" + ("-stock" if stock else "")
     return load_profile(name).spec
@@ -53,8 +52,8 @@ def spec_for(
 
 
 def _check_rules(spec: DeploymentSpec, path: Path) -> None:
-    from kimictl.runtime.rules.base import Status
-    from kimictl.runtime.rules.deployment import deployment_checks
+    from kimictl.runtime.checks.rules.base import Status
+    from kimictl.runtime.checks.rules.deployment import deployment_checks
 
     k3_config = {key: value for key, value in k3.K3_MOE_CONFIG.items()}
     failed = [
@@ -96,7 +95,7 @@ def write_spec_pair(
     runtime: str = "gpu",
 ) -> Path:
     """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`)."""
-    from kimictl.runtime.profiles import write_profile
+    from kimictl.runtime.deployment.profile_writer import write_profile
 
     target = check_write_target(path, overwrite=overwrite, with_twin=stock is not None)
     twin = twin_path(target)

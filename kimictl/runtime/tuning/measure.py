@@ -1,6 +1,6 @@
 """Measured tuning: sweep concurrency against a live server, find the largest load meeting an SLO.
 
-Each point is one closed-loop bench run (kimictl.runtime.benchreport.run_bench, the same engine as
+Each point is one closed-loop bench run (load.benchreport.run_bench, the same engine as
 `kimictl bench`) with fixed-length random prompts. Concurrency doubles until the SLO breaks (or
 `max_concurrency`), then bisects between the last load that met it and the first that did not.
 The answer is written into a profile as max-num-seqs, with the measured points as provenance.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.apikeys import env_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 
 __all__ = ["MeasureResult", "MeasuredPoint", "measure", "sweep", "write_measured"]
@@ -141,11 +141,11 @@ def measure(
     progress: Callable[[str], Any] | None = None,
 ) -> MeasureResult:
     """Sweep concurrency on a live endpoint (URL, NAME=URL or run id) and find the SLO's limit."""
-    from kimictl.runtime.benchreport import BenchConfig, resolve_models, run_bench
-    from kimictl.runtime.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.runs import resolve_target
-    from kimictl.runtime.slo import parse_slo
-    from kimictl.runtime.workloads import LengthDist, RandomWorkload
+    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.slo import parse_slo
+    from kimictl.runtime.load.workloads import LengthDist, RandomWorkload
+    from kimictl.runtime.serving.runs import resolve_target
 
     if max_concurrency < 1:
         raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}.")
@@ -155,10 +155,10 @@ def measure(
     found = resolve_target(target_text)
     profile = None
     if found.run_id is not None:
-        from kimictl.runtime.runs import get_run
+        from kimictl.runtime.serving.runs import get_run
 
         profile = get_run(found.run_id).profile
-    api_key = os.environ.get("VLLM_API_KEY")
+    api_key = env_api_key()
     target = LoadTarget(
         name=found.name, url=found.url, model=found.model or "", api_key=api_key, gpus=found.gpus
     )
@@ -243,7 +243,7 @@ def write_measured(
     overwrite: bool = False,
 ) -> Path:
     """Write the measured limit as max-num-seqs into a copy of the run's (or given) profile."""
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     name = base_profile or result.profile
     if name is None:

@@ -9,7 +9,7 @@ tokens, costs (per GPU, all 93 layers, then the lm_head and the draft):
                               + all-reduces (latency + NVLink bytes, one-shot or two-shot) ]
          + lm_head + draft model + per-step overhead
 
-Bytes come from the K3 shapes in kimictl.runtime.k3 (the one place they live): attention and dense
+Bytes come from the K3 shapes in deployment.k3 (the one place they live): attention and dense
 weights BF16 sharded by TP (the low-rank `a` projections replicated), routed experts MXFP4 for the
 expected number of distinct experts touched by the step's tokens under top-16 of 896, shared
 experts, per-request KDA state for 69 layers, and the MLA latent KV cache (FP8) for 24 layers at the
@@ -31,16 +31,16 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.tuning.systems import System
+from kimictl.runtime.tuning.params import PARAMS, Param, param
+from kimictl.runtime.tuning.systems import SYSTEMS, System
 
 __all__ = [
     "MODEL_VERSION",
     "PARAMS",
     "PATHS",
     "Config",
-    "FigureCheck",
     "Param",
     "Prediction",
     "acceptance_length",
@@ -51,8 +51,8 @@ __all__ = [
     "kv_read_us",
     "layer_time_us",
     "predict",
-    "published_checks",
 ]
+
 
 MODEL_VERSION = "k3-decode-model/1"
 
@@ -60,124 +60,7 @@ PathName = Literal["specialized", "stock"]
 PATHS: tuple[PathName, ...] = ("specialized", "stock")
 
 
-@dataclass(frozen=True)
-class Param:
-    """One model constant that is not a K3 shape: its value, unit and where the value comes from."""
-
-    value: float
-    unit: str
-    source: str
-    fitted: bool = False
-
-
-PARAMS: dict[str, Param] = {
-    "kernels_per_layer_stock": Param(
-        23, "kernels", "published: one stock layer runs 23 kernels (k3-vllm-facts.md)"
-    ),
-    "kernels_per_layer_specialized": Param(
-        13, "kernels", "published: one specialized layer runs 13 kernels (k3-vllm-facts.md)"
-    ),
-    "kernel_overhead_us_stock": Param(
-        4.714,
-        "us/kernel",
-        "FITTED so that one TP16 GB300 layer at batch 1 costs the published 130 us in 23 kernels "
-        "(calibrate() step 1). Cross-check: the intercept of the cuBLAS fit on the H200 "
-        "(calibration.fit_kernel_bench) is 4.65 us",
-        fitted=True,
-    ),
-    "hbm_efficiency_stock": Param(
-        0.857,
-        "of peak",
-        "measured: least-squares slope of t = a + bytes/BW through cuBLAS at M=1 on the 12 K3 "
-        "GEMM shapes of `kimictl kernels bench` on the H200 (benchmarks/results/"
-        "kernels_h200_bench.json, tensor-core run): 4.12 TB/s of 4.8 "
-        "(calibration.fit_kernel_bench)",
-    ),
-    "hbm_efficiency_specialized": Param(
-        0.974,
-        "of peak",
-        "measured: the same fit through the best kimictl CuTe DSL kernel per shape (same bench "
-        "file): 4.68 TB/s of 4.8 (calibration.fit_kernel_bench)",
-    ),
-    "kernel_overhead_us_specialized": Param(
-        4.096,
-        "us/kernel",
-        "FITTED so that one TP16 GB300 layer at batch 1 (8k context) costs the published 69 us in "
-        "13 kernels (calibrate() step 1)",
-        fitted=True,
-    ),
-    "routing_locality": Param(
-        0.751,
-        "share",
-        "FITTED so that batch 1 on 16 GB300 with 7 draft tokens and AL 6 gives the published "
-        "840 tokens/s (calibrate() step 2): share of a request's draft tokens that reuse the "
-        "experts of the token before them. It absorbs every unmodelled saving of a q > 1 step "
-        "(adjacent-token expert reuse, L2 prefetch); independent routing (0) gives 737 tokens/s",
-        fitted=True,
-    ),
-    "allreduce_sync_rounds_stock": Param(
-        3,
-        "NVLink round trips",
-        "assumed: stock all-reduce (custom / NCCL LL) pays a start barrier, the exchange and an "
-        "end barrier; each is one NVLink latency of the system",
-    ),
-    "allreduce_sync_rounds_specialized": Param(
-        1,
-        "NVLink round trips",
-        "assumed: the specialized path fuses the all-reduce into the o-projection with multicast "
-        "mailboxes (k3-vllm-facts.md), one exchange and no separate barrier",
-    ),
-    "allreduces_per_layer": Param(
-        2, "all-reduces", "shape: one after attention (o-proj), one after the MoE (row-parallel)"
-    ),
-    "step_overhead_us": Param(
-        50.0,
-        "us/step",
-        "assumed: sampler, rejection sampler and scheduling gaps between graph replays (V2 model "
-        "runner overlaps the CPU); bounded by the published 1.88-1.92x no-spec ratio: 0 us "
-        "gives 1.88x at TP16 batch 1, 300 us 1.84x",
-    ),
-    "decode_flops_efficiency": Param(
-        0.5,
-        "of peak",
-        "assumed: tensor-core efficiency of small-M decode GEMMs when compute, not bytes, binds "
-        "(matters only at 100s of tokens per step)",
-    ),
-    "prefill_flops_efficiency": Param(
-        0.4,
-        "of peak",
-        "assumed: no K3 prefill measurement exists; used for TTFT and for the cost prefills add "
-        "to other users' decode steps",
-    ),
-    "draft_layers": Param(
-        1,
-        "target-layer equivalents",
-        "assumed: the DSpark draft costs one target decoder layer at the step's token count plus "
-        "an lm_head pass (vLLM's notes give no figure)",
-    ),
-    "kv_bytes_per_token_per_mla_layer": Param(
-        656,
-        "B",
-        "assumed FP8 MLA cache layout: 512 FP8 latent + 4 FP32 scales + 64 BF16 rope = 656 B "
-        "(vLLM's fp8_ds_mla layout)",
-    ),
-    "mxfp4_bytes_per_param": Param(
-        0.53125, "B/param", "MXFP4: 4-bit values plus one 8-bit scale per 32 values"
-    ),
-    "activation_reserve_gib": Param(
-        6.0,
-        "GiB/GPU",
-        "assumed: CUDA graphs, activations and workspaces outside the KV cache",
-    ),
-    "gpu_memory_utilization": Param(0.92, "share", "vLLM's default --gpu-memory-utilization"),
-}
-
-
-def _p(name: str) -> float:
-    return PARAMS[name].value
-
-
-# --- shapes (from kimictl.runtime.k3, the single source of truth) -------------------------------
+# --- shapes (from deployment.k3, the single source of truth) --------------------------------------
 _S = k3.K3_SHAPES
 H = _S["hidden_size"]
 N_LAYERS = _S["num_layers"]
@@ -230,7 +113,7 @@ def checkpoint_bytes() -> float:
     mla_s, mla_r = _mla_params()
     attn = N_KDA * (kda_s + kda_r) + N_MLA * (mla_s + mla_r)
     moe_bf16 = N_MOE * (SHARED_EXPERT_PARAMS + LATENT_PROJ_PARAMS + ROUTER_PARAMS)
-    routed = N_MOE * N_EXPERTS * EXPERT_PARAMS * _p("mxfp4_bytes_per_param")
+    routed = N_MOE * N_EXPERTS * EXPERT_PARAMS * param("mxfp4_bytes_per_param")
     embed = 2 * LM_HEAD_PARAMS  # embedding + lm_head
     return (attn + moe_bf16 + N_DENSE * DENSE_FFN_PARAMS + embed) * BF16 + routed
 
@@ -242,7 +125,7 @@ def weight_bytes_per_gpu(tp: int) -> float:
     sharded += N_MOE * (SHARED_EXPERT_PARAMS + LATENT_PROJ_PARAMS) + N_DENSE * DENSE_FFN_PARAMS
     sharded += 2 * LM_HEAD_PARAMS
     replicated = N_KDA * kda_r + N_MLA * mla_r + N_MOE * ROUTER_PARAMS
-    routed = N_MOE * N_EXPERTS * EXPERT_PARAMS * _p("mxfp4_bytes_per_param")
+    routed = N_MOE * N_EXPERTS * EXPERT_PARAMS * param("mxfp4_bytes_per_param")
     return (sharded / tp + replicated) * BF16 + routed / tp
 
 
@@ -368,14 +251,18 @@ class Prediction:
 
 
 def _allreduce_us(system: System, tp: int, message_bytes: float, path: PathName) -> float:
-    """One all-reduce over TP ranks: the faster of one-shot and two-shot.
+    """One all-reduce over TP ranks: the faster of one-shot and two-shot. With a measured curve
+    (`system.comm`), that curve instead.
 
     one-shot: every rank reads the other tp-1 buffers: latency + (tp-1) * msg / link
     two-shot: reduce-scatter then all-gather: 2 latencies + 2 (tp-1)/tp * msg / link
     """
     if tp <= 1:
         return 0.0
-    rounds = _p(f"allreduce_sync_rounds_{path}")
+    if system.comm is not None:  # measured (commcurve.py says how other TPs/GPUs are derived)
+        measured_on = SYSTEMS[system.comm.system].nvlink_gb_s
+        return system.comm.allreduce_us(tp, message_bytes, path, measured_on / system.nvlink_gb_s)
+    rounds = param(f"allreduce_sync_rounds_{path}")
     latency = rounds * system.nvlink_latency_us
     link = system.nvlink_gb_s * 1e3  # bytes per us
     one_shot = latency + (tp - 1) * message_bytes / link
@@ -384,7 +271,7 @@ def _allreduce_us(system: System, tp: int, message_bytes: float, path: PathName)
 
 
 def _hbm_bytes_per_us(system: System, path: PathName) -> float:
-    return system.hbm_tb_s * 1e6 * _p(f"hbm_efficiency_{path}")
+    return system.hbm_tb_s * 1e6 * param(f"hbm_efficiency_{path}")
 
 
 def _layer_bytes_flops(
@@ -402,7 +289,7 @@ def _layer_bytes_flops(
         attn_flops = 2 * tokens * KDA_STATE_BYTES / FP32 * 2 / tp
     else:
         sharded, replicated = _mla_params()
-        kv_token = _p("kv_bytes_per_token_per_mla_layer")
+        kv_token = param("kv_bytes_per_token_per_mla_layer")
         state = cfg.batch * cfg.context * kv_token / cfg.dcp
         heads = _S["mla_heads"] / tp
         latent = 2 * _S["kv_lora_rank"] + _S["qk_rope_head_dim"]  # QK^T and PV in latent space
@@ -411,7 +298,7 @@ def _layer_bytes_flops(
     weight_flops = 2 * tokens * (sharded / tp + replicated)
     if ffn == "moe":
         experts = expected_distinct_experts(experts_tokens)
-        weights += experts * EXPERT_PARAMS * _p("mxfp4_bytes_per_param") / tp
+        weights += experts * EXPERT_PARAMS * param("mxfp4_bytes_per_param") / tp
         weights += (SHARED_EXPERT_PARAMS + LATENT_PROJ_PARAMS) / tp * BF16 + ROUTER_PARAMS * BF16
         ffn_params = TOP_K * EXPERT_PARAMS + SHARED_EXPERT_PARAMS + LATENT_PROJ_PARAMS
         weight_flops += 2 * tokens * (ffn_params / tp + ROUTER_PARAMS)
@@ -423,7 +310,7 @@ def _layer_bytes_flops(
 
 def _experts_tokens(cfg: Config) -> float:
     """Independent-routing equivalent of the step's tokens (draft tokens share some experts)."""
-    per_request = 1 + (cfg.q - 1) * (1 - _p("routing_locality"))
+    per_request = 1 + (cfg.q - 1) * (1 - param("routing_locality"))
     return cfg.batch * per_request
 
 
@@ -439,16 +326,16 @@ def layer_time_us(
     path = path or cfg.path
     nbytes, flops = _layer_bytes_flops(kind, ffn, cfg, _experts_tokens(cfg))
     memory = nbytes / _hbm_bytes_per_us(system, path)
-    compute = flops / (system.bf16_tflops * 1e6 * _p("decode_flops_efficiency"))
-    kernels = _p(f"kernels_per_layer_{path}") * _p(f"kernel_overhead_us_{path}")
+    compute = flops / (system.bf16_tflops * 1e6 * param("decode_flops_efficiency"))
+    kernels = param(f"kernels_per_layer_{path}") * param(f"kernel_overhead_us_{path}")
     message = padded_tokens(cfg.step_tokens) * H * BF16
-    comm = _p("allreduces_per_layer") * _allreduce_us(system, cfg.tp, message, path)
+    comm = param("allreduces_per_layer") * _allreduce_us(system, cfg.tp, message, path)
     if kind == "mla" and cfg.dcp > 1:
         # DCP: partial attention outputs and their log-sum-exp are combined across the DCP group
         partial = cfg.step_tokens * _S["mla_heads"] / cfg.tp * (_S["kv_lora_rank"] + 1) * FP32
         comm += _allreduce_us(system, cfg.dcp, partial, path)
         if path == "stock":  # a separate combine kernel; the specialized MLA fuses it
-            kernels += _p("kernel_overhead_us_stock")
+            kernels += param("kernel_overhead_us_stock")
     data = max(memory, compute)
     return {
         "kernels": kernels,
@@ -477,9 +364,9 @@ def _decode_step(system: System, cfg: Config, path: PathName) -> dict[str, float
     draft = 0.0
     if cfg.draft_tokens:
         one = layer_time_us(system, cfg, "mla", "dense", path=path)
-        draft = _p("draft_layers") * one["total"] + lm_head
+        draft = param("draft_layers") * one["total"] + lm_head
     parts["draft"] = draft
-    parts["overhead"] = _p("step_overhead_us")
+    parts["overhead"] = param("step_overhead_us")
     parts["total"] = sum(parts.values())
     return parts
 
@@ -496,27 +383,29 @@ def _prefill_us(system: System, cfg: Config) -> float:
         + LM_HEAD_PARAMS / max(cfg.context, 1)  # logits only for the last token
     )
     flops = 2.0 * active * cfg.context
-    rate = cfg.tp * system.bf16_tflops * 1e6 * _p("prefill_flops_efficiency")
+    rate = cfg.tp * system.bf16_tflops * 1e6 * param("prefill_flops_efficiency")
     return flops / rate
 
 
 def _kv_bytes_per_request_per_gpu(cfg: Config) -> float:
-    mla = N_MLA * (cfg.context + cfg.output_len) * _p("kv_bytes_per_token_per_mla_layer") / cfg.dcp
+    mla = (
+        N_MLA * (cfg.context + cfg.output_len) * param("kv_bytes_per_token_per_mla_layer") / cfg.dcp
+    )
     kda = N_KDA * (KDA_STATE_BYTES * (1 + cfg.q) + KDA_CONV_BYTES) / cfg.tp
     return mla + kda
 
 
 def kv_read_us(system: System, cfg: Config) -> float:
     """Time one decode step spends reading the MLA KV cache (all 24 layers, split by DCP)."""
-    kv = N_MLA * cfg.batch * cfg.context * _p("kv_bytes_per_token_per_mla_layer") / cfg.dcp
+    kv = N_MLA * cfg.batch * cfg.context * param("kv_bytes_per_token_per_mla_layer") / cfg.dcp
     return kv / _hbm_bytes_per_us(system, cfg.path)
 
 
 def max_seqs_by_memory(system: System, cfg: Config) -> int:
     """Requests whose KV cache and KDA state fit next to the weights on every GPU."""
     gib = 1024**3
-    budget = system.hbm_gib * gib * _p("gpu_memory_utilization")
-    free = budget - weight_bytes_per_gpu(cfg.tp) - _p("activation_reserve_gib") * gib
+    budget = system.hbm_gib * gib * param("gpu_memory_utilization")
+    free = budget - weight_bytes_per_gpu(cfg.tp) - param("activation_reserve_gib") * gib
     if free <= 0:
         return 0
     return int(free // _kv_bytes_per_request_per_gpu(cfg))
@@ -575,137 +464,3 @@ def predict(system: System, cfg: Config) -> Prediction:
 
 def with_path(cfg: Config, path: PathName) -> Config:
     return replace(cfg, path=path)
-
-
-# --- the published figures the model must reproduce (k3-vllm-facts.md, "Published results") -----
-PUBLISHED_LAYER_US: dict[PathName, float] = {"stock": 130.0, "specialized": 69.0}
-PUBLISHED_SPEC_TOKENS_PER_S = 840.0  # 16 GB300, batch 1, DSpark synthetic AL 6 (7 draft tokens)
-PUBLISHED_SPEC_SPEEDUP = 1.73  # same setup, over stock vLLM
-PUBLISHED_NOSPEC_SPEEDUP = (1.88, 1.92)  # TP16, batch 1-2, no speculation
-PUBLISHED_SYSTEM = "gb300"
-
-
-def mean_layer_us(system: System, cfg: Config, path: PathName) -> float:
-    """Average time of one of the 93 layers (kernels, data, all-reduces) on `path`."""
-    step = _decode_step(system, cfg, path)
-    return (step["kernels"] + step["data"] + step["comm"]) / N_LAYERS
-
-
-def published_setups() -> dict[str, Config]:
-    """The configurations the published figures were measured in (16 GB300 = one TP16 replica)."""
-    return {
-        "layer": Config(tp=16, batch=1),
-        "spec": Config(tp=16, batch=1, draft_tokens=7, acceptance=default_acceptance_rate()),
-        "nospec_b1": Config(tp=16, batch=1),
-        "nospec_b2": Config(tp=16, batch=2),
-    }
-
-
-def calibrate(system: System) -> dict[str, float]:
-    """Recompute the fitted PARAMS from the published figures (values to store in PARAMS).
-
-    Step 1: per-kernel overhead of each path = (published layer time - the model's bytes and
-    all-reduce time for that layer) / published kernels per layer. Step 2: routing locality by
-    bisection so that the spec setup gives the published tokens/s. Does not change PARAMS.
-    """
-    saved = dict(PARAMS)
-    try:
-        setups = published_setups()
-        fitted: dict[str, float] = {}
-        for path in PATHS:
-            name = f"kernel_overhead_us_{path}"
-            PARAMS[name] = replace(PARAMS[name], value=0.0)
-            rest = mean_layer_us(system, setups["layer"], path)
-            value = (PUBLISHED_LAYER_US[path] - rest) / _p(f"kernels_per_layer_{path}")
-            PARAMS[name] = replace(PARAMS[name], value=value)
-            fitted[name] = value
-        lo, hi = 0.0, 1.0
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            PARAMS["routing_locality"] = replace(PARAMS["routing_locality"], value=mid)
-            got = predict(system, setups["spec"]).tokens_per_s_per_user
-            lo, hi = (mid, hi) if got < PUBLISHED_SPEC_TOKENS_PER_S else (lo, mid)
-        fitted["routing_locality"] = (lo + hi) / 2
-        return fitted
-    finally:
-        PARAMS.clear()
-        PARAMS.update(saved)
-
-
-@dataclass(frozen=True)
-class FigureCheck:
-    """One published figure against the model: `in_sample` when a fitted parameter targets it."""
-
-    name: str
-    published: float
-    predicted: float
-    in_sample: bool
-    low: float | None = None  # for a published range, its ends
-    high: float | None = None
-
-    @property
-    def error(self) -> float:
-        """Relative error; 0 inside a published range, else against the nearer end."""
-        if self.low is not None and self.high is not None:
-            if self.low <= self.predicted <= self.high:
-                return 0.0
-            end = self.low if self.predicted < self.low else self.high
-            return (self.predicted - end) / end
-        return (self.predicted - self.published) / self.published
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "figure": self.name,
-            "published": self.published,
-            "published_range": [self.low, self.high] if self.low is not None else None,
-            "predicted": round(self.predicted, 3),
-            "error": round(self.error, 4),
-            "in_sample": self.in_sample,
-        }
-
-
-def published_checks(system: System) -> list[FigureCheck]:
-    """The model against every published figure (k3-vllm-facts.md), on `system` (gb300)."""
-    setups = published_setups()
-    checks = [
-        FigureCheck(
-            f"one layer, {path} (us)",
-            PUBLISHED_LAYER_US[path],
-            mean_layer_us(system, setups["layer"], path),
-            in_sample=True,
-        )
-        for path in ("stock", "specialized")
-    ]
-    spec = predict(system, setups["spec"])
-    spec_stock = predict(system, with_path(setups["spec"], "stock"))
-    checks.append(
-        FigureCheck(
-            "batch 1, AL 6, 16 GPUs: tokens/s",
-            PUBLISHED_SPEC_TOKENS_PER_S,
-            spec.tokens_per_s_per_user,
-            in_sample=True,
-        )
-    )
-    checks.append(
-        FigureCheck(
-            "batch 1, AL 6, 16 GPUs: speedup over stock",
-            PUBLISHED_SPEC_SPEEDUP,
-            spec.tokens_per_s_per_user / spec_stock.tokens_per_s_per_user,
-            in_sample=False,
-        )
-    )
-    low, high = PUBLISHED_NOSPEC_SPEEDUP
-    for key, batch in (("nospec_b1", 1), ("nospec_b2", 2)):
-        own = predict(system, setups[key])
-        stock = predict(system, with_path(setups[key], "stock"))
-        checks.append(
-            FigureCheck(
-                f"TP16 batch {batch}, no speculation: speedup over stock",
-                (low + high) / 2,
-                own.tokens_per_s_per_user / stock.tokens_per_s_per_user,
-                in_sample=False,
-                low=low,
-                high=high,
-            )
-        )
-    return checks

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError, Unsupported
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
@@ -101,7 +101,7 @@ def check_bench(
     bench: str | Path, profile_name: str, *, system: str | None = None
 ) -> dict[str, Any]:
     """Compare each run in `bench` with the model's prediction for `profile_name`."""
-    from kimictl.runtime.profiles import load_profile
+    from kimictl.runtime.deployment.profiles import load_profile
 
     runs = load_bench_runs(bench)
     profile = load_profile(profile_name)

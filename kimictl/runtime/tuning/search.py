@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.slo import SLO
+from kimictl.runtime.load.slo import SLO
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     PARAMS,
@@ -78,7 +78,7 @@ class SearchInputs:
 
 
 def model_stats(pred: Prediction, replicas: int = 1) -> dict[str, float]:
-    """The model's figures under the SLO keys of kimictl.runtime.slo (canonical units).
+    """The model's figures under the SLO keys of kimictl.runtime.load.slo (canonical units).
 
     The model predicts means; every percentile of a per-request metric gets that mean (it has no
     spread model), which the output says.

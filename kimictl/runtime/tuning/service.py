@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime import k3
+from kimictl.runtime.deployment import k3
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     PARAMS,
-    PUBLISHED_SYSTEM,
     Config,
     acceptance_rate_for,
     default_acceptance_rate,
     predict,
-    published_checks,
     with_path,
 )
-from kimictl.runtime.tuning.model import calibrate as calibrate_params
+from kimictl.runtime.tuning.published import PUBLISHED_SYSTEM, published_checks
+from kimictl.runtime.tuning.published import calibrate as calibrate_params
 from kimictl.runtime.tuning.search import SearchInputs, SearchResult, search
 from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system, system_from_report
 
@@ -38,7 +37,7 @@ __all__ = [
 
 def parse_tokens(text: str, *, flag: str) -> int:
     """`8192`, `8k` (8000), `8K` (8192), `1M`: vLLM's --max-model-len spelling; positive only."""
-    from kimictl.runtime.deployment import parse_max_model_len
+    from kimictl.runtime.deployment.spec import parse_max_model_len
 
     value = parse_max_model_len(text, flag=flag)
     if value <= 0:
@@ -102,7 +101,7 @@ def resolve_system(
     if snapshots:
         if system is not None:
             raise InputError("--system and --from-snapshot both given; pass one of them.")
-        from kimictl.runtime.hardware import load_snapshots
+        from kimictl.runtime.checks.hardware import load_snapshots
 
         report = load_snapshots(list(snapshots))
         found, count = system_from_report(report)
@@ -124,7 +123,7 @@ def resolve_system(
 
 def _local_system(gpus: int | None) -> tuple[System, int, str]:
     """This machine's GPUs (the doctor's live probe) when no --system or snapshot is given."""
-    from kimictl.runtime.hardware import probe_local
+    from kimictl.runtime.checks.hardware import probe_local
 
     report = probe_local(include_stack=False)
     reasons = [node.no_driver_reason for node in report.nodes if node.no_driver_reason]
@@ -155,7 +154,7 @@ def run_search(
         raise InputError(f"--concurrency must be a positive number of requests, got {concurrency}.")
     slo = None
     if slo_text is not None:
-        from kimictl.runtime.slo import parse_slo
+        from kimictl.runtime.load.slo import parse_slo
 
         slo = parse_slo(slo_text)
     return search(
@@ -224,7 +223,31 @@ def predict_pair(
         "stock": {**stock.predicted(), "detail": stock.to_json()},
         "speedup": round(own.tokens_per_s_per_user / stock.tokens_per_s_per_user, 3),
         "specialized_unavailable": reason,
+        "communication": system.communication(tp),
+        "spec_sheet_communication": _spec_sheet_pair(system, cfg),
     }
+
+
+def _spec_sheet_pair(system: System, cfg: Config) -> dict[str, Any] | None:
+    """With a measured curve: the same configuration priced with the spec-sheet constants (what
+    the curve changed); None without one."""
+    if system.comm is None:
+        return None
+    plain = replace(system, comm=None)
+    own, stock = predict(plain, cfg), predict(plain, with_path(cfg, "stock"))
+    return {
+        "specialized": {**own.predicted(), "comm_us": round(own.breakdown.get("comm", 0.0), 2)},
+        "stock": {**stock.predicted(), "comm_us": round(stock.breakdown.get("comm", 0.0), 2)},
+    }
+
+
+def with_comm_curve(system: System, path: str | Path | None) -> System:
+    """`system` with its all-reduce term from a measured curve (`--comm-curve FILE`)."""
+    if path is None:
+        return system
+    from kimictl.runtime.tuning.commcurve import load_comm_curve
+
+    return replace(system, comm=load_comm_curve(path))
 
 
 def model_card(

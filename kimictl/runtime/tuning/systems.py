@@ -8,11 +8,14 @@ guesses from a GPU name elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.errors import InputError
 
-__all__ = ["SYSTEMS", "System", "get_system", "system_from_report"]
+if TYPE_CHECKING:
+    from kimictl.runtime.tuning.commcurve import CommCurve
+
+__all__ = ["SYSTEMS", "System", "get_system", "system_for_gpu_name", "system_from_report"]
 
 # No vendor publishes a GPU-to-GPU NVLink round-trip latency. 1 us is the order of magnitude of a
 # flag write to a peer through an NVSwitch plus the memory fences around it; used only for the
@@ -35,6 +38,17 @@ class System:
     nvlink_domain: int  # GPUs in one NVLink domain (TP ranks must share one)
     bf16_tflops: float  # dense BF16 tensor-core peak, TFLOP/s
     sources: tuple[str, ...] = field(default_factory=tuple)
+    # a measured all-reduce curve (`kimictl tune --comm-curve`); None: the spec-sheet constants
+    comm: CommCurve | None = None
+
+    def communication(self, tp: int | None = None) -> str:
+        """Where the all-reduce term comes from, in words (the output says which)."""
+        if self.comm is not None:
+            return self.comm.describe(self.name, tp)
+        return (
+            f"spec-sheet constants ({self.name}: NVLink {self.nvlink_gb_s:g} GB/s per direction, "
+            f"{self.nvlink_latency_us:g} us latency assumed)"
+        )
 
     @property
     def specialized_supported(self) -> bool:
@@ -54,6 +68,7 @@ class System:
             "nvlink_domain": self.nvlink_domain,
             "bf16_tflops": self.bf16_tflops,
             "sources": list(self.sources),
+            "communication": self.comm.to_json() if self.comm is not None else "spec sheet",
         }
 
 
@@ -156,8 +171,16 @@ _NAME_FRAGMENTS: tuple[tuple[str, str], ...] = (
 )
 
 
+def system_for_gpu_name(name: str) -> str | None:
+    """The system a GPU product name belongs to ("NVIDIA H200" -> "h200"), or None."""
+    for fragment, system_name in _NAME_FRAGMENTS:
+        if fragment in name.upper():
+            return system_name
+    return None
+
+
 def system_from_report(report: Any) -> tuple[System, int]:
-    """(system, GPU count) from a hardware report (kimictl.runtime.hardware.HardwareReport).
+    """(system, GPU count) from a hardware report (kimictl.runtime.checks.hardware.HardwareReport).
 
     Raises InputError when the report has no GPUs or a GPU this model does not describe.
     """
@@ -168,9 +191,9 @@ def system_from_report(report: Any) -> tuple[System, int]:
             hint="pass --system gb300|b300|b200|h200 and --gpus N instead",
         )
     names = {str(getattr(gpu, "name", "")) for gpu in gpus}
-    for fragment, system_name in _NAME_FRAGMENTS:
-        if all(fragment in name.upper() for name in names):
-            return SYSTEMS[system_name], len(gpus)
+    found = {system_for_gpu_name(name) for name in names}
+    if len(found) == 1 and None not in found:
+        return SYSTEMS[str(found.pop())], len(gpus)
     raise InputError(
         f"the hardware snapshot's GPUs ({', '.join(sorted(names))}) are not a system this model "
         f"describes; allowed: {', '.join(SYSTEMS)}.",

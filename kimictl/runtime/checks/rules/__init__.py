@@ -1,0 +1,179 @@
+"""The K3 fast-path rules: deployment flags, hardware and fabric, software stack.
+
+`evaluate()` is the one entry point: doctor and serve's gate call only it. Each part runs when its
+input is given (None = not checked); every failing rule is reported, not just the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kimictl.runtime.checks.rules.base import Check, Section, Status, verdict
+
+if TYPE_CHECKING:
+    from kimictl.runtime.checks.hardware import HardwareReport
+    from kimictl.runtime.checks.stack import StackReport
+    from kimictl.runtime.deployment.spec import DeploymentSpec
+
+__all__ = [
+    "Check",
+    "Diagnosis",
+    "Section",
+    "Status",
+    "diagnose",
+    "evaluate",
+    "no_deployment_check",
+    "verdict",
+]
+
+# vLLM's rule 1 (compute capability) is checked by the deployment rules when a spec is given;
+# the hardware rules carry the same finding when there is no spec. Report it once.
+_DUPLICATES = {"k3.gpu_arch": "hw.compute_capability"}
+
+
+def no_deployment_check() -> Check:
+    return Check(
+        "deployment.given",
+        Section.DEPLOYMENT,
+        Status.UNKNOWN,
+        "No deployment given: flags not checked.",
+        'Pass --profile NAME|FILE or --vllm-args "vllm serve ..." to check the launch flags.',
+    )
+
+
+def evaluate(
+    spec: DeploymentSpec | None,
+    hw: HardwareReport | None,
+    stack: StackReport | None,
+) -> list[Check]:
+    """All checks, ordered Hardware, Fabric and multicast, Software stack, Deployment.
+
+    With `hw` the environment checks read each node's recorded env (`NodeReport.env`) with the
+    deployment's env on top; without it, the deployment's env alone."""
+    from kimictl.runtime.checks.rules.deployment import deployment_checks
+    from kimictl.runtime.checks.rules.environment import (
+        environment_checks,
+        launch_env,
+        restrict_to_visible,
+    )
+    from kimictl.runtime.checks.rules.hardware import hardware_checks, stack_checks
+
+    checks: list[Check] = []
+    # The environment vLLM gets on each node: what the probing process had (live) or recorded
+    # (snapshot), the deployment's env on top. The hardware checks see only the visible GPUs.
+    envs = [launch_env(n.env, spec) for n in hw.nodes] if hw is not None else []
+    checks.extend(environment_checks(hw, envs, spec))
+    if hw is not None:
+        hw = restrict_to_visible(hw, envs)
+        # the GPUs a spec needs are counted by the deployment rules (k3.gpu_count)
+        checks.extend(hardware_checks(hw))
+    if stack is not None:
+        checks.extend(stack_checks(stack, hw))
+    if spec is None:
+        checks.append(no_deployment_check())
+    else:
+        found = list(deployment_checks(spec, hw))
+        from kimictl.runtime.checks.rules.vllm_check import vllm_gate_checks
+
+        found.extend(vllm_gate_checks(spec, found))  # only where vLLM 0.33 is importable
+        ids = {c.id for c in found if c.status is not Status.UNKNOWN}
+        drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
+        checks = [c for c in checks if c.id not in drop]
+        checks.extend(found)
+    order = list(Section)
+    return sorted(checks, key=lambda c: order.index(c.section))
+
+
+@dataclass
+class Diagnosis:
+    """What `kimictl doctor` reports: the checks plus the inputs they were computed from."""
+
+    checks: list[Check]
+    hardware: HardwareReport
+    stack: StackReport | None
+    spec: DeploymentSpec | None = None
+    unrecognised: list[str] = field(default_factory=list)
+    saved_to: Path | None = None
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.checks)
+
+    @property
+    def blocking(self) -> int:
+        return sum(1 for c in self.checks if c.blocking)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "blocking": self.blocking,
+            "checks": [c.to_json() for c in self.checks],
+            "hardware": self.hardware.to_json(),
+            "stack": self.stack.to_json() if self.stack is not None else None,
+            "deployment": self.spec.to_json() if self.spec is not None else None,
+            "unrecognised_flags": list(self.unrecognised),
+            "saved_snapshot": str(self.saved_to) if self.saved_to else None,
+        }
+
+
+def diagnose(
+    spec: DeploymentSpec | None = None,
+    *,
+    snapshots: Sequence[str | Path] = (),
+    save_snapshot: str | Path | None = None,
+    overwrite_snapshot: bool = False,
+    unrecognised: Sequence[str] = (),
+) -> Diagnosis:
+    """Probe this node (or load `snapshots`, one per node, as one TP group), then evaluate.
+
+    With snapshots the software stack is the one recorded in them (first node; `stack.same`
+    compares the rest), not this machine's.
+    """
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.stack import StackReport, probe_stack
+
+    if save_snapshot is not None:  # refuse a bad target before probing, not after
+        hardware.check_snapshot_target(save_snapshot, overwrite=overwrite_snapshot)
+    stack: StackReport | None
+    if snapshots:
+        hw = hardware.load_snapshots(snapshots)
+        recorded = next((n.stack for n in hw.nodes if n.stack), None)
+        stack = StackReport.from_json(recorded) if recorded else None
+    else:
+        hw = hardware.probe_local(include_stack=False)
+        stack = probe_stack()
+        hw = hardware.HardwareReport(
+            nodes=[replace(n, stack=stack.to_json()) for n in hw.nodes], source=hw.source
+        )
+    saved = (
+        hardware.save_snapshot(hw, save_snapshot, overwrite=overwrite_snapshot)
+        if save_snapshot is not None
+        else None
+    )
+    checks = evaluate(spec, hw, stack)
+    if stack is None:
+        checks.append(
+            Check(
+                "stack.recorded",
+                Section.STACK,
+                Status.UNKNOWN,
+                "The snapshot records no software stack.",
+                "Re-capture it with kimictl doctor --save-snapshot FILE on the node.",
+            )
+        )
+    if unrecognised:
+        checks.append(
+            Check(
+                "deployment.unrecognised",
+                Section.DEPLOYMENT,
+                Status.WARN,
+                "Flags kimictl does not know (passed to vLLM unchecked): "
+                f"{' '.join(unrecognised)}.",
+            )
+        )
+    order = list(Section)
+    checks.sort(key=lambda c: order.index(c.section))
+    return Diagnosis(checks, hw, stack, spec, list(unrecognised), saved)

@@ -1,0 +1,834 @@
+"""DeploymentSpec: one typed object for "how vLLM is launched".
+
+It is parsed from a profile (runtime.profiles) or from an existing `vllm serve ...` command line
+(`parse_vllm_command`), and renders back to argv + env (`to_argv`, `to_env`).
+Round trip: `parse_vllm_command(spec.to_command()).spec == spec` for every spec (property-tested).
+
+Conventions of the parser (vLLM 0.33 `vllm serve` syntax):
+- leading `VAR=value` words are environment assignments (`spec.env`);
+- `--flag value`, `--flag=value`, short forms `-tp -pp -dp -dcp -ep -sc -cc -O`;
+- JSON flags (`--speculative-config`, `--compilation-config`, `--additional-config`) take JSON
+  or the dotted form `--additional-config.decode_backend latency_specialized`; a dotted value
+  is read as JSON when it parses (`3`, `true`, `[1,2]`) and as a plain string otherwise;
+- `-O3` / `-O 3` / `-O=3` / `--optimization-level 3` set `optimization_level`; like vLLM 0.33,
+  `-O.key value` and `-O '{json}'` are bad input (compilation keys go through -cc);
+- switches take no value (`--enforce-eager=true` is bad input, as in vLLM) and have vLLM's
+  negative forms `--no-X`, and `--disable-X` for `--enable-X`;
+- `--spec-method/--spec-model/--spec-tokens`, `--dtype` and `--ubatch-size` stay in `extra_args`;
+  kimictl.runtime.checks.rules.effective reads them there (as vLLM merges them into its config);
+- speculative-config keys are normalised from `-` to `_` (vLLM does the same);
+- `--cudagraph-capture-sizes 1 2 4` lands in `compilation_config["cudagraph_capture_sizes"]`;
+- `--max-model-len` accepts `1k` (x1000), `1K` (x1024), and `auto` (kept as -1, vLLM's own value);
+- `--api-key K` is moved into `env["VLLM_API_KEY"]` (secrets travel by environment);
+- `--host` defaults to 127.0.0.1 (kimictl's default, not vLLM's): a spec always names its host;
+- flags kimictl does not model are kept verbatim, in order, in `extra_args`; the ones that are not
+  known vLLM flags at all are also listed in `ParseResult.unrecognised`.
+
+Value types and bounds live in ONE table, `FIELD_CHECKS` (K3's accepted values come from
+runtime.k3): the parser and the profile loader (runtime.profiles) both check every value they read
+against it, so a bad value is the same InputError whichever way it enters. `DeploymentSpec(...)`
+and `with_()` do not check: tools and tests build specs that the K3 rules then judge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kimictl.runtime.apikeys import ENV_VAR, redact_env
+from kimictl.runtime.deployment import k3
+from kimictl.runtime.errors import InputError
+
+__all__ = [
+    "DEFAULT_HOST",
+    "FIELD_CHECKS",
+    "DeploymentSpec",
+    "ParseResult",
+    "ValueCheck",
+    "check_field",
+    "nonempty_text",
+    "one_of",
+    "parse_max_model_len",
+    "parse_vllm_command",
+    "redact_env",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+_ENV_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """How vLLM is launched. Defaults are vLLM's own, except `host` (kimictl binds loopback).
+
+    `None` means "not given: vLLM decides" (vLLM's default applies). `max_model_len == -1` is
+    vLLM's `auto`.
+    """
+
+    model: str
+    served_model_name: str | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    enable_dbo: bool = False
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    speculative_config: dict[str, Any] | None = None
+    compilation_config: dict[str, Any] = field(default_factory=dict)
+    optimization_level: int | None = None
+    enforce_eager: bool = False
+    additional_config: dict[str, Any] = field(default_factory=dict)
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    use_replayssm: bool = False
+    enable_sleep_mode: bool = False
+    enable_lora: bool = False
+    host: str = DEFAULT_HOST
+    port: int | None = None
+    gpu_memory_utilization: float | None = None
+    distributed_executor_backend: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+
+    # ---- derived facts the rules and tools use ----
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens per step (0 without speculation)."""
+        if not self.speculative_config:
+            return 0
+        value = self.speculative_config.get("num_speculative_tokens", 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def speculative_method(self) -> str | None:
+        if not self.speculative_config:
+            return None
+        method = self.speculative_config.get("method")
+        return str(method) if method is not None else None
+
+    @property
+    def tokens_per_request(self) -> int:
+        """q: tokens each request carries per decode step (1 + draft tokens)."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def decode_backend(self) -> str:
+        return str(self.additional_config.get("decode_backend", "auto"))
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs one deployment occupies: TP x PP x DP (DCP reuses the TP ranks)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @property
+    def cudagraph_capture_sizes(self) -> list[int] | None:
+        sizes = self.compilation_config.get("cudagraph_capture_sizes")
+        if isinstance(sizes, list) and all(isinstance(s, int) for s in sizes):
+            return list(sizes)
+        return None
+
+    # ---- edits ----
+    def with_(self, **changes: Any) -> DeploymentSpec:
+        """A copy with `changes` applied; unknown field names are an InputError."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise InputError(
+                f"DeploymentSpec has no field {', '.join(unknown)}; "
+                f"allowed fields: {', '.join(sorted(names))}."
+            )
+        return dataclasses.replace(self, **changes)
+
+    # ---- rendering ----
+    def to_argv(self, executable: str = "vllm") -> list[str]:
+        """`[executable, "serve", model, flags..., extra_args...]`; env is separate (to_env)."""
+        argv = [executable, "serve", self.model]
+        if self.served_model_name is not None:
+            argv += ["--served-model-name", self.served_model_name]
+        for spec_field, flag in _INT_FLAGS_RENDER:
+            value = getattr(self, spec_field)
+            default = _FIELD_DEFAULTS[spec_field]
+            if value != default:
+                argv += [flag, _render_int(spec_field, value)]
+        if self.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", repr(float(self.gpu_memory_utilization))]
+        for spec_field, flag in _STR_FLAGS_RENDER:
+            value = getattr(self, spec_field)
+            if value is not None and value != _FIELD_DEFAULTS[spec_field]:
+                argv += [flag, value]
+        argv += ["--host", self.host]
+        for spec_field, flag in _BOOL_FLAGS_RENDER:
+            if getattr(self, spec_field):
+                argv.append(flag)
+        if self.optimization_level is not None:
+            argv.append(f"-O{self.optimization_level}")
+        if self.speculative_config is not None:
+            argv += ["--speculative-config", _dump_json(self.speculative_config)]
+        if self.compilation_config:
+            argv += ["--compilation-config", _dump_json(self.compilation_config)]
+        if self.additional_config:
+            argv += ["--additional-config", _dump_json(self.additional_config)]
+        argv += list(self.extra_args)
+        return argv
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables to add to the launch environment."""
+        return dict(self.env)
+
+    def to_command(self, *, executable: str = "vllm", redact: bool = True) -> str:
+        """One shell line `VAR=value ... vllm serve MODEL ...`; secrets redacted unless told."""
+        env = redact_env(self.env) if redact else self.env
+        words = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+        words += [shlex.quote(a) for a in self.to_argv(executable)]
+        return " ".join(words)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["env"] = redact_env(self.env)
+        return data
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    spec: DeploymentSpec
+    unrecognised: list[str]
+
+
+def parse_max_model_len(text: str, *, flag: str = "--max-model-len") -> int:
+    """`4096`, `1k` (1000), `1K` (1024), `1m`, `1M`, `auto` (-1) -> int."""
+    value = text.strip()
+    if value.lower() in ("auto", "-1"):
+        return -1
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", value)
+    if not match:
+        raise InputError(
+            f"{flag} expects a number like 4096, 32k, 1M or auto, got {text!r}.",
+        )
+    number, suffix = match.groups()
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    result = float(number) * scale[suffix]
+    if result != int(result):
+        raise InputError(f"{flag} expects a whole number of tokens, got {text!r}.")
+    return int(result)
+
+
+# ---------------------------------------------------------------- value types and bounds
+
+ValueCheck = Callable[[Any], Any]
+"""Returns the value (normalised: int, float, list) or raises ValueError(what is allowed)."""
+
+
+def nonempty_text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("a non-empty string")
+    return value
+
+
+def one_of(*allowed: str, ignore_case: bool = False) -> ValueCheck:
+    """A check that accepts only `allowed` (vLLM upper-cases some enum names itself)."""
+
+    def check(value: Any) -> str:
+        key = value.upper() if ignore_case and isinstance(value, str) else value
+        if key not in allowed:
+            raise ValueError(" | ".join(f'"{a}"' for a in allowed))
+        return str(value)
+
+    return check
+
+
+def _whole(low: int, high: int | None = None, allowed: str = "") -> ValueCheck:
+    """A whole number in [low, high] (no upper bound when high is None)."""
+
+    def check(value: Any) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            raise ValueError(allowed or f"a whole number >= {low}")
+        return int(value)
+
+    return check
+
+
+def _switch(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("true or false")
+    return value
+
+
+def _number(low: float, high: float | None, allowed: str) -> ValueCheck:
+    """A finite number in (low, high] (no upper bound when high is None); ints stay ints."""
+
+    def check(value: Any) -> int | float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (
+            not ok
+            or not math.isfinite(value)
+            or value <= low
+            or (high is not None and value > high)
+        ):
+            raise ValueError(allowed)
+        return value
+
+    return check
+
+
+def _max_model_len(value: Any) -> int:
+    allowed = 'a whole number >= 1, a size like "128k", or "auto"'
+    if isinstance(value, str):
+        try:
+            value = parse_max_model_len(value, flag="max_model_len")
+        except InputError:
+            raise ValueError(allowed) from None
+    if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == -1):
+        raise ValueError(allowed)
+    return int(value)
+
+
+def _sizes(value: Any) -> list[int]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        raise ValueError("a non-empty list of whole numbers >= 1, e.g. [1, 2, 4, 8]")
+    return [int(v) for v in value]
+
+
+def _words(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError('a list of strings, e.g. ["--trust-remote-code"]')
+    return [str(v) for v in value]
+
+
+def _fraction(value: Any) -> float:
+    return float(_number(0, 1, "a number in (0, 1]")(value))
+
+
+def _level_or_name(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise ValueError("a whole number or a mode name")
+    return value
+
+
+_count = _whole(1)
+
+# Every value kimictl reads, by DeploymentSpec field, or `<json field>.<key>` for the keys of
+# --speculative-config / --compilation-config / --additional-config that kimictl knows.
+# Other JSON keys pass unchecked (vLLM owns them); a JSON null means "vLLM's default".
+FIELD_CHECKS: dict[str, ValueCheck] = {
+    "model": nonempty_text,
+    "served_model_name": nonempty_text,
+    "tensor_parallel_size": _count,
+    "pipeline_parallel_size": _count,
+    "data_parallel_size": _count,
+    "decode_context_parallel_size": _count,
+    "enable_expert_parallel": _switch,
+    "enable_dbo": _switch,
+    "kv_cache_dtype": nonempty_text,  # vLLM owns the dtype names
+    "max_model_len": _max_model_len,
+    "max_num_seqs": _count,
+    "max_num_batched_tokens": _count,
+    "optimization_level": _whole(0, 3, "0, 1, 2 or 3"),
+    "enforce_eager": _switch,
+    "mamba_cache_dtype": nonempty_text,
+    "mamba_ssm_cache_dtype": nonempty_text,
+    "use_replayssm": _switch,
+    "enable_sleep_mode": _switch,
+    "enable_lora": _switch,
+    "host": nonempty_text,
+    "port": _whole(1, 65535, "a port number 1-65535"),
+    "gpu_memory_utilization": _fraction,
+    "distributed_executor_backend": one_of("mp", "ray", "uni", "external_launcher"),
+    "extra_args": _words,
+    "speculative_config.method": nonempty_text,
+    "speculative_config.model": nonempty_text,
+    # more than k3.MAX_SPECULATIVE_TOKENS is legal vLLM: rule 17 reports it, not the parser
+    "speculative_config.num_speculative_tokens": _whole(
+        0, None, f"a whole number >= 0 (the K3 fast path takes at most {k3.MAX_SPECULATIVE_TOKENS})"
+    ),
+    "speculative_config.draft_tensor_parallel_size": _count,
+    "speculative_config.draft_sample_method": nonempty_text,
+    "speculative_config.rejection_sample_method": one_of("standard", "synthetic", "block", "fly"),
+    "speculative_config.synthetic_acceptance_length": _number(0, None, "a positive number"),
+    "speculative_config.enable_adaptive_verification": _switch,
+    "compilation_config.mode": _level_or_name,
+    "compilation_config.cudagraph_mode": one_of(
+        "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", ignore_case=True
+    ),
+    "compilation_config.cudagraph_capture_sizes": _sizes,
+    # Profiles check these; a `vllm serve` line does not (vLLM's parser takes any JSON there and
+    # refuses a bad value only when the model is built: the rules report it, k3.decode_backend
+    # and k3.additional_config).
+    **{
+        f"additional_config.{key}": one_of(*allowed)
+        for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
+    },
+}
+
+
+def check_field(name: str, value: Any) -> Any:
+    """`value` checked (and normalised) against FIELD_CHECKS[name]; names not listed pass as they
+    are. Raises ValueError whose text is what is allowed; callers add where the value came from."""
+    check = FIELD_CHECKS.get(name)
+    return value if check is None else check(value)
+
+
+# ---------------------------------------------------------------- flag tables
+
+# flag spellings -> (field, kind).
+# kinds: int, float, str, bool, json, maxlen, optlevel, sizes, apikey
+_FLAGS: dict[str, tuple[str, str]] = {}
+
+
+def _register(field_name: str, kind: str, *spellings: str) -> None:
+    for spelling in spellings:
+        _FLAGS[spelling] = (field_name, kind)
+
+
+_register("model", "str", "--model")
+_register("served_model_name", "str", "--served-model-name")
+_register("tensor_parallel_size", "int", "--tensor-parallel-size", "-tp")
+_register("pipeline_parallel_size", "int", "--pipeline-parallel-size", "-pp")
+_register("data_parallel_size", "int", "--data-parallel-size", "-dp")
+_register("decode_context_parallel_size", "int", "--decode-context-parallel-size", "-dcp")
+_register("enable_expert_parallel", "bool", "--enable-expert-parallel", "-ep")
+_register("enable_dbo", "bool", "--enable-dbo")
+_register("kv_cache_dtype", "str", "--kv-cache-dtype")
+_register("max_model_len", "maxlen", "--max-model-len")
+_register("max_num_seqs", "int", "--max-num-seqs")
+_register("max_num_batched_tokens", "int", "--max-num-batched-tokens")
+_register("speculative_config", "json", "--speculative-config", "-sc")
+_register("compilation_config", "json", "--compilation-config", "-cc")
+_register("optimization_level", "optlevel", "--optimization-level", "-O")
+_register("enforce_eager", "bool", "--enforce-eager")
+_register("additional_config", "json", "--additional-config")
+_register("mamba_cache_dtype", "str", "--mamba-cache-dtype")
+_register("mamba_ssm_cache_dtype", "str", "--mamba-ssm-cache-dtype")
+_register("use_replayssm", "bool", "--use-replayssm")
+_register("enable_sleep_mode", "bool", "--enable-sleep-mode")
+_register("enable_lora", "bool", "--enable-lora")
+_register("host", "str", "--host")
+_register("port", "int", "--port")
+_register("gpu_memory_utilization", "float", "--gpu-memory-utilization")
+_register("distributed_executor_backend", "str", "--distributed-executor-backend")
+_register("compilation_config", "sizes", "--cudagraph-capture-sizes")
+_register("env", "apikey", "--api-key")
+
+# vLLM flags kimictl knows but does not model: kept in extra_args, not reported as unrecognised.
+# value = number of values the flag takes (0 = switch).
+_PASSTHROUGH: dict[str, int] = {
+    "--trust-remote-code": 0,
+    "--no-trust-remote-code": 0,
+    "--headless": 0,
+    "--disable-log-requests": 0,
+    "--enable-log-requests": 0,
+    "--disable-log-stats": 0,
+    "--enable-prefix-caching": 0,
+    "--no-enable-prefix-caching": 0,
+    "--enable-chunked-prefill": 0,
+    "--no-enable-chunked-prefill": 0,
+    "--enable-auto-tool-choice": 0,
+    "--nnodes": 1,
+    "--node-rank": 1,
+    "--master-addr": 1,
+    "--master-port": 1,
+    "--data-parallel-size-local": 1,
+    "-dpl": 1,
+    "--data-parallel-address": 1,
+    "-dpa": 1,
+    "--data-parallel-rpc-port": 1,
+    "-dpp": 1,
+    "--data-parallel-start-rank": 1,
+    "--data-parallel-backend": 1,
+    "--seed": 1,
+    "--dtype": 1,
+    # read by rules.effective from extra_args (vLLM merges them into the speculative config)
+    "--spec-method": 1,
+    "--spec-model": 1,
+    "--spec-tokens": 1,
+    "--ubatch-size": 1,
+    "--mamba-backend": 1,
+    "--all2all-backend": 1,
+    "--quantization": 1,
+    "-q": 1,
+    "--tokenizer": 1,
+    "--tokenizer-mode": 1,
+    "--revision": 1,
+    "--download-dir": 1,
+    "--load-format": 1,
+    "--block-size": 1,
+    "--swap-space": 1,
+    "--tool-call-parser": 1,
+    "--reasoning-parser": 1,
+    "--chat-template": 1,
+    "--uvicorn-log-level": 1,
+    "--hf-overrides": 1,
+    "--generation-config": 1,
+    "--max-logprobs": 1,
+    "--api-server-count": 1,
+    "--kv-transfer-config": 1,
+}
+
+# Rendering order and defaults.
+_FIELD_DEFAULTS: dict[str, Any] = {
+    f.name: (f.default if f.default is not dataclasses.MISSING else None)
+    for f in dataclasses.fields(DeploymentSpec)
+}
+_INT_FLAGS_RENDER: tuple[tuple[str, str], ...] = (
+    ("tensor_parallel_size", "--tensor-parallel-size"),
+    ("pipeline_parallel_size", "--pipeline-parallel-size"),
+    ("data_parallel_size", "--data-parallel-size"),
+    ("decode_context_parallel_size", "--decode-context-parallel-size"),
+    ("max_model_len", "--max-model-len"),
+    ("max_num_seqs", "--max-num-seqs"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens"),
+    ("port", "--port"),
+)
+_STR_FLAGS_RENDER: tuple[tuple[str, str], ...] = (
+    ("kv_cache_dtype", "--kv-cache-dtype"),
+    ("mamba_cache_dtype", "--mamba-cache-dtype"),
+    ("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype"),
+    ("distributed_executor_backend", "--distributed-executor-backend"),
+)
+_BOOL_FLAGS_RENDER: tuple[tuple[str, str], ...] = (
+    ("enable_expert_parallel", "--enable-expert-parallel"),
+    ("enable_dbo", "--enable-dbo"),
+    ("enforce_eager", "--enforce-eager"),
+    ("use_replayssm", "--use-replayssm"),
+    ("enable_sleep_mode", "--enable-sleep-mode"),
+    ("enable_lora", "--enable-lora"),
+)
+_JSON_FLAG_NAME = {
+    "speculative_config": "--speculative-config",
+    "compilation_config": "--compilation-config",
+    "additional_config": "--additional-config",
+}
+
+
+def _render_int(field_name: str, value: int) -> str:
+    if field_name == "max_model_len" and value == -1:
+        return "auto"
+    return str(value)
+
+
+def _dump_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _tokenize(text: str) -> list[str]:
+    joined = re.sub(r"\\\r?\n", " ", text)
+    try:
+        return shlex.split(joined, comments=False, posix=True)
+    except ValueError as exc:
+        raise InputError(
+            f"Cannot split the command line into words ({exc}); check for an unclosed quote.",
+        ) from exc
+
+
+def _is_value_token(token: str) -> bool:
+    return not token.startswith("-") or bool(_NUMBER.match(token))
+
+
+def _parse_json_value(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{flag} expects JSON, got {text!r} ({exc.msg} at column {exc.colno}); "
+            f"write it as '{{\"key\": value}}' in single quotes, or use the dotted form "
+            f"{flag}.KEY VALUE.",
+        ) from exc
+
+
+def _dotted_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _set_dotted(target: dict[str, Any], keys: list[str], value: Any, flag: str) -> None:
+    node = target
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise InputError(f"{flag} sets a key under {key!r}, which already holds {child!r}.")
+        node = child
+    node[keys[-1]] = value
+
+
+def _to_int(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise InputError(f"{flag} expects a whole number, got {text!r}.") from exc
+
+
+def _to_float(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise InputError(f"{flag} expects a number, got {text!r}.") from exc
+    if not math.isfinite(value):
+        raise InputError(f"{flag} expects a finite number, got {text!r}.")
+    return value
+
+
+def parse_vllm_command(text: str | list[str]) -> ParseResult:
+    """Parse `[VAR=value ...] vllm serve MODEL [flags]` (or just the flags) into a DeploymentSpec.
+
+    Raises InputError with one sentence naming the flag and the value on anything unparsable.
+    """
+    tokens = _tokenize(text) if isinstance(text, str) else list(text)
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(tokens) and (m := _ENV_ASSIGN.match(tokens[i])):
+        env[m.group(1)] = m.group(2)
+        i += 1
+    if i < len(tokens) and tokens[i] == "env":  # `env VAR=value vllm serve ...`
+        i += 1
+        while i < len(tokens) and (m := _ENV_ASSIGN.match(tokens[i])):
+            env[m.group(1)] = m.group(2)
+            i += 1
+    rest = tokens[i:]
+    if rest and (rest[0] == "vllm" or rest[0].endswith("/vllm")):
+        if len(rest) < 2 or rest[1] != "serve":
+            got = rest[1] if len(rest) > 1 else "nothing"
+            raise InputError(f"Expected `vllm serve MODEL ...`, got `vllm {got}`.")
+        rest = rest[2:]
+    elif rest and Path(rest[0]).name.startswith("python"):
+        raise InputError(
+            f"Cannot read a `{' '.join(rest[:3])}` launch; write it as `vllm serve MODEL ...`.",
+        )
+    elif rest and not rest[0].startswith("-") and not _looks_like_model_first(rest):
+        raise InputError(
+            f"Expected a `vllm serve MODEL ...` command line, got {rest[0]!r} as the program.",
+        )
+
+    values: dict[str, Any] = {}
+    given: dict[str, tuple[str, str]] = {}  # field -> (flag, text) of the value that stands
+    json_values: dict[str, dict[str, Any]] = {}
+    json_flags: dict[tuple[str, str], str] = {}  # (field, key) -> the flag that set it, as typed
+    json_is_none: set[str] = set()
+    dotted: dict[str, dict[str, dict[str, Any]]] = {}  # field -> flag spelling -> merged keys
+    sizes_given: list[int] | None = None
+    extra: list[str] = []
+    unrecognised: list[str] = []
+    model: str | None = None
+
+    j = 0
+    while j < len(rest):
+        token = rest[j]
+        j += 1
+        if not token.startswith("-") or token == "-":
+            if model is None:
+                model = token
+                continue
+            raise InputError(
+                f"Unexpected extra word {token!r} after the model {model!r}; "
+                "only one model may be given.",
+            )
+        flag, has_inline, inline = token.partition("=")
+        inline_value: str | None = inline if has_inline else None
+        if flag.startswith("--"):  # vLLM accepts --tensor_parallel_size for --tensor-parallel-size
+            name, dot, path_part = flag.partition(".")
+            flag = name.replace("_", "-") + dot + path_part
+
+        # -O3 (optimization level glued to the flag)
+        if re.fullmatch(r"-O\d+", flag) and inline_value is None:
+            values["optimization_level"] = int(flag[2:])
+            given["optimization_level"] = ("-O", flag[2:])
+            continue
+
+        # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args turns any -O<x> into
+        # --optimization-level <x>: `-O.mode 1` is an invalid level, and -O JSON is refused.
+        if (
+            flag.startswith("-O")
+            and not flag.startswith("--")
+            and (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
+        ):
+            raise InputError(
+                f"{token} is not an optimization level: vLLM 0.33 reads -O<x> as "
+                "--optimization-level <x> (0-3); set compilation keys with -cc.KEY VALUE."
+            )
+
+        # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y
+        base, dot, path = flag.partition(".")
+        if dot and base in _FLAGS and _FLAGS[base][1] == "json":
+            field_name = _FLAGS[base][0]
+            if inline_value is None:
+                if j >= len(rest):
+                    raise InputError(f"{flag} expects a value.")
+                inline_value = rest[j]
+                j += 1
+            keys = path.split(".")
+            if not all(keys):
+                raise InputError(f"{flag} has an empty key in its dotted path.")
+            target = dotted.setdefault(field_name, {}).setdefault(base, {})
+            _set_dotted(target, keys, _dotted_value(inline_value), flag)
+            json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
+            continue
+
+        # vllm/utils/argparse_utils.py:EnableDisableAction: every switch has a --no-X form and
+        # --enable-X pairs with --disable-X.
+        negated = False
+        known = _FLAGS.get(flag)
+        if known is None and flag.startswith("--no-") and f"--{flag[5:]}" in _FLAGS:
+            candidate = _FLAGS[f"--{flag[5:]}"]
+            if candidate[1] == "bool":
+                known, negated = candidate, True
+        if known is None and flag.startswith("--disable-"):
+            enabling = _FLAGS.get("--enable-" + flag[len("--disable-") :])
+            if enabling is not None and enabling[1] == "bool":
+                known, negated = enabling, True
+
+        if known is None:
+            # not modelled: keep verbatim
+            extra.append(token)
+            arity = _PASSTHROUGH.get(flag)
+            if arity is None:
+                unrecognised.append(flag)
+                arity = 1 if (inline_value is None and j < len(rest)) else 0
+                if arity and not _is_value_token(rest[j]):
+                    arity = 0
+            if inline_value is None:
+                for _ in range(arity):
+                    if j >= len(rest):
+                        break
+                    extra.append(rest[j])
+                    j += 1
+            continue
+
+        field_name, kind = known
+        if kind == "bool":
+            if inline_value is not None:
+                # argparse: "ignored explicit argument" (vLLM's switches take no value)
+                raise InputError(
+                    f"{flag} is a switch and takes no value (got {token!r}); vLLM rejects "
+                    f"{flag}=VALUE: write {flag} or its negative form."
+                )
+            values[field_name] = not negated
+            continue
+
+        if kind == "sizes":
+            sizes_words: list[str] = []
+            if inline_value is not None:
+                sizes_words = [w for w in re.split(r"[,\s]+", inline_value) if w]
+            else:
+                while j < len(rest) and re.fullmatch(r"\d+", rest[j]):
+                    sizes_words.append(rest[j])
+                    j += 1
+            if not sizes_words:
+                raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
+            sizes_given = [_to_int(flag, w) for w in sizes_words]
+            json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
+            continue
+
+        if inline_value is None:
+            if j >= len(rest):
+                raise InputError(f"{flag} expects a value.")
+            if kind != "json" and kind != "optlevel" and not _is_value_token(rest[j]):
+                raise InputError(f"{flag} expects a value, got the flag {rest[j]!r}.")
+            inline_value = rest[j]
+            j += 1
+        value_text = inline_value
+        if kind in ("str", "int", "float", "maxlen"):
+            given[field_name] = (flag, value_text)
+
+        if kind == "str":
+            if field_name == "model":
+                model = value_text
+            else:
+                values[field_name] = value_text
+        elif kind == "int":
+            values[field_name] = _to_int(flag, value_text)
+        elif kind == "float":
+            values[field_name] = _to_float(flag, value_text)
+        elif kind == "maxlen":
+            values[field_name] = parse_max_model_len(value_text, flag=flag)
+        elif kind == "apikey":
+            env[ENV_VAR] = value_text
+        elif kind == "optlevel":
+            if not re.fullmatch(r"\d+", value_text):
+                raise InputError(
+                    f"{flag} expects an optimization level 0-3, got {value_text!r} (vLLM 0.33 "
+                    "has no -O JSON form; use --compilation-config)."
+                )
+            values["optimization_level"] = int(value_text)
+            given["optimization_level"] = (flag, value_text)
+        elif kind == "json":
+            parsed = _parse_json_value(flag, value_text)
+            if parsed is None and field_name == "speculative_config":
+                json_is_none.add(field_name)
+                json_values.pop(field_name, None)
+                continue
+            if not isinstance(parsed, dict):
+                raise InputError(f"{flag} expects a JSON object, got {value_text!r}.")
+            json_is_none.discard(field_name)
+            if field_name == "speculative_config":
+                # EngineArgs.create_speculative_config: keys' '-' become '_'
+                parsed = {str(k).replace("-", "_"): v for k, v in parsed.items()}
+            elif field_name == "compilation_config":
+                # CompilationConfig is validated strictly (pydantic): no key has a '-'
+                dashed = [k for k in parsed if "-" in str(k)]
+                if dashed:
+                    raise InputError(
+                        f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
+                        f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
+                    )
+            json_values[field_name] = parsed  # argparse: a later value replaces the earlier
+            json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
+
+    # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args collects the dotted forms of
+    # each spelling (-cc.x, --compilation-config.x) into one JSON appended AFTER all other words,
+    # so for argparse the last such JSON replaces every full JSON of that flag.
+    for field_name, by_spelling in dotted.items():
+        json_is_none.discard(field_name)
+        json_values[field_name] = list(by_spelling.values())[-1]
+    if sizes_given is not None:
+        json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes_given
+    if not model:
+        raise InputError("The command names no model: write `vllm serve MODEL ...`.")
+    for field_name, (flag, value_text) in given.items():
+        if field_name != "model":
+            values[field_name] = _checked(field_name, values[field_name], flag, repr(value_text))
+    for field_name, obj in json_values.items():
+        for key, value in obj.items():
+            # JSON null: vLLM's default; additional_config: judged by the rules (see FIELD_CHECKS)
+            if value is not None and field_name != "additional_config":
+                where = json_flags.get((field_name, key), f"{_JSON_FLAG_NAME[field_name]}.{key}")
+                obj[key] = _checked(f"{field_name}.{key}", value, where, _dump_json(value))
+        values[field_name] = obj
+    spec = DeploymentSpec(model=model, env=env, extra_args=extra, **values)
+    return ParseResult(spec=spec, unrecognised=unrecognised)
+
+
+def _checked(name: str, value: Any, where: str, shown: str) -> Any:
+    """FIELD_CHECKS[name] applied; a bad value is one sentence naming the flag and the value."""
+    try:
+        return check_field(name, value)
+    except ValueError as exc:
+        raise InputError(f"{where} expects {exc}, got {shown}.") from exc
+
+
+def _looks_like_model_first(rest: list[str]) -> bool:
+    """A bare `MODEL --flags...` (no `vllm serve` in front) is accepted."""
+    return len(rest) == 1 or rest[1].startswith("-")

@@ -1,0 +1,400 @@
+"""The one HTTP/1.1 client of bench and monitor: keep-alive connections on an asyncio Protocol.
+
+A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is parsed as it
+arrives: every TCP read is parsed in `data_received` (chunked framing -> SSE lines split at the byte
+level -> one `orjson.loads` per `data:` line) and the arrival time and token count of each chunk
+are written straight into the request's record; the awaiting coroutine is woken once per request,
+not once per chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
+aiohttp client (measured in benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as _ssl
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import orjson
+
+from kimictl.runtime.apikeys import bearer_headers
+from kimictl.runtime.errors import InputError
+
+if TYPE_CHECKING:  # filled in duck-typed; the client does not depend on the load package
+    from kimictl.runtime.load.records import RequestRecord
+
+__all__ = [
+    "MAX_ERROR_BODY",
+    "Endpoint",
+    "fetch_text",
+]
+
+MAX_ERROR_BODY = 2048
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP/1.1 over an asyncio Protocol
+
+
+class _Response:
+    __slots__ = (
+        "record",
+        "t0",
+        "status",
+        "body",
+        "done",
+        "sse",
+        "seen_done",
+        "last_usage",
+        "error",
+    )
+
+    def __init__(self, record: RequestRecord | None, t0: float, done: asyncio.Future[None]):
+        self.record = record
+        self.t0 = t0
+        self.status = 0
+        self.body = bytearray()  # non-stream body (errors, GET)
+        self.done = done
+        self.sse = b""  # unfinished SSE line
+        self.seen_done = False
+        self.last_usage = 0
+        self.error: str | None = None  # why a request without a record failed
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; parses the response as it arrives."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.keep_alive = True
+        self.resp: _Response | None = None
+        self.got_bytes = False
+        self._head = b""
+        self._in_head = True
+        self._mode = ""  # chunked | length | close
+        self._remaining = 0  # length mode: body bytes left; chunked: bytes left in this chunk
+        self._cbuf = b""  # chunked framing buffer
+        self._stream = False
+
+    # asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        resp = self.resp
+        if resp is None or resp.done.done():
+            return
+        if self._mode == "close" and not self._in_head:
+            self._finish()
+            return
+        if self.got_bytes:
+            self._fail("disconnect", "the server closed the connection mid-response")
+        else:
+            self._fail("disconnect", "the server closed the connection before answering")
+
+    def send(self, data: bytes, resp: _Response) -> None:
+        self.resp = resp
+        self.got_bytes = False
+        self._head = b""
+        self._in_head = True
+        self._mode = ""
+        self._cbuf = b""
+        self._stream = False
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        if self.resp is None or self.resp.done.done():
+            return
+        now = time.perf_counter()
+        if self._in_head:
+            # a late CRLF ending the previous chunked body may precede the status line
+            self._head = (self._head + data).lstrip(b"\r\n")
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > 65536:
+                    self._fail("malformed_sse", "response head larger than 64 KiB")
+                return
+            data = self._head[end + 4 :]
+            if not self._parse_head(self._head[:end]):
+                return
+            self._in_head = False
+            self._head = b""
+        if self._mode == "chunked":
+            self._feed_chunked(data, now)
+        elif self._mode == "length":
+            take = data[: self._remaining]
+            self._remaining -= len(take)
+            self._body(take, now)
+            if self._remaining <= 0:
+                self._finish()
+        else:
+            self._body(data, now)
+
+    # parsing
+    def _parse_head(self, head: bytes) -> bool:
+        resp = self.resp
+        assert resp is not None
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        try:
+            resp.status = int(parts[1])
+        except (IndexError, ValueError):
+            self._fail("malformed_sse", f"not an HTTP response: {lines[0][:80]!r}")
+            return False
+        length = None
+        chunked = False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value:
+                chunked = True
+            elif name == b"connection" and value == b"close":
+                self.keep_alive = False
+            elif name == b"content-type" and value.startswith(b"text/event-stream"):
+                self._stream = True
+        if chunked:
+            self._mode = "chunked"
+        elif length is not None:
+            self._mode = "length"
+            self._remaining = length
+            if length == 0:
+                self._finish()
+                return False
+        else:
+            self._mode = "close"
+            self.keep_alive = False
+        return True
+
+    def _feed_chunked(self, data: bytes, now: float) -> None:
+        buf = self._cbuf + data if self._cbuf else data
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            if self._remaining > 0:
+                take = min(self._remaining, n - pos)
+                self._body(buf[pos : pos + take], now)
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._remaining = -2  # expect the CRLF after the chunk
+                continue
+            if self._remaining == -2:
+                if n - pos < 2:
+                    break
+                pos += 2
+                self._remaining = 0
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            try:
+                size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            except ValueError:
+                self._fail("malformed_sse", "bad chunked framing")
+                return
+            pos = eol + 2
+            if size == 0:
+                self._finish()
+                return
+            self._remaining = size
+        self._cbuf = buf[pos:] if pos < n else b""
+
+    def _body(self, data: bytes, now: float) -> None:
+        resp = self.resp
+        assert resp is not None
+        if resp.status != 200 or not self._stream or resp.record is None:
+            if resp.record is None or len(resp.body) < 1 << 20:  # a GET keeps its whole body
+                resp.body += data
+            return
+        buf = resp.sse + data if resp.sse else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            resp.sse = buf
+            return
+        resp.sse = buf[cut + 1 :]
+        rec = resp.record
+        for line in buf[:cut].split(b"\n"):
+            if line[:5] != b"data:":
+                continue  # blank separators, comments (":ping"), event:/id: fields
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                resp.seen_done = True
+                continue
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                rec.error_kind = "malformed_sse"
+                rec.error = f"data line is not JSON: {payload[:80]!r}"
+                continue
+            if not isinstance(obj, dict):
+                rec.error_kind = "malformed_sse"
+                rec.error = f"data line is not a JSON object: {payload[:80]!r}"
+                continue
+            usage = obj.get("usage")
+            if obj.get("choices"):
+                rel = now - resp.t0
+                if rec.ttft is None:
+                    rec.ttft = rel
+                rec.chunk_times.append(rel)
+                rec.latency = rel
+                if usage:
+                    total = usage.get("completion_tokens") or 0
+                    rec.chunk_tokens.append(total - resp.last_usage)
+                    resp.last_usage = total
+                else:
+                    rec.chunk_tokens.append(1)
+                choice = obj["choices"][0]
+                text = choice.get("text")
+                if text is None:
+                    text = (choice.get("delta") or {}).get("content")
+                if text:
+                    rec.text_len += len(text)
+            elif "error" in obj:
+                rec.error_kind = "http_5xx"
+                rec.error = str(obj["error"])[:MAX_ERROR_BODY]
+            if usage:
+                if usage.get("completion_tokens") is not None:
+                    rec.output_tokens = int(usage["completion_tokens"])
+                    resp.last_usage = rec.output_tokens
+                if usage.get("prompt_tokens") is not None:
+                    rec.prompt_tokens = int(usage["prompt_tokens"])
+
+    def _finish(self) -> None:
+        resp = self.resp
+        if resp is not None and not resp.done.done():
+            resp.done.set_result(None)
+        if not self.keep_alive:
+            self.close()
+
+    def _fail(self, kind: str, message: str) -> None:
+        resp = self.resp
+        if resp is not None and resp.record is not None and resp.record.error_kind is None:
+            resp.record.error_kind = kind
+            resp.record.error = message
+        if resp is not None and resp.record is None and resp.error is None:
+            resp.error = message
+        self.keep_alive = False
+        self.close()
+        if resp is not None and not resp.done.done():
+            resp.done.set_result(None)
+
+
+class Endpoint:
+    """A pool of keep-alive connections to one server."""
+
+    def __init__(self, url: str, api_key: str | None) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InputError(
+                f"target URL {url!r} is not http(s)://HOST[:PORT]",
+                hint="pass e.g. --target http://127.0.0.1:8000",
+            )
+        self.host = parts.hostname
+        self.tls = parts.scheme == "https"
+        self.port = parts.port or (443 if self.tls else 80)
+        base = parts.path.rstrip("/")
+        self.prefix = base[:-3] if base.endswith("/v1") else base
+        self.api_key = api_key
+        self.idle: list[_Conn] = []
+        self.host_header = f"{self.host}:{self.port}".encode()
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        ctx = _ssl.create_default_context() if self.tls else None
+        _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=ctx)
+        return conn
+
+    def build(self, method: str, path: str, body: bytes | None) -> bytes:
+        lines = [
+            f"{method} {self.prefix}{path} HTTP/1.1".encode(),
+            b"Host: " + self.host_header,
+            b"User-Agent: kimictl-bench",
+            b"Accept: */*",
+        ]
+        lines += [f"{k}: {v}".encode() for k, v in bearer_headers(self.api_key).items()]
+        if body is not None:
+            lines.append(b"Content-Type: application/json")
+            lines.append(b"Content-Length: " + str(len(body)).encode())
+        return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
+
+    async def request(
+        self, data: bytes, record: RequestRecord | None, timeout: float, t0: float | None = None
+    ) -> _Response:
+        """Send one request and wait for its whole response. Errors land in the record (or raise
+        OSError/TimeoutError when there is no record)."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            reused = False
+            conn: _Conn | None = None
+            while self.idle:
+                c = self.idle.pop()
+                if not c.closed:
+                    conn, reused = c, True
+                    break
+            if t0 is None or attempt:
+                t0 = time.perf_counter()
+            resp = _Response(record, t0, loop.create_future())
+            try:
+                if conn is None:
+                    conn = await asyncio.wait_for(self._connect(), timeout)
+                conn.send(data, resp)
+                await asyncio.wait_for(asyncio.shield(resp.done), timeout)
+            except (OSError, TimeoutError) as exc:
+                if conn is not None:
+                    conn.close()
+                if record is None:
+                    raise
+                if record.error_kind is None:
+                    if isinstance(exc, TimeoutError):
+                        record.error_kind = "timeout"
+                        record.error = f"no complete response within {timeout:g} s"
+                    else:
+                        record.error_kind = "connect"
+                        record.error = f"cannot connect to {self.host}:{self.port}: {exc}"
+                return resp
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.close()
+                raise
+            # A reused keep-alive connection the server had just closed: retry once, fresh.
+            if reused and resp.status == 0 and not conn.got_bytes and attempt == 0:
+                if record is not None:
+                    record.error_kind = record.error = None
+                continue
+            if not conn.closed and conn.keep_alive:
+                self.idle.append(conn)
+            return resp
+        return resp
+
+    def close(self) -> None:
+        for c in self.idle:
+            c.close()
+        self.idle.clear()
+
+
+async def fetch_text(
+    url: str, path: str, *, api_key: str | None = None, timeout: float = 5.0
+) -> str:
+    """GET `path` (e.g. /metrics) from a server; raises OSError/TimeoutError when it cannot."""
+    ep = Endpoint(url, api_key)
+    try:
+        resp = await ep.request(ep.build("GET", path, None), None, timeout)
+        if resp.status != 200:
+            raise OSError(f"GET {path} answered HTTP {resp.status}")
+        return resp.body.decode("utf-8", "replace")
+    finally:
+        ep.close()

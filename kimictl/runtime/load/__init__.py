@@ -1,0 +1,1 @@
+"""Load: workloads, the streaming load generator, SLOs and bench reports (`kimictl bench`)."""

@@ -1,0 +1,122 @@
+"""The whole bench, as `kimictl bench` and `kimictl demo` run it: load, summaries, A/B."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from kimictl.runtime.http1 import fetch_text
+from kimictl.runtime.load.ab import compare
+from kimictl.runtime.load.loadgen import run_load
+from kimictl.runtime.load.records import (
+    LoadPoint,
+    LoadSettings,
+    LoadTarget,
+    RecordList,
+    RequestRecord,
+)
+from kimictl.runtime.load.slo import SLO
+from kimictl.runtime.load.summary import summarize_run
+from kimictl.runtime.load.workloads import Workload
+
+__all__ = [
+    "BenchConfig",
+    "BenchOutcome",
+    "resolve_models",
+    "run_bench",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole bench: what `kimictl bench` calls
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig(LoadSettings):
+    """A bench: the load settings plus what is loaded, and the SLO the summaries judge."""
+
+    targets: tuple[LoadTarget, ...]
+    workload: Workload
+    scrape_metrics: bool = True  # a bench reports the server's view beside the client's
+    slo: SLO | None = None
+
+
+@dataclass
+class BenchOutcome:
+    records: RecordList
+    summaries: list[dict[str, Any]]
+    ab: list[dict[str, Any]] | None
+    stop_reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` document: `runs` holds one vllm-bench-compatible dict per (target, point,
+        repeat); `ab` the A/B rows (first target / second target) or null."""
+        return {
+            "kimictl_bench": 1,
+            "stop_reason": self.stop_reason,
+            "runs": self.summaries,
+            "ab": self.ab,
+        }
+
+
+async def resolve_models(
+    targets: Sequence[LoadTarget], *, timeout: float = 10.0
+) -> list[LoadTarget]:
+    """Fill in each target's model from its /v1/models (first id) where none was given."""
+    from kimictl.runtime.errors import EndpointError
+
+    out = []
+    for t in targets:
+        if t.model:
+            out.append(t)
+            continue
+        try:
+            text = await fetch_text(t.url, "/v1/models", api_key=t.api_key, timeout=timeout)
+            models = [m["id"] for m in orjson.loads(text).get("data", [])]
+        except (OSError, TimeoutError, orjson.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise EndpointError(
+                f"cannot read the model list of {t.name} at {t.url}/v1/models: {exc}",
+                hint="check the server is up (`kimictl ps`), or pass --model",
+            ) from exc
+        if not models:
+            raise EndpointError(f"{t.name} at {t.url} serves no model", hint="pass --model")
+        out.append(replace(t, model=models[0]))
+    return out
+
+
+async def run_bench(
+    cfg: BenchConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
+) -> BenchOutcome:
+    """Run the load, summarize every (target, point, repeat), compare the first two targets."""
+    records = await run_load(
+        cfg.targets,
+        cfg.workload,
+        cfg,
+        stop=stop,
+        on_record=on_record,
+        on_point=on_point,
+    )
+    summaries = summarize_run(
+        records,
+        targets={t.name: t for t in cfg.targets},
+        points={p.label: p for p in cfg.points},
+        gpus={t.name: t.gpus for t in cfg.targets},
+        slo=cfg.slo,
+        endpoint_type="openai-chat" if cfg.chat else "openai",
+        num_prompts=cfg.num_prompts,
+        workload=cfg.workload.describe(),
+    )
+    ab = None
+    if len(cfg.targets) >= 2:
+        ab = compare(
+            summaries, records, a=cfg.targets[0].name, b=cfg.targets[1].name, seed=cfg.seed
+        )
+    return BenchOutcome(records, summaries, ab, records.stop_reason)

@@ -1,0 +1,183 @@
+"""Bench exports: the per-request CSV and the plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kimictl.runtime.load.records import RequestRecord
+from kimictl.runtime.load.summary import request_values
+from kimictl.runtime.outputs import atomic_write
+
+__all__ = [
+    "CSV_FIELDS",
+    "write_csv",
+    "write_plots",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+CSV_FIELDS = (
+    "target",
+    "point",
+    "repeat",
+    "index",
+    "warmup",
+    "session",
+    "turn",
+    "input_len",
+    "prompt_tokens",
+    "output_len",
+    "output_tokens",
+    "start_s",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "chunks",
+    "mean_itl_ms",
+    "interactivity_tok_s",
+    "status",
+    "ok",
+    "error_kind",
+    "error",
+)
+
+
+def write_csv(records: Iterable[RequestRecord], path: str | Path) -> Path:
+    """One row per request (warm-up included, flagged); written atomically."""
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(CSV_FIELDS)
+    for r in records:
+        v = request_values(r)
+        w.writerow(
+            [
+                r.target,
+                r.point,
+                r.repeat,
+                r.index,
+                int(r.warmup),
+                r.session,
+                r.turn,
+                r.input_len,
+                "" if r.prompt_tokens is None else r.prompt_tokens,
+                r.output_len,
+                r.output_tokens,
+                f"{r.start:.6f}",
+                _fmt(v["ttft"]),
+                _fmt(v["tpot"]),
+                _fmt(v["e2el"]),
+                len(r.chunk_times),
+                _fmt(v["itl"]),
+                _fmt(v["interactivity"]),
+                r.status,
+                int(r.ok),
+                r.error_kind or "",
+                (r.error or "").replace("\n", " ")[:300],
+            ]
+        )
+    return atomic_write(path, fh.getvalue())
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.4f}"
+
+
+def write_plots(
+    summaries: Sequence[Mapping[str, Any]], records: Sequence[RequestRecord], directory: str | Path
+) -> list[Path]:
+    """PNG plots: Pareto of output tokens/s/GPU vs interactivity p50 over the sweep, CDFs of TTFT
+    and TPOT, and output tokens/s over time. Needs matplotlib (the `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        from kimictl.runtime.errors import Unsupported
+
+        raise Unsupported(
+            "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"
+        ) from exc
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    written = []
+    targets: list[str] = []
+    for s in summaries:
+        if s["kimictl"]["target"] not in targets:
+            targets.append(s["kimictl"]["target"])
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for t in targets:
+        pts = []
+        for s in summaries:
+            k = s["kimictl"]
+            if k["target"] != t:
+                continue
+            x = k["interactivity_tok_s_per_user"]["p50"]
+            y = k["output_throughput_per_gpu"] or s["output_throughput"]
+            if x is not None:
+                pts.append((x, y, k["point"]))
+        pts.sort()
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t)
+            for x, y, lab in pts:
+                ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    per_gpu = any(s["kimictl"]["output_throughput_per_gpu"] for s in summaries)
+    ax.set_xlabel("interactivity p50 (output tokens/s/user, per request 1/TPOT)")
+    ax.set_ylabel("output tokens/s per GPU" if per_gpu else "output tokens/s (GPU count unknown)")
+    ax.set_title("Throughput vs interactivity over the sweep")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(_save(fig, d / "pareto.png"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for t in targets:
+        ok = [r for r in records if r.target == t and r.ok and not r.warmup]
+        for ax, vals, name in (
+            (axes[0], sorted(r.ttft * 1000 for r in ok if r.ttft is not None), "TTFT ms"),
+            (axes[1], sorted(x * 1000 for x in (r.tpot for r in ok) if x is not None), "TPOT ms"),
+        ):
+            if vals:
+                ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))], label=t)
+            ax.set_xlabel(name)
+            ax.set_ylabel("fraction of requests")
+            ax.grid(alpha=0.3)
+    axes[0].set_title("TTFT CDF")
+    axes[1].set_title("TPOT CDF")
+    axes[0].legend()
+    written.append(_save(fig, d / "latency_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for s in summaries:
+        k = s["kimictl"]
+        tl = k["output_tokens_per_s_timeline"]
+        if tl:
+            x0 = k["window_s"][0]
+            ax.plot(
+                [x0 + i for i in range(len(tl))],
+                tl,
+                label=f"{k['target']} {k['point']} #{k['repeat']}",
+            )
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("output tokens/s (1 s buckets)")
+    ax.set_title("Throughput over time")
+    ax.grid(alpha=0.3)
+    if len(summaries) <= 12:
+        ax.legend(fontsize=7)
+    written.append(_save(fig, d / "throughput_time.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

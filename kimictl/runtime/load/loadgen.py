@@ -1,0 +1,455 @@
+"""Async streaming load generator for OpenAI-compatible servers (/v1/completions, chat completions).
+
+The HTTP client is in client.py.
+
+Metric conventions follow `vllm bench serve` (see shared notes): a chunk is any SSE event carrying
+`choices`; TTFT = first chunk - send; latency = last chunk - send; ITL = gaps between chunks; output
+tokens from the usage chunk (`stream_options.include_usage`), per-chunk tokens from
+`continuous_usage_stats` when the server sends them, else one per chunk.
+
+Modes: closed loop (N workers, each running one session at a time: a sweep is a list of N) and open
+loop (sessions arrive at `rate` per second, Poisson/gamma with a burstiness factor or constant,
+optionally capped by a concurrency). Stop after `num_prompts` measured requests or `duration`
+seconds, whichever comes first. A stop event (Ctrl-C) or a dead server ends the run early: requests
+in flight are cancelled (recorded as such), every finished record is kept, and the result says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
+from kimictl.runtime.http1 import fetch_text as fetch_text
+from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
+from kimictl.runtime.load.records import LoadPoint as LoadPoint
+from kimictl.runtime.load.records import LoadSettings as LoadSettings
+from kimictl.runtime.load.records import LoadTarget as LoadTarget
+from kimictl.runtime.load.records import RecordList as RecordList
+from kimictl.runtime.load.records import RequestRecord as RequestRecord
+from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
+
+__all__ = [
+    "run_load",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a workload
+
+
+def _payload(target: LoadTarget, spec: RequestSpec, chat: bool, ignore_eos: bool) -> bytes:
+    body: dict[str, Any] = {
+        "model": target.model,
+        "max_tokens": spec.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt_text(spec)}]
+    else:
+        body["prompt"] = spec.prompt if spec.prompt is not None else prompt_text(spec)
+    return orjson.dumps(body)
+
+
+@dataclass
+class _Run:
+    """What every point run of one run_load shares."""
+
+    settings: LoadSettings
+    t_run: float
+    out: RecordList
+    stop: asyncio.Event
+    on_record: Callable[[RequestRecord], None] | None
+
+
+class _PointRun:
+    """Runs one (target, point, repeat): issues sessions until the request budget or time is up."""
+
+    def __init__(
+        self,
+        run: _Run,
+        *,
+        target: LoadTarget,
+        endpoint: Endpoint,
+        point: LoadPoint,
+        repeat: int,
+        warmup: bool,
+        sessions: Iterator[Session],
+        num_prompts: int | None,
+        duration: float | None,
+        rng: random.Random,
+    ) -> None:
+        self.target = target
+        self.ep = endpoint
+        self.point = point
+        self.repeat = repeat
+        self.warmup = warmup
+        self.sessions = sessions
+        self.budget = num_prompts
+        self.deadline: float | None = None
+        self.duration = duration
+        self.timeout = run.settings.timeout
+        self.chat = run.settings.chat
+        self.ignore_eos = run.settings.ignore_eos
+        self.t_run = run.t_run
+        self.out = run.out
+        self.stop = run.stop
+        self.on_record = run.on_record
+        self.rng = rng
+        self.issued = 0
+        self.reserved = 0
+        self.inflight = 0
+        self.max_inflight = 0
+        self.connect_failures = 0  # in a row
+        self.last_connect_error = ""
+        self.any_success = False
+        self.abort: str | None = None
+        self.first: float | None = None
+        self.last: float = 0.0
+
+    def _give_up(self) -> None:
+        if not self.abort:
+            self.abort = (
+                f"{self.target.name} ({self.target.url}) stopped answering: "
+                f"{self.connect_failures} connection failures in a row ({self.last_connect_error})"
+            )
+
+    def _exhausted(self) -> bool:
+        """No further request, even inside a running session: stopped, aborted or out of time."""
+        if self.stop.is_set() or self.abort:
+            return True
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    def _can_start(self) -> bool:
+        """No new session once the started ones account for the request budget. Started sessions
+        run to their end (a multi-turn run may issue up to one session more than the budget),
+        so new sessions cannot eat the budget with first turns."""
+        if self.budget is not None and self.reserved >= self.budget:
+            return False
+        return not self._exhausted()
+
+    def _next_session(self) -> Session | None:
+        try:
+            sess = next(self.sessions)
+        except StopIteration:
+            return None
+        self.reserved += sess.num_requests
+        return sess
+
+    async def _request(self, spec: RequestSpec, session: int, turn: int) -> None:
+        rec = RequestRecord(
+            target=self.target.name,
+            point="warmup" if self.warmup else self.point.label,
+            repeat=self.repeat,
+            index=self.issued,
+            warmup=self.warmup,
+            session=session,
+            turn=turn,
+            input_len=spec.input_len,
+            output_len=spec.output_len,
+        )
+        self.issued += 1
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        data = self.ep.build(
+            "POST",
+            "/v1/chat/completions" if self.chat else "/v1/completions",
+            _payload(self.target, spec, self.chat, self.ignore_eos),
+        )
+        t0 = time.perf_counter()
+        rec.start = t0 - self.t_run
+        if self.first is None:
+            self.first = rec.start
+        try:
+            resp = await self.ep.request(data, rec, self.timeout, t0)
+            rec.status = resp.status
+            if rec.error_kind is None:
+                if resp.status == 429:
+                    rec.error_kind = "http_429"
+                elif resp.status >= 500:
+                    rec.error_kind = "http_5xx"
+                elif resp.status != 200:
+                    rec.error_kind = "http_4xx"
+                elif not resp.seen_done:
+                    rec.error_kind = "malformed_sse"
+                    rec.error = "the stream ended without data: [DONE]"
+                if resp.status != 200 and rec.error_kind:
+                    rec.error = f"HTTP {resp.status}: " + bytes(resp.body[:MAX_ERROR_BODY]).decode(
+                        "utf-8", "replace"
+                    )
+            if rec.error_kind is None and rec.output_tokens == 0:
+                rec.output_tokens = sum(rec.chunk_tokens)
+            rec.ok = rec.error_kind is None and rec.ttft is not None
+            if rec.error_kind is None and not rec.ok:
+                rec.error_kind = "malformed_sse"
+                rec.error = "the stream carried no choices"
+        except asyncio.CancelledError:
+            rec.error_kind = "cancelled"
+            rec.error = "cancelled before the response finished"
+            rec.ok = False
+            raise
+        finally:
+            rec.end = time.perf_counter() - self.t_run
+            self.last = max(self.last, rec.end)
+            self.inflight -= 1
+            self.out.append(rec)
+            if rec.ok:
+                self.any_success = True
+                self.connect_failures = 0
+            elif rec.error_kind in ("connect", "disconnect"):
+                self.connect_failures += 1
+                self.last_connect_error = rec.error or rec.error_kind
+                if self.connect_failures >= 3:
+                    self._give_up()
+            if self.on_record is not None:
+                self.on_record(rec)
+
+    async def _session(self, sess: Session) -> None:
+        for turn, step in enumerate(sess.steps):
+            if step.think_time > 0:
+                await asyncio.sleep(step.think_time)
+            if self._exhausted():
+                return
+            if isinstance(step, FanOut):
+                await asyncio.gather(*(self._session(s) for s in step.sessions))
+            else:
+                await self._request(step, sess.id, turn)
+
+    async def _closed(self, workers: int) -> None:
+        async def worker() -> None:
+            while self._can_start():
+                sess = self._next_session()
+                if sess is None:
+                    return
+                await self._session(sess)
+
+        await asyncio.gather(*(worker() for _ in range(workers)))
+
+    async def _open(self) -> None:
+        point = self.point
+        assert point.rate is not None
+        cap = asyncio.Semaphore(point.concurrency) if point.concurrency else None
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def run_one(sess: Session) -> None:
+            if cap is None:
+                await self._session(sess)
+                return
+            async with cap:
+                await self._session(sess)
+
+        t_start = time.perf_counter()
+        due = 0.0
+        while self._can_start():
+            sess = self._next_session()
+            if sess is None:
+                break
+            if sess.at is not None:  # replay: the trace's own clock
+                due = sess.at
+            else:
+                due += _gap(point, self.rng)
+            delay = t_start + due - time.perf_counter()
+            if delay > 0:
+                await _sleep_or_stop(delay, self.stop)
+            if self._exhausted():
+                break
+            task = asyncio.create_task(run_one(sess))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def run(self) -> None:
+        if self.duration is not None:
+            self.deadline = time.perf_counter() + self.duration
+        if self.point.rate is None:
+            await self._closed(self.point.concurrency or 1)
+        else:
+            await self._open()
+        # a point too short for 3 failures in a row must not pass as done when no request of it
+        # ever got an answer and the last ones could not connect
+        if not self.any_success and self.connect_failures:
+            self._give_up()
+
+
+def _gap(point: LoadPoint, rng: random.Random) -> float:
+    rate = point.rate or 0.0
+    if rate <= 0 or rate == float("inf"):
+        return 0.0
+    if point.arrivals == "constant":
+        return 1.0 / rate
+    # Gamma with shape k=burstiness and mean 1/rate; k=1 is Poisson (exponential gaps).
+    k = point.burstiness
+    return rng.gammavariate(k, 1.0 / (rate * k))
+
+
+async def _sleep_or_stop(delay: float, stop: asyncio.Event) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), delay)
+    except TimeoutError:
+        pass
+
+
+async def run_load(
+    targets: Sequence[LoadTarget],
+    workload: Workload,
+    settings: LoadSettings,
+    *,
+    stop: asyncio.Event | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
+) -> RecordList:
+    """Run `workload` against every target at every point, `settings.repeat` times, and return
+    every record.
+
+    Each (target, point, repeat) gets the identical session sequence (the workload seeded with
+    `settings.seed`), so an A/B compares the same requests. Targets take turns point by point, in
+    an order that alternates between points and repeats so slow drift does not favour one side;
+    with `settings.interleave` they run each point at the same time instead (both see the same
+    drift; use it when the servers do not share hardware, and note the client's CPU is shared).
+    """
+    points, num_prompts, duration = settings.points, settings.num_prompts, settings.duration
+    warmup, seed = settings.warmup, settings.seed
+    if not targets:
+        raise InputError("no target to benchmark", hint="pass --target URL (or --ab)")
+    if num_prompts is None and duration is None:
+        raise InputError("give --num-prompts or --duration so the run has an end")
+    if not points:
+        raise InputError("no load point: give --concurrency or --rate")
+    for p in points:
+        if p.rate is None and (p.concurrency is None or p.concurrency < 1):
+            raise InputError(f"concurrency {p.concurrency!r} must be a whole number >= 1")
+        if p.rate is not None and p.rate <= 0:
+            raise InputError(f"request rate {p.rate!r} must be > 0 requests/s")
+        if p.burstiness <= 0:
+            raise InputError(f"burstiness {p.burstiness!r} must be > 0 (1 = Poisson)")
+        if p.arrivals not in ("poisson", "constant"):
+            raise InputError(f"arrivals {p.arrivals!r} is not one of: poisson, constant")
+    stop = stop or asyncio.Event()
+    out = RecordList()
+    endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
+    run = _Run(settings, time.perf_counter(), out, stop, on_record)
+
+    def point_run(
+        t: LoadTarget,
+        point: LoadPoint,
+        *,
+        repeat: int,
+        warmup: bool,
+        sessions_seed: int,
+        num_prompts: int | None,
+        duration: float | None,
+        rng_seed: int,
+    ) -> _PointRun:
+        return _PointRun(
+            run,
+            target=t,
+            endpoint=endpoints[t.name],
+            point=point,
+            repeat=repeat,
+            warmup=warmup,
+            sessions=workload.sessions(sessions_seed),
+            num_prompts=num_prompts,
+            duration=duration,
+            rng=random.Random(rng_seed),
+        )
+
+    try:
+        if warmup > 0:
+            for t in targets:
+                if stop.is_set() or out.stop_reason:
+                    break
+                pr = point_run(
+                    t,
+                    LoadPoint(concurrency=min(warmup, max(p.concurrency or 1 for p in points))),
+                    repeat=0,
+                    warmup=True,
+                    sessions_seed=seed + 7919,
+                    num_prompts=warmup,
+                    duration=None,
+                    rng_seed=seed,
+                )
+                await _run_point(pr, stop)
+                if pr.abort and not pr.any_success:
+                    out.stop_reason = pr.abort
+
+        async def one(t: LoadTarget, point: LoadPoint, r: int, i: int) -> None:
+            if on_point is not None:
+                on_point(t, point, r)
+            key = (t.name, point.label, r)
+            before = await _scrape(t) if settings.scrape_metrics else None
+            pr = point_run(
+                t,
+                point,
+                repeat=r,
+                warmup=False,
+                sessions_seed=seed,
+                num_prompts=num_prompts,
+                duration=duration,
+                rng_seed=seed * 1000003 + i,
+            )
+            await _run_point(pr, stop)
+            if pr.first is not None:
+                out.windows[key] = (pr.first, pr.last)
+            out.max_concurrent[key] = pr.max_inflight
+            if before is not None:
+                after = await _scrape(t)
+                if after is not None:
+                    out.metrics[key] = (before, after)
+            if pr.abort and not out.stop_reason:
+                out.stop_reason = pr.abort
+
+        for r in range(settings.repeat):
+            for i, point in enumerate(points):
+                if stop.is_set() or out.stop_reason:
+                    break
+                order = list(targets) if (r + i) % 2 == 0 else list(reversed(targets))
+                if settings.interleave:
+                    await asyncio.gather(*(one(t, point, r, i) for t in order))
+                    continue
+                for t in order:
+                    if stop.is_set() or out.stop_reason:
+                        break
+                    await one(t, point, r, i)
+        if stop.is_set() and out.stop_reason is None:
+            out.stop_reason = "interrupted"
+    except asyncio.CancelledError:
+        out.stop_reason = out.stop_reason or "interrupted"
+    finally:
+        for ep in endpoints.values():
+            ep.close()
+    return out
+
+
+async def _run_point(pr: _PointRun, stop: asyncio.Event) -> None:
+    """Run one point; on the stop event, cancel what is in flight (it is recorded as cancelled)."""
+    task = asyncio.ensure_future(pr.run())
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+async def _scrape(t: LoadTarget) -> tuple[str, float] | None:
+    try:
+        text = await fetch_text(t.url, "/metrics", api_key=t.api_key)
+    except (OSError, TimeoutError):
+        return None
+    return text, time.monotonic()

@@ -1,0 +1,1 @@
+"""Observe: vLLM /metrics scraping, window math and GPU telemetry (`kimictl monitor`, the TUI)."""

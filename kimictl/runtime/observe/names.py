@@ -1,0 +1,64 @@
+"""vLLM (V1, 0.33) metric family names: the one place they live."""
+
+from __future__ import annotations
+
+__all__ = [
+    "COUNTERS",
+    "E2E_LATENCY",
+    "GAUGES",
+    "GENERATION_TOKENS",
+    "HISTOGRAMS",
+    "INTER_TOKEN_LATENCY",
+    "KV_CACHE_USAGE",
+    "NUM_PREEMPTIONS",
+    "PROMPT_TOKENS",
+    "REQUESTS_RUNNING",
+    "REQUESTS_WAITING",
+    "REQUEST_QUEUE_TIME",
+    "REQUEST_SUCCESS",
+    "SPEC_ACCEPTED_PER_POS",
+    "SPEC_ACCEPTED_TOKENS",
+    "SPEC_DRAFTS",
+    "SPEC_DRAFT_TOKENS",
+    "TIME_PER_OUTPUT_TOKEN",
+    "TIME_TO_FIRST_TOKEN",
+]
+
+# --- vLLM (V1, 0.33) metric families: the one place these names live ------------------------
+# Gauges.
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # a fraction 0..1 despite the name
+# Counters (exposed with a `_total` suffix).
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUEST_SUCCESS = "vllm:request_success"  # label finished_reason; summed
+NUM_PREEMPTIONS = "vllm:num_preemptions"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label position
+# Histograms (seconds).
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"  # per request: 1/interactivity
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+
+GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)
+COUNTERS = (
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    NUM_PREEMPTIONS,
+    SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
+)
+HISTOGRAMS = (
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    TIME_PER_OUTPUT_TOKEN,
+    E2E_LATENCY,
+    REQUEST_QUEUE_TIME,
+)

@@ -1,0 +1,328 @@
+"""Polling endpoints (shared by the TUI and headless `kimictl monitor`): UP/DOWN state, backoff,
+views, the watch loop and the `--record` file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.http1 import Endpoint
+from kimictl.runtime.observe.scrape import (
+    metrics_endpoint,
+    metrics_url,
+    scrape,
+    scrape_timeout,
+)
+from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
+
+__all__ = [
+    "CHART_WINDOW_S",
+    "EndpointPoller",
+    "EndpointStatus",
+    "EndpointView",
+    "HISTORY_POINTS",
+    "HistoryPoint",
+    "MAX_BACKOFF_S",
+    "STALE_AFTER_INTERVALS",
+    "ab_pair_of",
+    "append_jsonl",
+    "check_record_target",
+    "monitor_snapshot",
+    "poll_all",
+    "watch",
+]
+
+
+# --- polling endpoints (shared by the TUI and headless `kimictl monitor`) -------------------------
+CHART_WINDOW_S = 10.0  # each history point is the figure over the 10 s before it
+MAX_BACKOFF_S = 10.0
+
+
+STALE_AFTER_INTERVALS = 2.5
+HISTORY_POINTS = 900
+
+
+class EndpointStatus(StrEnum):
+    CONNECTING = "CONNECTING"  # no scrape answered yet
+    UP = "UP"
+    DOWN = "DOWN"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    taken_at: float
+    tokens_per_s: float | None
+    interactivity_p10: float | None
+    interactivity_p50: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    """What a screen or a record needs about one endpoint at one moment (no live handles)."""
+
+    name: str
+    url: str
+    status: EndpointStatus
+    reason: str | None
+    stale_since: float | None
+    last_ok_at: float | None
+    next_try_in_s: float | None
+    stats: WindowStats | None
+    history: tuple[HistoryPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "url": self.url,
+            "status": self.status.value,
+            "reason": self.reason,
+            "stale": self.stale_since is not None,
+            "stale_since": self.stale_since,
+            "last_ok_at": self.last_ok_at,
+        }
+        if self.stats is not None:
+            out.update(self.stats.to_json())
+        else:  # same keys before the second scrape, all null: consumers need not guess
+            out.update({name: None for name in WindowStats.__dataclass_fields__})
+        return out
+
+
+@dataclass
+class EndpointPoller:
+    """One endpoint's scrapes, UP/DOWN state and reconnect backoff. History survives outages."""
+
+    name: str
+    url: str
+    model: str | None = None
+    series: MetricsSeries = field(default_factory=MetricsSeries)
+    status: EndpointStatus = EndpointStatus.CONNECTING
+    reason: str | None = None
+    failures: int = 0
+    last_ok_at: float | None = None
+    last_ok_mono: float | None = None
+    next_try_mono: float = 0.0
+    history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    _conn: Endpoint = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            _ = urlsplit(self.url).port  # the property raises on a port out of range
+        except ValueError as error:
+            raise InputError(
+                f"endpoint {self.name}: {self.url!r} is not a valid URL ({error})."
+            ) from None
+        self._conn = metrics_endpoint(self.url, name=f"endpoint {self.name}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def due(self, now_mono: float) -> bool:
+        return now_mono >= self.next_try_mono
+
+    async def poll(self, *, interval: float) -> bool:
+        """Scrape if due (not backing off). Returns True when a new scrape was ingested."""
+        now = time.monotonic()
+        if not self.due(now):
+            return False
+        timeout = scrape_timeout(interval)
+        try:
+            snap = await scrape(
+                self._conn, metrics_url(self.url), timeout=timeout, model=self.model
+            )
+        except EndpointError as exc:
+            self.failures += 1
+            self.status = EndpointStatus.DOWN
+            self.reason = exc.message.split(": ", 1)[-1]
+            backoff = min(MAX_BACKOFF_S, interval * 2 ** (self.failures - 1))
+            self.next_try_mono = time.monotonic() + backoff
+            return False
+        self.failures = 0
+        self.status = EndpointStatus.UP
+        self.reason = None
+        self.last_ok_at = snap.taken_at
+        self.last_ok_mono = snap.monotonic
+        self.next_try_mono = 0.0
+        self.series.ingest(snap)
+        chart = self.series.window(CHART_WINDOW_S)
+        if chart is not None:
+            self.history.append(
+                HistoryPoint(
+                    snap.taken_at,
+                    chart.tokens_per_s,
+                    chart.interactivity_p10,
+                    chart.interactivity_p50,
+                )
+            )
+        return True
+
+    def view(self, window_s: float, *, interval: float) -> EndpointView:
+        now = time.monotonic()
+        stale_since = None
+        if self.last_ok_mono is not None and (
+            self.status is EndpointStatus.DOWN
+            or now - self.last_ok_mono > STALE_AFTER_INTERVALS * interval
+        ):
+            stale_since = self.last_ok_at
+        return EndpointView(
+            name=self.name,
+            url=self.url,
+            status=self.status,
+            reason=self.reason,
+            stale_since=stale_since,
+            last_ok_at=self.last_ok_at,
+            next_try_in_s=max(0.0, self.next_try_mono - now) if self.failures else None,
+            stats=self.series.window(window_s),
+            history=tuple(self.history),
+        )
+
+
+async def poll_all(pollers: Sequence[EndpointPoller], *, interval: float) -> None:
+    """Scrape every due endpoint concurrently (one slow endpoint never delays the others)."""
+    await asyncio.gather(*(p.poll(interval=interval) for p in pollers))
+
+
+def monitor_snapshot(
+    views: Sequence[EndpointView],
+    *,
+    window_s: float,
+    ab: tuple[str, str] | None = None,
+    gpus: Any = None,
+) -> dict[str, Any]:
+    """The JSON document of `--once --json`, `--record` lines and the TUI's export."""
+    doc: dict[str, Any] = {
+        "taken_at": time.time(),
+        "window_s": window_s,
+        "endpoints": {v.name: v.to_json() for v in views},
+    }
+    if ab is not None:
+        by_name = {v.name: v for v in views}
+        tuned, stock = by_name.get(ab[0]), by_name.get(ab[1])
+        doc["ab"] = {
+            "tuned": ab[0],
+            "stock": ab[1],
+            "ratio": ab_ratios(tuned.stats if tuned else None, stock.stats if stock else None),
+            "higher_is_better": HIGHER_IS_BETTER,
+        }
+    if gpus is not None:
+        doc["gpus"] = gpus
+    return doc
+
+
+def check_record_target(path: str | os.PathLike[str]) -> None:
+    """Refuse a `--record` FILE that would lose or mangle something: a missing folder, a folder,
+    or an existing file that is not JSON lines (appending to a TOML or log would corrupt it)."""
+    from kimictl.runtime.outputs import check_new_file
+
+    target = os.fspath(path)
+    check_new_file(target, flag="--record", overwrite=True)  # appending is no overwrite
+    if not os.path.isfile(target):
+        return
+    with open(target, "rb") as fh:
+        first = fh.readline(1 << 20).strip()
+    if not first:
+        return
+    import orjson
+
+    try:
+        ok = isinstance(orjson.loads(first), dict)
+    except orjson.JSONDecodeError:
+        ok = False
+    if not ok:
+        raise InputError(
+            f"--record {target}: the file exists and is not a JSON-lines record; "
+            "kimictl appends only to its own records.",
+            hint="choose another file name",
+        )
+
+
+def append_jsonl(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Append one JSON line (the `--record` time series)."""
+    import orjson
+
+    with open(path, "ab") as fh:
+        fh.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+
+
+def ab_pair_of(names: Sequence[str]) -> tuple[str, str] | None:
+    """The (tuned, stock) names for the ratio column: endpoints named tuned and stock, else the
+    first and second of exactly two endpoints; None otherwise."""
+    if "tuned" in names and "stock" in names:
+        return "tuned", "stock"
+    if len(names) == 2:
+        return names[0], names[1]
+    return None
+
+
+async def watch(
+    pollers: Sequence[EndpointPoller],
+    *,
+    interval: float,
+    window_s: float,
+    duration_s: float | None,
+    on_tick: Callable[[dict[str, Any]], None],
+    gpu_sampler: Callable[[], Any] | None = None,
+    full_window: bool = False,
+) -> dict[str, Any]:
+    """Headless monitor loop: poll every `interval`, call `on_tick(snapshot)` after each round,
+    stop after `duration_s` (None = until cancelled). Returns the last snapshot.
+
+    With `full_window`, stop as soon as every answering endpoint's scrapes span `window_s` (a
+    slow first scrape does not shorten the window), giving up `duration_s` after the start."""
+    try:
+        return await _watch_loop(
+            pollers, interval, window_s, duration_s, on_tick, gpu_sampler, full_window
+        )
+    finally:
+        for p in pollers:
+            p.close()
+
+
+async def _watch_loop(
+    pollers: Sequence[EndpointPoller],
+    interval: float,
+    window_s: float,
+    duration_s: float | None,
+    on_tick: Callable[[dict[str, Any]], None],
+    gpu_sampler: Callable[[], Any] | None,
+    full_window: bool,
+) -> dict[str, Any]:
+    ab = ab_pair_of([p.name for p in pollers])
+
+    def snapshot() -> dict[str, Any]:
+        views = [p.view(window_s, interval=interval) for p in pollers]
+        gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
+        return monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
+
+    start = time.monotonic()
+    # a hard stop one scrape timeout past --duration: whatever an await does (a socket that
+    # ignores its own timeout, a stalled loop), --once and --duration always end
+    deadline = None
+    if duration_s is not None:
+        deadline = asyncio.get_running_loop().time() + duration_s + scrape_timeout(interval) + 1
+    tick = 0
+    try:
+        async with asyncio.timeout_at(deadline):
+            while True:
+                await poll_all(pollers, interval=interval)
+                last = snapshot()
+                on_tick(last)
+                tick += 1
+                if full_window:
+                    answering = [p for p in pollers if p.series.latest is not None]
+                    if answering and all(p.series.span_s >= window_s for p in answering):
+                        return last
+                if duration_s is not None and time.monotonic() - start >= duration_s:
+                    return last
+                # stay on the start + k * interval grid (a slow scrape does not drift the schedule)
+                next_at = start + tick * interval
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    except TimeoutError:
+        return snapshot()

@@ -1,0 +1,483 @@
+"""Start, watch and stop vLLM servers: one process group per run, logs in the run folder.
+
+Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed.
+- `plan_launch` (plan.py) turns a DeploymentSpec into a `LaunchPlan` (argv + env, secrets kept
+  out of argv).
+- `start` checks the port, starts vLLM in its own session (so its whole tree is one process group),
+  sends its output to `<run_dir>/vllm.log` and writes the run record (atomically, runs.py).
+  Foreground runs ask the kernel to SIGTERM vLLM when kimictl dies (PR_SET_PDEATHSIG); detached
+  runs outlive kimictl on purpose and are found again through their record (`kimictl ps`).
+- `wait_ready` reads start-up phases from the log (startup.py) and declares ready only when
+  /health answers 200 AND a one-token completion succeeds (a healthy server can still die on its
+  first request). vLLM exiting meanwhile becomes a LaunchError with the exit code, the last 40 log
+  lines and the likely cause.
+- `supervise` watches a ready foreground run until a stop is asked (SIGINT/SIGTERM) or the engine
+  dies, which is reported (EndpointError), never hidden.
+- `stop_run` sends SIGTERM to the group, SIGKILL after the grace period, reaps, and removes the
+  run's temp folder (vLLM leaves its ZMQ socket files there even after a clean exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kimictl.runtime.apikeys import bearer_headers
+from kimictl.runtime.apikeys import read_api_key as read_api_key
+from kimictl.runtime.apikeys import redact_argv as redact_argv
+from kimictl.runtime.checks.stack import VLLM_VERSION
+from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.runtime.serving import runs
+from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
+from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
+from kimictl.runtime.serving.plan import check_port_free as check_port_free
+from kimictl.runtime.serving.plan import plan_launch as plan_launch
+from kimictl.runtime.serving.plan import run_tmp_dir as run_tmp_dir
+from kimictl.runtime.serving.runs import RunRecord, RunState
+from kimictl.runtime.serving.startup import LOG_TAIL_LINES as LOG_TAIL_LINES
+from kimictl.runtime.serving.startup import likely_cause as likely_cause
+from kimictl.runtime.serving.startup import log_tail as log_tail
+from kimictl.runtime.serving.startup import read_phases as read_phases
+
+__all__ = [
+    "HEADLESS_SETTLE_S",
+    "STOP_GRACE_S",
+    "Launch",
+    "StopRequested",
+    "hand_over",
+    "health",
+    "start",
+    "stop_launches",
+    "stop_records",
+    "stop_run",
+    "stop_signals",
+    "supervise",
+    "wait_ready",
+]
+
+STOP_GRACE_S = 20.0
+HEADLESS_SETTLE_S = 10.0
+
+
+class StopRequested(Exception):
+    """SIGINT/SIGTERM arrived while kimictl was waiting; the caller stops the runs it started."""
+
+
+# ---------------------------------------------------------------- start
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    def preexec() -> None:  # runs in the child between fork and exec
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+@dataclass
+class Launch:
+    """A started server: its plan, its record (as last written) and, when ours, its Popen."""
+
+    plan: LaunchPlan
+    record: RunRecord
+    process: subprocess.Popen[bytes] | None = None
+    log_offset: int = 0
+    phases: list[tuple[float, str]] = field(default_factory=list)
+
+    def returncode(self) -> int | None:
+        if self.process is not None:
+            return self.process.poll()
+        return None if runs.is_alive(self.record) else -1
+
+
+def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
+    """Start vLLM for `plan` in its own process group and record it as starting."""
+    check_port_free(plan.host, plan.port)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **plan.env}
+    for sub in ("cache", "inductor") if plan.runtime == "cpu" else ():
+        (plan.run_dir / sub).mkdir(exist_ok=True)
+    if "TMPDIR" in plan.env:
+        Path(plan.env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    with plan.log_path.open("ab") as log:
+        try:
+            process = subprocess.Popen(
+                plan.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=plan.run_dir,
+                start_new_session=True,
+                preexec_fn=None if detach else _die_with_parent(os.getpid()),
+            )
+        except OSError as error:
+            raise LaunchError(
+                f"could not start `{plan.argv[0]}`: {error.strerror}.",
+                hint=(
+                    "run `kimictl setup cpu-runtime` first."
+                    if plan.runtime == "cpu"
+                    else f"install vLLM {VLLM_VERSION} on this node (see `kimictl doctor`)."
+                ),
+            ) from error
+    record = RunRecord(
+        id=plan.run_id,
+        name=plan.name,
+        role=plan.role,
+        ab_group=plan.ab_group,
+        url=plan.url,
+        model=plan.model,
+        profile=plan.profile,
+        pids=[process.pid],
+        pgid=process.pid,
+        port=plan.port,
+        host=plan.host,
+        log_path=str(plan.log_path),
+        run_dir=str(plan.run_dir),
+        argv_redacted=plan.redacted_argv(),
+        started_at=time.time(),
+        gpus=plan.gpus,
+        state=RunState.STARTING,
+        runtime=plan.runtime,
+        start_ticks=runs.process_start_ticks(process.pid),
+        supervisor_pid=os.getpid(),
+        extra={"env": plan.redacted_env(), "detach": detach, "tmp_dir": plan.env.get("TMPDIR")},
+    )
+    runs.write_record(record)
+    return Launch(plan=plan, record=record, process=process)
+
+
+def _startup_failure(launch: Launch, code: int | None, during: str) -> LaunchError:
+    tail = log_tail(launch.plan.log_path)
+    cause = likely_cause(tail, code)
+    launch.record = _mark(launch.record, RunState.FAILED, exit_code=code, reason=cause)
+    shown = "\n".join("  " + line for line in tail)
+    return LaunchError(
+        f"vLLM ({launch.plan.name}) exited {during} with exit code {code}; likely cause: {cause}.\n"
+        f"last {len(tail)} lines of {launch.plan.log_path}:\n{shown}",
+        hint=f"full log: {launch.plan.log_path}",
+    )
+
+
+def _stopped_elsewhere(launch: Launch) -> bool:
+    try:
+        current = runs.get_run(launch.record.id)
+    except InputError:
+        return False
+    return current.state in (RunState.STOPPING, RunState.STOPPED)
+
+
+def _mark(record: RunRecord, state: RunState, **changes: Any) -> RunRecord:
+    if state in (RunState.STOPPED, RunState.FAILED):
+        changes.setdefault("ended_at", time.time())
+    return runs.update_record(record, state=state, **changes)
+
+
+# ---------------------------------------------------------------- readiness
+
+
+def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
+    """The /health status code, or None when nothing answers."""
+    try:
+        if client is not None:
+            return client.get(f"{url}/health", timeout=timeout).status_code
+        return httpx.get(f"{url}/health", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _client() -> httpx.Client:
+    # One client per wait: a new client per poll builds an SSL context each time (measurable CPU
+    # on a 2-core machine that is also running the server).
+    return httpx.Client(trust_env=False)
+
+
+def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[bool, str]:
+    try:
+        reply = client.post(
+            f"{plan.url}/v1/completions",
+            json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
+            headers=bearer_headers(plan.api_key),
+            timeout=timeout,
+        )
+    except httpx.HTTPError as error:
+        return False, f"{type(error).__name__}: {error}"
+    if reply.status_code != 200:
+        return False, f"HTTP {reply.status_code}: {reply.text[:200]}"
+    return True, "ok"
+
+
+ProgressFn = Callable[[Launch, str, float], None]
+
+
+def wait_ready(
+    launches: list[Launch],
+    *,
+    timeout: float = 900.0,
+    on_phase: ProgressFn | None = None,
+    stop_flag: Callable[[], bool] = lambda: False,
+    poll_s: float = 0.5,
+) -> None:
+    """Wait until every launch is ready (health 200 and a one-token completion), or raise.
+
+    LaunchError when one exits or times out; StopRequested when `stop_flag()` turns true. The
+    caller stops the launches in both cases (this function only marks records)."""
+    with _client() as client:
+        _wait_ready(launches, client, timeout, on_phase, stop_flag, poll_s)
+
+
+def _wait_ready(
+    launches: list[Launch],
+    client: httpx.Client,
+    timeout: float,
+    on_phase: ProgressFn | None,
+    stop_flag: Callable[[], bool],
+    poll_s: float,
+) -> None:
+    pending = list(launches)
+    begin = time.monotonic()
+    next_probe: dict[str, float] = {}
+    while pending:
+        if stop_flag():
+            raise StopRequested()
+        now = time.monotonic()
+        for launch in list(pending):
+            elapsed = time.time() - launch.record.started_at
+            _advance_phases(launch, elapsed, on_phase)
+            code = launch.returncode()
+            if code is not None:
+                if _stopped_elsewhere(launch):
+                    raise StopRequested()
+                raise _startup_failure(launch, code, "during start-up")
+            if now < next_probe.get(launch.plan.run_id, 0.0):
+                continue
+            next_probe[launch.plan.run_id] = now + 1.0
+            if launch.plan.headless:
+                # A headless rank serves no HTTP: running for a while is all it can show.
+                if elapsed >= HEADLESS_SETTLE_S:
+                    launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
+                    if on_phase:
+                        on_phase(launch, "running headless (the API is on rank 0)", elapsed)
+                    pending.remove(launch)
+                continue
+            if health(launch.plan.url, timeout=2.0, client=client) != 200:
+                continue
+            if on_phase:
+                on_phase(launch, "first completion", elapsed)
+            ok, detail = _one_token(launch.plan, 60.0, client)
+            if ok:
+                launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
+                if on_phase:
+                    on_phase(launch, "ready", time.time() - launch.record.started_at)
+                pending.remove(launch)
+                continue
+            # A healthy server that fails its first request: dead, or about to be.
+            time.sleep(1.0)
+            code = launch.returncode()
+            if code is not None or health(launch.plan.url, client=client) != 200:
+                raise _startup_failure(
+                    launch, code, f"on its first request ({detail}) right after /health said 200"
+                )
+        if pending and time.monotonic() - begin > timeout:
+            launch = pending[0]
+            tail = "\n".join("  " + line for line in log_tail(launch.plan.log_path))
+            launch.record = _mark(launch.record, RunState.FAILED, reason="start-up timed out")
+            raise LaunchError(
+                f"vLLM ({launch.plan.name}) was not ready after {timeout:.0f} s.\n"
+                f"last lines of {launch.plan.log_path}:\n{tail}",
+                hint="a first start can be slow (downloads, compilation); raise --timeout.",
+            )
+        time.sleep(poll_s)
+
+
+def _advance_phases(launch: Launch, elapsed: float, on_phase: ProgressFn | None) -> None:
+    try:
+        with open(launch.plan.log_path, "rb") as handle:
+            handle.seek(launch.log_offset)
+            chunk = handle.read()
+    except OSError:
+        return
+    # Only whole lines: a half-written line is read again next time.
+    cut = chunk.rfind(b"\n") + 1
+    launch.log_offset += cut
+    seen = {p for _, p in launch.phases}
+    for phase in read_phases(chunk[:cut].decode(errors="replace")):
+        if phase not in seen:
+            launch.phases.append((elapsed, phase))
+            if on_phase:
+                on_phase(launch, phase, elapsed)
+
+
+# ---------------------------------------------------------------- signals and supervision
+
+
+class _Flag:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> bool:
+        return self.count > 0
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[_Flag]:
+    """SIGINT and SIGTERM set a flag (counted) instead of raising; handlers restored on exit."""
+    flag = _Flag()
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.count += 1
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def supervise(
+    launches: list[Launch],
+    *,
+    stop_flag: Callable[[], bool],
+    poll_s: float = 2.0,
+    failures_to_dead: int = 2,
+) -> None:
+    """Watch ready runs until `stop_flag()`; raise EndpointError when an engine dies after ready
+    (process gone, or /health not 200 on `failures_to_dead` polls in a row)."""
+    with _client() as client:
+        _supervise(launches, stop_flag, poll_s, failures_to_dead, client)
+
+
+def _supervise(
+    launches: list[Launch],
+    stop_flag: Callable[[], bool],
+    poll_s: float,
+    failures_to_dead: int,
+    client: httpx.Client,
+) -> None:
+    bad: dict[str, int] = {}
+    while not stop_flag():
+        for launch in launches:
+            code = launch.returncode()
+            if code is None and launch.plan.headless:
+                continue  # no HTTP on a headless rank: alive is healthy
+            status = (
+                None if code is not None else health(launch.plan.url, timeout=5.0, client=client)
+            )
+            if code is None and status == 200:
+                bad[launch.plan.run_id] = 0
+                continue
+            bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
+            # An explicit non-200 counts at once; no answer at all (a busy 2-core machine under
+            # load can miss a 5 s /health) needs three times as many misses in a row.
+            needed = failures_to_dead if status is not None else 3 * failures_to_dead
+            if code is None and bad[launch.plan.run_id] < needed:
+                continue
+            if _stopped_elsewhere(launch):
+                return  # `kimictl stop` from another shell: a stop, not a death
+            if code is not None:
+                what = f"exited with code {code}"
+            elif status is None:
+                what = f"/health did not answer {needed} times in a row"
+            else:
+                what = f"/health answered {status}"
+            launch.record = _mark(
+                launch.record,
+                RunState.FAILED,
+                exit_code=code,
+                reason=f"engine died after ready: {what}",
+            )
+            tail = "\n".join("  " + line for line in log_tail(launch.plan.log_path))
+            raise EndpointError(
+                f"vLLM ({launch.plan.name}) died after it was ready: {what}; "
+                f"likely cause: {likely_cause(log_tail(launch.plan.log_path), code)}.\n"
+                f"last lines of {launch.plan.log_path}:\n{tail}",
+                hint=f"full log: {launch.plan.log_path}",
+            )
+        deadline = time.monotonic() + poll_s
+        while time.monotonic() < deadline and not stop_flag():
+            time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- stop
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _clean_run_dir(run_dir: Path, tmp_dir: str | None) -> None:
+    """Remove the run's temp folder and any socket file left in the run folder."""
+    for folder in {run_dir / "tmp", *([Path(tmp_dir)] if tmp_dir else [])}:
+        shutil.rmtree(folder, ignore_errors=True)
+    for path in run_dir.rglob("*"):
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+
+
+def stop_run(
+    record: RunRecord,
+    *,
+    grace: float = STOP_GRACE_S,
+    process: subprocess.Popen[bytes] | None = None,
+    reason: str | None = None,
+) -> RunRecord:
+    """SIGTERM the run's group, SIGKILL after `grace` seconds, reap, clean, mark stopped."""
+    final = record.state if record.state is RunState.FAILED else RunState.STOPPED
+    if runs.is_alive(record):
+        record = runs.update_record(record, state=RunState.STOPPING)
+        _signal_group(record.pgid, signal.SIGTERM)
+        if not runs.wait_gone(record, grace):
+            _signal_group(record.pgid, signal.SIGKILL)
+            runs.wait_gone(record, 10.0)
+    code = record.exit_code
+    if process is not None:
+        try:
+            code = process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+    _clean_run_dir(Path(record.run_dir), record.extra.get("tmp_dir"))
+    changes: dict[str, Any] = {"exit_code": code, "supervisor_pid": None}
+    if reason:
+        changes["reason"] = reason
+    return _mark(record, final, **changes)
+
+
+def stop_records(records: list[RunRecord], *, grace: float = STOP_GRACE_S) -> list[RunRecord]:
+    """Stop several runs: SIGTERM them all first, so their grace periods overlap."""
+    for record in records:
+        if runs.is_alive(record):
+            _signal_group(record.pgid, signal.SIGTERM)
+    return [stop_run(record, grace=grace) for record in records]
+
+
+def stop_launches(launches: list[Launch], *, grace: float = STOP_GRACE_S) -> None:
+    """Stop several at once: SIGTERM all first, so their grace periods overlap."""
+    for launch in launches:
+        if runs.is_alive(launch.record):
+            _signal_group(launch.record.pgid, signal.SIGTERM)
+    for launch in launches:
+        launch.record = stop_run(launch.record, grace=grace, process=launch.process)
+
+
+def hand_over(launch: Launch) -> RunRecord:
+    """Hand a ready run over to its record: no supervisor from now on."""
+    launch.record = runs.update_record(launch.record, supervisor_pid=None)
+    return launch.record

@@ -1,0 +1,248 @@
+"""Launch plans: a DeploymentSpec -> vLLM argv + env (secrets kept out of argv), run folders and
+ports."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kimictl.runtime.apikeys import ENV_VAR, redact_env
+from kimictl.runtime.apikeys import redact_argv as redact_argv
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.serving import runs
+
+if TYPE_CHECKING:
+    from kimictl.runtime.deployment.spec import DeploymentSpec
+
+__all__ = [
+    "DEFAULT_PORT",
+    "LOG_NAME",
+    "LaunchPlan",
+    "check_port_free",
+    "plan_launch",
+    "require_tcp_port",
+    "run_tmp_dir",
+]
+
+DEFAULT_PORT = 8000
+LOG_NAME = "vllm.log"
+
+
+# ---------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start one server. `env` is what kimictl adds to the environment."""
+
+    run_id: str
+    name: str
+    profile: str | None
+    runtime: str  # "gpu" | "cpu"
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    model: str  # served model name
+    gpus: int
+    run_dir: Path
+    role: str | None = None
+    ab_group: str | None = None
+    # Commands other nodes run (multi-node mp backend): printed, never executed by kimictl.
+    other_nodes: list[list[str]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def headless(self) -> bool:
+        return "--headless" in self.argv
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+    @property
+    def api_key(self) -> str | None:
+        return self.env.get(ENV_VAR)
+
+    def redacted_env(self) -> dict[str, str]:
+        return redact_env(self.env)
+
+    def redacted_argv(self) -> list[str]:
+        return redact_argv(self.argv)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "name": self.name,
+            "profile": self.profile,
+            "runtime": self.runtime,
+            "role": self.role,
+            "ab_group": self.ab_group,
+            "url": self.url,
+            "model": self.model,
+            "gpus": self.gpus,
+            "argv": self.redacted_argv(),
+            "env": self.redacted_env(),
+            "log_path": str(self.log_path),
+            "other_nodes": [redact_argv(a) for a in self.other_nodes],
+        }
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+
+
+def plan_launch(
+    spec: DeploymentSpec,
+    *,
+    name: str,
+    profile: str | None = None,
+    runtime: str = "gpu",
+    host: str | None = None,
+    port: int | None = None,
+    api_key: str | None = None,
+    role: str | None = None,
+    ab_group: str | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    ray: bool = False,
+    run_id: str | None = None,
+) -> LaunchPlan:
+    """Resolve the model, pick the executable and environment, and fix host and port."""
+    from kimictl.runtime.serving import cpu_runtime, tinymodel
+
+    host = host or spec.host or "127.0.0.1"
+    port = port if port is not None else (spec.port or DEFAULT_PORT)
+    require_tcp_port(port)
+    run_id = run_id or runs.new_run_id(name)
+    run_dir = runs.run_dir_for(run_id)
+
+    model = spec.model
+    served = spec.served_model_name
+    if model.startswith(tinymodel.TINY_MODEL):
+        served = served or "tiny-k2"
+        if runtime == "cpu":
+            cpu_runtime.require_installed()
+        model = str(tinymodel.resolve_model(model))
+    elif _looks_like_path(model):
+        resolved = Path(model).expanduser()
+        if not resolved.is_dir():
+            raise InputError(
+                f"model path '{model}' does not exist or is not a folder.",
+                hint="pass --model with a local model folder or a Hugging Face id (org/name).",
+            )
+        if not (resolved / "config.json").is_file() and not (resolved / "params.json").is_file():
+            raise InputError(
+                f"model folder '{model}' has no config.json (nor params.json) for vLLM to load.",
+                hint="point --model at the folder holding the checkpoint's config.json.",
+            )
+        model = str(resolved.resolve())
+    elif runtime == "cpu":
+        raise InputError(
+            f"model '{model}' is not a local folder; the CPU runtime runs offline.",
+            hint="pass --model with a local model folder, or @tiny-k2 for the built-in model.",
+        )
+    served = served or spec.model
+
+    spec = spec.with_(model=model, served_model_name=served, host=host, port=port)
+    if ray:
+        spec = spec.with_(distributed_executor_backend="ray")
+    env: dict[str, str] = {}
+    if runtime == "cpu":
+        if not spec.enforce_eager:
+            spec = spec.with_(enforce_eager=True)  # torch.compile's cache never reloads on CPU
+        env.update(cpu_runtime.server_env(run_dir, base={}, create=False))
+        executable = str(cpu_runtime.venv_dir() / "bin" / "vllm")
+    else:
+        executable = "vllm"
+    env["TMPDIR"] = str(run_tmp_dir(run_dir, run_id))
+    env.update(spec.to_env())
+    if api_key:
+        env[ENV_VAR] = api_key
+    argv = spec.to_argv(executable)
+
+    other_nodes: list[list[str]] = []
+    if nnodes > 1:
+        if master_addr is None:
+            raise InputError("--nnodes above 1 needs --master-addr (the address of node rank 0).")
+        if not 0 <= node_rank < nnodes:
+            raise InputError(f"--node-rank {node_rank} is outside 0..{nnodes - 1}.")
+        base = [*argv, "--nnodes", str(nnodes), "--master-addr", master_addr]
+        argv = [*base, "--node-rank", str(node_rank)]
+        if node_rank > 0:
+            argv.append("--headless")
+        other_nodes = [
+            [*base, "--node-rank", str(rank), "--headless"]
+            for rank in range(nnodes)
+            if rank != node_rank and rank > 0
+        ]
+    return LaunchPlan(
+        run_id=run_id,
+        name=name,
+        profile=profile,
+        runtime=runtime,
+        argv=argv,
+        env=env,
+        host=host,
+        port=port,
+        model=served,
+        gpus=0 if runtime == "cpu" else spec.gpus_needed,
+        run_dir=run_dir,
+        role=role,
+        ab_group=ab_group,
+        other_nodes=other_nodes,
+    )
+
+
+# Linux limits a unix socket path to 107 bytes; vLLM names its ZMQ sockets with a 36-character
+# uuid inside TMPDIR. A run folder too deep for that gets a short per-run folder in /tmp instead.
+_SOCKET_PATH_MAX = 107 - 1 - 36 - 8
+
+
+def run_tmp_dir(run_dir: Path, run_id: str) -> Path:
+    """The run's private TMPDIR: `<run_dir>/tmp`, or `/tmp/kimictl-<id>` when that is too long."""
+    inside = run_dir / "tmp"
+    if len(str(inside)) <= _SOCKET_PATH_MAX:
+        return inside
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"kimictl-{run_id}"
+
+
+# ---------------------------------------------------------------- ports
+
+
+def require_tcp_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port} is not a TCP port; allowed: 1-65535.")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """InputError naming who holds the port (a kimictl run if it is one) when it is taken."""
+    require_tcp_port(port)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # Same option uvicorn sets: a port in TIME_WAIT is free, a listening one is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return
+        except OSError as error:
+            busy = error
+    holder = next((r for r in runs.list_runs() if r.port == port), None)
+    who = f" by kimictl run '{holder.id}'" if holder else ""
+    raise InputError(
+        f"port {port} on {host} is already in use{who} ({busy.strerror}).",
+        hint=(
+            f"`kimictl stop {holder.id}` frees it, or pick another with --port."
+            if holder
+            else "pick another with --port, or stop what listens there."
+        ),
+    )

@@ -1,0 +1,373 @@
+"""Run records: what kimictl launched, where it listens, and whether it is still alive.
+
+One folder per run under `paths.runs_dir()/<id>/` holds `run.json` (written atomically), the vLLM
+log and the run's private cache/temp folders. Records are the contract other commands read:
+`bench`, `monitor` and `validate` turn a run id, `NAME=URL` or a URL into a `Target` through
+`resolve_target`, and find the latest A/B pair through `latest_ab_pair`.
+
+States: starting -> ready -> stopping -> stopped, or failed.
+A record's stored state is what the launcher last wrote; `observed_state` corrects it with what is
+true now (a "ready" run whose processes are gone is reported as failed, never as ready).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from kimictl.runtime.errors import InputError
+from kimictl.runtime.outputs import atomic_write
+from kimictl.runtime.paths import runs_dir
+
+__all__ = [
+    "RECORD_FILE",
+    "RunRecord",
+    "RunState",
+    "Target",
+    "get_run",
+    "is_alive",
+    "ab_targets",
+    "latest_ab_pair",
+    "list_runs",
+    "new_run_id",
+    "observed_state",
+    "process_start_ticks",
+    "resolve_target",
+    "run_dir_for",
+    "update_record",
+    "wait_gone",
+    "write_record",
+]
+
+RECORD_FILE = "run.json"
+
+
+class RunState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+LIVE_STATES = (RunState.STARTING, RunState.READY, RunState.STOPPING)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One launched server. `url` is the server base (no `/v1`), e.g. http://127.0.0.1:8000."""
+
+    id: str
+    name: str
+    role: str | None  # "tuned" | "stock" | None
+    ab_group: str | None
+    url: str
+    model: str  # the served model name clients must send
+    profile: str | None
+    pids: list[int]
+    pgid: int
+    port: int
+    host: str
+    log_path: str
+    run_dir: str
+    argv_redacted: list[str]
+    started_at: float
+    gpus: int
+    state: RunState = RunState.STARTING
+    runtime: str = "gpu"  # "gpu" | "cpu"
+    # The leader's start time in clock ticks since boot (/proc/PID/stat field 22): guards against
+    # a recycled PID being taken for our server.
+    start_ticks: int | None = None
+    # The kimictl process supervising a foreground run (None once detached).
+    supervisor_pid: int | None = None
+    ready_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["state"] = RunState(kwargs.get("state", RunState.STARTING))
+        return cls(**kwargs)
+
+    @property
+    def leader_pid(self) -> int:
+        return self.pids[0] if self.pids else self.pgid
+
+
+@dataclass(frozen=True)
+class Target:
+    """An endpoint to talk to. `model` is None when only a URL was given (ask /v1/models)."""
+
+    name: str
+    url: str
+    model: str | None
+    gpus: int | None
+    run_id: str | None = None
+    role: str | None = None
+
+
+# ---------------------------------------------------------------- ids, folders, atomic writes
+
+
+_ID_SAFE = re.compile(r"[^a-z0-9-]+")
+
+
+def new_run_id(name: str) -> str:
+    """`<name>-<4 hex>`, e.g. `cpu-demo-3f9a`; unique among existing run folders."""
+    stem = _ID_SAFE.sub("-", name.lower()).strip("-")[:40] or "run"
+    for _ in range(100):
+        candidate = f"{stem}-{secrets.token_hex(2)}"
+        if not run_dir_for(candidate).exists():
+            return candidate
+    return f"{stem}-{secrets.token_hex(6)}"
+
+
+def run_dir_for(run_id: str) -> Path:
+    return runs_dir() / run_id
+
+
+def write_record(record: RunRecord) -> Path:
+    """Write `run.json` atomically (temp file in the same folder, fsync, rename)."""
+    target = Path(record.run_dir) / RECORD_FILE
+    return atomic_write(target, json.dumps(record.to_json(), indent=2), mode=0o600)
+
+
+def update_record(record: RunRecord, **changes: Any) -> RunRecord:
+    """Return the record with `changes` applied, and write it (atomically)."""
+    updated = replace(record, **changes)
+    write_record(updated)
+    return updated
+
+
+def _read_record(path: Path) -> RunRecord | None:
+    try:
+        return RunRecord.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # a half-deleted or foreign folder is not a run
+
+
+# ---------------------------------------------------------------- liveness
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks), or None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = stat[stat.rfind(")") + 2 :].split()
+    if not rest or rest[0] in ("Z", "X"):
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg succeeds while only zombies remain; look for one live member.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) > 2 and rest[2] == str(pgid) and rest[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def is_alive(record: RunRecord) -> bool:
+    """True while any process of the run's process group lives (a recycled PID does not count)."""
+    if record.start_ticks is not None:
+        ticks = process_start_ticks(record.leader_pid)
+        if ticks is not None and ticks == record.start_ticks:
+            return True
+    return _group_alive(record.pgid)
+
+
+def observed_state(record: RunRecord) -> tuple[RunState, str | None]:
+    """The state as it is now, and why it differs from the stored one (None when it does not)."""
+    alive = is_alive(record)
+    supervisor_gone = (
+        record.supervisor_pid is not None and process_start_ticks(record.supervisor_pid) is None
+    )
+    if record.state in (RunState.STARTING, RunState.READY) and not alive and supervisor_gone:
+        return RunState.STOPPED, (
+            f"the kimictl (pid {record.supervisor_pid}) running it in the foreground exited "
+            "and the server ended with it"
+        )
+    if record.state in (RunState.STARTING, RunState.READY) and not alive:
+        if record.state is RunState.READY:
+            return RunState.FAILED, "its processes are gone (the engine died after ready)"
+        return RunState.FAILED, "its processes are gone (vLLM exited during start-up)"
+    if alive and supervisor_gone and record.state in (RunState.STARTING, RunState.READY):
+        return record.state, (
+            f"the kimictl (pid {record.supervisor_pid}) that started it is gone; "
+            "`kimictl stop` ends it"
+        )
+    if record.state is RunState.STOPPING and not alive:
+        return RunState.STOPPED, None
+    return record.state, None
+
+
+# ---------------------------------------------------------------- queries
+
+
+def list_runs(*, include_finished: bool = False) -> list[RunRecord]:
+    """Runs with a record, oldest first, with their observed state. Finished ones (stopped, or
+    failed with no process left) only when `include_finished`."""
+    folder = runs_dir()
+    if not folder.is_dir():
+        return []
+    found: list[RunRecord] = []
+    for entry in folder.iterdir():
+        record = _read_record(entry / RECORD_FILE)
+        if record is None:
+            continue
+        state, reason = observed_state(record)
+        if state is not record.state:
+            record = replace(record, state=state, reason=reason or record.reason)
+        elif reason:
+            record = replace(record, reason=reason)
+        live = record.state in LIVE_STATES or is_alive(record)
+        if live or include_finished:
+            found.append(record)
+    found.sort(key=lambda r: (r.started_at, r.id))
+    return found
+
+
+def get_run(run_id: str) -> RunRecord:
+    """The run with this id, or the only run whose id starts with it. InputError otherwise."""
+    runs = list_runs(include_finished=True)
+    exact = [r for r in runs if r.id == run_id]
+    if exact:
+        return exact[0]
+    prefixed = [r for r in runs if r.id.startswith(run_id)] if run_id else []
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if len(prefixed) > 1:
+        raise InputError(
+            f"run id '{run_id}' is ambiguous: it matches {', '.join(r.id for r in prefixed)}.",
+            hint="give more of the id (see `kimictl ps`).",
+        )
+    live = [r.id for r in runs if r.state in LIVE_STATES]
+    known = ", ".join(live) if live else "none running"
+    raise InputError(
+        f"no run with id '{run_id}' (known runs: {known}).",
+        hint="`kimictl ps --all` lists every run kimictl recorded.",
+    )
+
+
+def latest_ab_pair() -> tuple[RunRecord, RunRecord] | None:
+    """The most recent A/B group whose two servers are both alive, as (tuned, stock)."""
+    groups: dict[str, dict[str, RunRecord]] = {}
+    for record in list_runs():
+        if record.ab_group and record.role in ("tuned", "stock") and is_alive(record):
+            groups.setdefault(record.ab_group, {})[record.role] = record
+    complete = [g for g in groups.values() if "tuned" in g and "stock" in g]
+    if not complete:
+        return None
+    latest = max(complete, key=lambda g: max(g["tuned"].started_at, g["stock"].started_at))
+    return latest["tuned"], latest["stock"]
+
+
+def ab_targets(names: tuple[str, str], *, missing: str, hint: str) -> tuple[Target, Target]:
+    """The latest live `serve --ab` pair as two targets named `names` (tuned first, then stock);
+    InputError(`missing`, `hint`) when there is none. Bench, monitor and validate use it."""
+    pair = latest_ab_pair()
+    if pair is None:
+        raise InputError(missing, hint=hint)
+    return _target_of(pair[0], names[0]), _target_of(pair[1], names[1])
+
+
+def _check_url(url: str, text: str) -> str:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as error:
+        raise InputError(f"'{text}' is not a valid URL ({error}).") from error
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(
+            f"'{text}' is not a target: expected a URL (http://HOST:PORT), NAME=URL or a run id.",
+            hint="`kimictl ps` lists run ids.",
+        )
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def _target_of(record: RunRecord, name: str | None = None) -> Target:
+    return Target(
+        name=name or record.role or record.id,
+        url=record.url,
+        model=record.model,
+        gpus=record.gpus,
+        run_id=record.id,
+        role=record.role,
+    )
+
+
+def resolve_target(text: str) -> Target:
+    """`URL`, `NAME=URL`, `NAME=RUN_ID`, a run id (or unique prefix), or `tuned`/`stock` (the
+    latest live A/B pair). Raises InputError for anything else."""
+    text = text.strip()
+    if not text:
+        raise InputError("empty target: expected a URL, NAME=URL or a run id.")
+    name: str | None = None
+    value = text
+    if "=" in text and "://" not in text.split("=", 1)[0]:
+        name, value = (part.strip() for part in text.split("=", 1))
+        if not name or not value:
+            raise InputError(f"'{text}' is not a target: expected NAME=URL with both parts.")
+    if "://" in value:
+        url = _check_url(value, text)
+        return Target(name=name or (urlsplit(url).netloc or url), url=url, model=None, gpus=None)
+    if value in ("tuned", "stock"):
+        pair = latest_ab_pair()
+        if pair is not None:
+            record = pair[0] if value == "tuned" else pair[1]
+            return _target_of(record, name)
+    record = get_run(value)
+    if record.state not in LIVE_STATES:
+        raise InputError(
+            f"run '{record.id}' is {record.state.value}"
+            + (f" ({record.reason})" if record.reason else "")
+            + ": it has no live endpoint.",
+            hint=f"`kimictl logs {record.id}` shows why; start it again with `kimictl serve`.",
+        )
+    return _target_of(record, name)
+
+
+def wait_gone(record: RunRecord, timeout: float) -> bool:
+    """Poll until the run's processes are gone; True if they are."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_alive(record):
+            return True
+        time.sleep(0.1)
+    return not is_alive(record)

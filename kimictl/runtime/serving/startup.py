@@ -1,0 +1,122 @@
+"""vLLM's start-up log: the phases it shows and the likely cause of a failed start."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+__all__ = [
+    "LOG_TAIL_LINES",
+    "CAUSES",
+    "PHASES",
+    "likely_cause",
+    "log_tail",
+    "read_phases",
+]
+
+
+# ---------------------------------------------------------------- start-up phases
+
+
+LOG_TAIL_LINES = 40
+
+# (pattern in vLLM's log, phase shown). Order = the order they happen in.
+PHASES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"non-default args|vLLM API server version|version \d"), "starting API server"),
+    (re.compile(r"Resolved architecture"), "reading model config"),
+    (re.compile(r"Initializing a V1 LLM engine|EngineCore"), "starting engine"),
+    (re.compile(r"Starting to load model|Loading safetensors|Loading weights"), "loading weights"),
+    (re.compile(r"Compiling a graph|Dynamo bytecode transform|torch\.compile takes"), "compiling"),
+    (re.compile(r"KV cache size|Available KV cache memory|init engine"), "allocating KV cache"),
+    (
+        re.compile(r"Capturing CUDA graph|Capturing cudagraph|Graph capturing"),
+        "capturing CUDA graphs",
+    ),
+    (re.compile(r"Starting vLLM server on|Application startup complete"), "API up, warming"),
+)
+
+
+def read_phases(text: str) -> list[str]:
+    """The start-up phases that `text` (a chunk of vLLM's log) shows, in log order."""
+    found: list[str] = []
+    for line in text.splitlines():
+        for pattern, phase in PHASES:
+            if pattern.search(line) and phase not in found:
+                found.append(phase)
+    return found
+
+
+def log_tail(path: Path | str, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    return data.splitlines()[-lines:]
+
+
+# (pattern in the log, likely cause). First match wins; most specific first.
+CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"Kimi K3 specialized decode does not support (.+?)[\"')]*$", re.M),
+        "the K3 fast path refused this deployment: {0} (run `kimictl doctor --profile ...`)",
+    ),
+    (
+        re.compile(r"Supported decode_backend values are"),
+        "decode_backend must be auto or latency_specialized",
+    ),
+    (
+        re.compile(r"Address already in use"),
+        "the port was taken between kimictl's check and vLLM's bind; pick another --port",
+    ),
+    (
+        re.compile(r"Head dimension \d+ is not supported by MLA"),
+        "the CPU MLA kernel needs kv_lora_rank + qk_rope_head_dim == 576",
+    ),
+    (
+        re.compile(r"(OutOfMemoryError|CUDA out of memory|No available memory for the cache)"),
+        "out of memory: lower --gpu-memory-utilization, --max-model-len or --max-num-seqs",
+    ),
+    (
+        re.compile(r"VLLM_CPU_KVCACHE_SPACE"),
+        "the CPU KV cache does not fit: set VLLM_CPU_KVCACHE_SPACE (GiB) lower",
+    ),
+    (
+        re.compile(r"(unrecognized arguments|error: argument|invalid choice)"),
+        "a flag this vLLM version does not accept (see the log line above)",
+    ),
+    (
+        re.compile(
+            r"(does not appear to have a file named config\.json|HFValidationError|"
+            r"Repo id must be|Invalid repository ID or local directory|is not a local folder)"
+        ),
+        "the model path or id cannot be read (offline, or the folder is missing files)",
+    ),
+    (
+        re.compile(r"(Unrecognized model|does not recognize this architecture|model type `)"),
+        "the model's config.json names an architecture this vLLM/transformers cannot load",
+    ),
+    (
+        re.compile(r"(ModuleNotFoundError|ImportError|PackageNotFoundError)"),
+        "the vLLM install is broken or incomplete: re-run `kimictl setup cpu-runtime` "
+        "(CPU) or reinstall vLLM",
+    ),
+)
+
+
+def likely_cause(lines: list[str], returncode: int | None) -> str:
+    text = "\n".join(lines)
+    for pattern, cause in CAUSES:
+        match = pattern.search(text)
+        if match:
+            return cause.format(*(g.strip() for g in match.groups()))
+    if returncode is not None and returncode in (-9, 137):
+        return "killed by SIGKILL (often the kernel's out-of-memory killer: see `dmesg`)"
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {signal.Signals(-returncode).name}"
+    return "not recognised: read the log lines above"

