@@ -5,14 +5,16 @@ once, each with vLLM's own reason string (deployment.k3.RULES) and the exact fla
 fixes it. On top: decode_backend value, FP8 KV cache (assumed by the MLA core, not checked by vLLM),
 enough GPUs for TP x PP x DP, and fast-path coverage of the prepared token batches.
 
-Choices documented here (see docs/profiles.md):
+Rules 2 and 6-18 judge the values vLLM BUILDS from the flags (checks.rules.effective: V2 runner
+default, env values parsed as vLLM parses them, config-class defaults, breakable CUDA graphs, -O
+levels, dtypes, speculative method inference), and vLLM's refusals before its gate are FAIL lines
+of their own (k3.vllm_refuses). Choices documented here (see docs/profiles.md, docs/doctor.md):
 - Rule 1 (SM100/103) with no hardware report (`hw is None`) is UNKNOWN; with a report that has no
   GPUs at all it FAILS ("no GPU found"); a GPU whose compute capability is unreadable is UNKNOWN.
-- Rule 2 (the MoE text config) reads `config.json` when `spec.model` is a local folder (the
-  `text_config` section when present) and compares the eight fields exactly; a hub name containing
-  "Kimi-K3" passes as assumed-from-name; any other name is UNKNOWN (kimictl downloads nothing).
-- Rule 18 treats `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` as set when it is present in the spec's env with
-  any value.
+- Rule 2 (the MoE text config) reads `config.json` when `spec.model` is a local folder, fills the
+  fields it lacks with KimiLinearConfig's defaults as vLLM does, and compares the eight fields
+  exactly; a hub name containing "Kimi-K3" passes as assumed-from-name; any other name is UNKNOWN
+  (kimictl downloads nothing).
 - Coverage assumes that a decode step of T tokens is padded up to the smallest CUDA-graph capture
   size >= T, and takes the fast path only when that size is a prepared batch (1..8, 16, 32, 64).
 """

@@ -382,6 +382,8 @@ def _kda_dtypes(
     elif ssm in ("float32", "bfloat16"):
         recurrent = ssm
     else:
+        if spec.decode_backend == "auto":  # only the gate computes these dtypes
+            return None, f"--mamba-ssm-cache-dtype {ssm}"
         refusals.append(
             Refusal(
                 f"KDA recurrent state supports only auto, float32, and bfloat16; got {ssm}",
@@ -520,12 +522,13 @@ def effective_config(spec: DeploymentSpec, model_config: dict[str, Any] | None =
             aux = bool(_env_bool(env, "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"))
         except ValueError:
             value = env["VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"]
-            refusals.append(
-                Refusal(
-                    f"invalid literal for int() with base 10: {value!r}",
-                    "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM takes 0 or 1 (vLLM parses it with int())",
+            if spec.decode_backend != "auto":  # stock decode never runs the gate
+                refusals.append(
+                    Refusal(
+                        f"invalid literal for int() with base 10: {value!r}",
+                        "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM takes 0 or 1 (vLLM parses it with int())",
+                    )
                 )
-            )
     refusals.extend(_build_refusals(spec, raw, method, tokens, adaptive, v2, graphs, ubatching))
     return Effective(
         text_config=text,
