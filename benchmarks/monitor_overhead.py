@@ -5,6 +5,9 @@ terminal, full rendering every round).
 
     python benchmarks/monitor_overhead.py [--url http://127.0.0.1:18000] [--endpoints 4]
         [--duration 60] [--mode both|headless|tui]
+
+`--mode observer` measures the other side: the server's TTFT/TPOT/throughput under a fixed bench
+without and with the monitor (and with a plain 1 Hz curl), side by side (observer_effect.py).
 """
 
 from __future__ import annotations
@@ -99,9 +102,21 @@ def main() -> None:
     ap.add_argument("--endpoints", type=int, default=4)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--mode", choices=["both", "headless", "tui"], default="both")
+    ap.add_argument("--mode", choices=["both", "headless", "tui", "observer"], default="both")
+    ap.add_argument("--rounds", type=int, default=2, help="observer: off/monitor/curl rounds")
+    ap.add_argument("--prompts", type=int, default=8, help="observer: requests per bench")
     args = ap.parse_args()
     import httpx
+
+    if args.mode == "observer":
+        from observer_effect import measure, print_table
+
+        result = measure(args.url, args.rounds, args.prompts)
+        result["machine"] = f"{platform.machine()} {os.cpu_count()} cores"
+        result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print_table(result)
+        print(json.dumps(result, indent=2))
+        return
 
     size = len(httpx.get(metrics.metrics_url(args.url), timeout=10).content)
     results = []

@@ -132,6 +132,25 @@ def _print_error(error: KimictlError) -> None:
         sys.stderr.write(f"hint: {error.hint}\n")
 
 
+def _usage_error(error: Any) -> KimictlError:
+    """Click's usage errors (bad value, unknown option or command, missing argument) as one
+    `error:` sentence and a hint naming the help page, instead of click's Usage:/Error: block."""
+    from kimictl.runtime.errors import InputError
+
+    message = " ".join(str(error.format_message()).split())
+    # Typer validates values with pydantic; its error carries the value the user typed.
+    cause = error.__cause__
+    errors = cause.errors() if cause is not None and hasattr(cause, "errors") else []
+    if errors and "input" in errors[0] and message.startswith("Invalid value for "):
+        where, _, why = message[len("Invalid value for ") :].partition(": ")
+        message = f"{where} got {errors[0]['input']!r}: {why[:1].lower()}{why[1:]}"
+    elif message:
+        message = message[:1].lower() + message[1:]
+    ctx = getattr(error, "ctx", None)
+    path = ctx.command_path if ctx is not None else "kimictl"
+    return InputError(message.rstrip("."), hint=f"'{path} -h' lists the commands and options")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args in ([], ["-h"], ["--help"]):
@@ -150,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     except KimictlError as error:
         _print_error(error)
         return error.exit_code
-    except exceptions.UsageError as error:
+    except exceptions.NoArgsIsHelpError as error:  # a group called bare: its help page
         error.show()
         return 2
+    except exceptions.UsageError as error:
+        _print_error(_usage_error(error))
+        return 2
     except exceptions.ClickException as error:
-        error.show()
+        message = " ".join(str(error.format_message()).split())
+        sys.stderr.write(f"error: {message}\n")
         return error.exit_code
     except typer.Exit as error:
         return int(error.exit_code)

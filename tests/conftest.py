@@ -36,6 +36,7 @@ def start_cpu_server(
     perturb: str | None = None,
     port: int | None = None,
     max_model_len: int = 2048,
+    extra: list[str] | None = None,
 ) -> Server:
     """Start a real vLLM CPU server and wait until it answers a one-token completion."""
     from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
@@ -52,7 +53,7 @@ def start_cpu_server(
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            cpu_runtime.server_argv(model_dir, port=port, max_model_len=max_model_len),
+            cpu_runtime.server_argv(model_dir, port=port, max_model_len=max_model_len, extra=extra),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

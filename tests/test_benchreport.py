@@ -50,8 +50,8 @@ VLLM_KEYS = {
     "max_output_tokens_per_s",
     "max_concurrent_requests",
     "latencies",
-    "spec_decode_acceptance_rate",
-    "spec_decode_acceptance_length",
+    "queue_times",
+    "rtfx",
 } | {
     f"{s}_{m}_ms" for s in ("mean", "median", "std", "p99") for m in ("ttft", "tpot", "itl", "e2el")
 }
@@ -210,7 +210,12 @@ def test_server_view_from_real_metrics_captures() -> None:
         gpus={"s": None},
     )
     assert s["spec_decode_acceptance_length"] == pytest.approx(1 + d_acc / d_drafts)
-    assert s["spec_decode_acceptance_rate"] == pytest.approx(d_acc / d_tok)
+    assert s["spec_decode_acceptance_rate"] == pytest.approx(d_acc / d_tok * 100)  # vLLM: percent
+    assert (s["spec_decode_num_drafts"], s["spec_decode_draft_tokens"]) == (d_drafts, d_tok)
+    assert s["spec_decode_accepted_tokens"] == d_acc
+    rates = s["spec_decode_per_position_acceptance_rates"]
+    assert rates and all(0 <= x <= 1 for x in rates)
+    assert sum(rates) * d_drafts == pytest.approx(d_acc)  # positions add up to the accepted
     assert s["kimictl"]["server_view"]["window_s"] == pytest.approx(5.0)
 
 

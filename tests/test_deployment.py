@@ -317,6 +317,14 @@ _extra = st.sampled_from(
 _env_name = st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True)
 
 
+_bucket_tables = st.dictionaries(
+    st.sampled_from(["inter_token_latency", "time_to_first_token", "request_latency"]),
+    st.lists(st.floats(1e-6, 1e4), min_size=1, max_size=8, unique=True).map(sorted),
+    min_size=1,
+    max_size=2,
+)
+
+
 @st.composite
 def specs(draw) -> DeploymentSpec:
     opt_int = st.none() | st.integers(1, 10**6)
@@ -349,6 +357,7 @@ def specs(draw) -> DeploymentSpec:
         distributed_executor_backend=draw(st.sampled_from([None, "mp", "ray"])),
         env=draw(st.dictionaries(_env_name, st.text(max_size=10), max_size=3)),
         extra_args=draw(_extra),
+        custom_histogram_buckets=draw(st.none() | _bucket_tables),
     )
 
 

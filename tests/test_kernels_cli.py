@@ -235,3 +235,42 @@ def test_table_bad_file_exits_2_with_one_sentence(capsys, tmp_path, content, sai
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1
     assert content is None or path.read_text() == content
+
+
+def _rendered_at(columns: int, *args: str) -> str:
+    """The real CLI's human output on a terminal `columns` wide."""
+    import os
+
+    env = dict(os.environ, COLUMNS=str(columns))
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_table_at_80_columns_keeps_every_cell_whole(capsys):
+    import re
+    from collections import Counter
+
+    from kimictl.kernels.dispatch import family_of
+
+    doc = _table_json(capsys, "--from", str(H200_TABLE))
+    narrow = _rendered_at(80, "kernels", "table", "--from", str(H200_TABLE))
+    wide = _rendered_at(200, "kernels", "table", "--from", str(H200_TABLE))
+    assert "…" not in narrow and max(len(line) for line in narrow.splitlines()) <= 80
+    words = narrow.split()
+    for p in doc["points"]:
+        assert p["shape"] in words and f"{p['n']}x{p['k']}" in words
+    # every speedup and family name of the wide table, as often, whole
+    families = {family_of(p["kernel"]) for p in doc["points"] if p["provider"] != "cublas"}
+    assert {f: words.count(f) for f in families} == {f: wide.split().count(f) for f in families}
+    speedups = Counter(re.findall(r"\b\d+\.\d\dx\b", narrow))
+    assert speedups == Counter(re.findall(r"\b\d+\.\d\dx\b", wide))
+    assert sum(speedups.values()) >= doc["kimictl_points"]
+    assert all(f"M={m}" in words for m in {p["m"] for p in doc["points"]})

@@ -482,6 +482,75 @@ def test_cli_validate_against_snapshots(capsys):
     assert message.startswith("Kimi K3 specialized decode does not support this GPU (SM100/103)")
 
 
+def _list_at(columns: int) -> str:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "profiles", "list"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLUMNS=str(columns)),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_list_at_80_columns_keeps_every_cell_whole():
+    # the cells of the wide table (there, one row per line between the frame's bars)
+    wide = _list_at(200)
+    rows = [
+        [cell.strip() for cell in line.strip()[1:-1].split("│")]
+        for line in wide.splitlines()
+        if line.startswith("│")
+    ]
+    assert {row[0] for row in rows} >= set(K3_ALL)
+    narrow = _list_at(80)
+    assert "…" not in narrow and max(len(line) for line in narrow.splitlines()) <= 80
+    lines = [" ".join(line.split()) for line in narrow.splitlines()]
+    for name, runtime, shape, draft, decode, twin in rows:
+        # the row's facts, whole and in order on the profile's line; its twin on the next
+        (i,) = [i for i, line in enumerate(lines) if line.startswith(name + " ")]
+        assert lines[i] == f"{name} {runtime} {shape} {draft} {decode}", lines[i]
+        if twin:
+            assert lines[i + 1] == twin
+
+
+def test_diff_at_80_columns_wraps_long_fields_instead_of_cutting(capsys):
+    import os
+    import subprocess
+    import sys
+
+    argv = ["profiles", "diff", "k3-tp8-latency", "k3-tp8-latency-stock"]
+    assert main([*argv, "--json"]) == 0
+    expected = [
+        [str(d["field"]), str(d["a"]), str(d["b"])]
+        for d in json.loads(capsys.readouterr().out)["differences"]
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", *argv],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLUMNS="80"),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and "…" not in done.stdout
+    rows: list[list[str]] = []
+    for line in done.stdout.splitlines()[3:]:  # title and header first
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip()[1:-1].split("│")]
+        if rows and cells[0] and cells[1:] == ["", ""]:
+            rows[-1][0] += cells[0]  # a folded field name goes on
+        else:
+            rows.append(cells)
+    assert [[f, a.replace("None", "-"), b.replace("None", "-")] for f, a, b in expected] == rows
+
+
 def test_cli_list_show_diff_json(capsys):
     assert main(["profiles", "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

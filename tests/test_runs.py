@@ -118,6 +118,25 @@ def test_resolve_target_rejects_unknown(text):
         runs.resolve_target(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "guess"),
+    [
+        ("htp:/127.0.0.1:8100", "; did you mean http://127.0.0.1:8100?"),
+        ("name=localhost:8000", "; did you mean http://localhost:8000?"),
+        ("My_Server", "."),
+    ],
+)
+def test_a_target_that_is_neither_url_nor_run_id_says_so(text, guess):
+    with pytest.raises(InputError) as caught:
+        runs.resolve_target(text)
+    value = text.split("=", 1)[-1]
+    assert caught.value.message == (
+        f"'{value}' is neither a URL nor a run id: a URL looks like http://127.0.0.1:8000 "
+        f"(http or https), a run id like cpu-demo-3f9a{guess}"
+    )
+    assert "kimictl ps" in (caught.value.hint or "")
+
+
 def test_latest_ab_pair_needs_both_alive(sleeper):
     other = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True

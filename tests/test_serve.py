@@ -170,7 +170,7 @@ def test_multinode_flags(capsys):
         "--json",
         capsys=capsys,
     )
-    assert code == 0
+    assert code == 1  # no GPU here: the gate blocks, and the dry run still prints the plan
     (run,) = json.loads(out)["runs"]
     assert run["argv"][-6:] == ["--nnodes", "4", "--master-addr", "10.0.0.1", "--node-rank", "0"]
     assert len(run["other_nodes"]) == 3
@@ -182,6 +182,22 @@ def test_multinode_flags(capsys):
     (run,) = json.loads(out)["runs"]
     i = run["argv"].index("--distributed-executor-backend")
     assert run["argv"][i + 1] == "ray"
+
+
+def test_dry_run_fails_when_the_gate_would_refuse(capsys):
+    # No GPU here, so a GB300 profile's gate blocks: the plan is shown, and the exit code says no.
+    code, out, err = run_cli("serve", "k3-tp8-latency", "--dry-run", capsys=capsys)
+    assert code == 1
+    assert "vllm serve moonshotai/Kimi-K3" in out  # the plan is still printed
+    (line, hint) = err.splitlines()
+    assert line.startswith("error: profile k3-tp8-latency fails ")
+    assert line.endswith("serve would refuse to launch (dry run: nothing started)")
+    assert "--force" in hint
+    code, out, err = run_cli("serve", "k3-tp8-latency", "--dry-run", "--json", capsys=capsys)
+    assert code == 1 and "would refuse" in err
+    assert any(c["status"] == "fail" for c in json.loads(out)["checks"])
+    code, out, err = run_cli("serve", "k3-tp8-latency", "--dry-run", "--force", capsys=capsys)
+    assert code == 0 and err == "" and "vllm serve moonshotai/Kimi-K3" in out
 
 
 def test_ab_needs_a_stock_twin(capsys):

@@ -177,9 +177,13 @@ _ROWS: tuple[tuple[str, Any, int], ...] = (
     ("server: TPOT p90 ms", _sv("tpot_p90_ms"), 2),
     ("server: TTFT p50 ms", _sv("ttft_p50_ms"), 1),
     ("server: TTFT p99 ms", _sv("ttft_p99_ms"), 1),
-    ("spec acceptance length", _k("spec_decode_acceptance_length"), 2),
-    ("spec acceptance rate", _k("spec_decode_acceptance_rate"), 2),
+    # vLLM writes the spec_decode_* keys only when the server drafted
+    ("spec acceptance length", lambda s: s.get("spec_decode_acceptance_length"), 2),
+    ("spec acceptance %", lambda s: s.get("spec_decode_acceptance_rate"), 1),
+    ("client: loop lag p99 ms", lambda s: s["kimictl"].get("client_lag_ms_p99"), 1),
 )
+# Client-timed rows that a starved client makes up (clientlag.py): hidden when it warns.
+_CLIENT_TIMED = ("tok/s/user", "TTFT", "TPOT", "ITL")
 
 
 def render_bench(outcome: BenchOutcome) -> None:
@@ -199,9 +203,22 @@ def render_bench(outcome: BenchOutcome) -> None:
         k = s["kimictl"]
         rep = f" #{k['repeat'] + 1}" if any(x["kimictl"]["repeat"] for x in summaries) else ""
         table.add_column(f"{k['target']}\n{k['point']}{rep}", justify="right")
+    starved = [bool(s["kimictl"].get("client_warning")) for s in summaries]
     for label, get, digits in _ROWS:
-        table.add_row(label, *(_f(get(s), digits) for s in summaries))
+        hide = label.startswith(_CLIENT_TIMED)
+        cells = [
+            "[yellow]unreliable[/]" if hide and bad else _f(get(s), digits)
+            for s, bad in zip(summaries, starved, strict=True)
+        ]
+        table.add_row(label, *cells)
     console.print(table)
+    for s in summaries:
+        k = s["kimictl"]
+        if k.get("client_warning"):
+            console.print(
+                f"[yellow]warning[/] {k['target']} {k['point']}: {k['client_warning']}",
+                highlight=False,
+            )
     if outcome.ab:
         render_ab(outcome)
     console.print(

@@ -222,6 +222,15 @@ def bench(
         Path | None, typer.Option("--csv", help="Write one row per request.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write PNG plots into DIR.")] = None,
+    save_result: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-result",
+            metavar="FILE",
+            help="One target, one point: write FILE as `vllm bench serve --save-result` does "
+            "(flat JSON; its readers load it unchanged). An existing FILE is refused.",
+        ),
+    ] = None,
 ) -> None:
     """Send a workload to one or more endpoints and report throughput, latency and interactivity.
 
@@ -251,6 +260,8 @@ def bench(
     points = _points(concurrency, rate, burstiness, arrivals, workload == "replay")
     slo_obj = parse_slo(slo) if slo else None
     targets = _targets(list(target or []), ab, model, gpus, read_api_key(api_key_file))
+    if save_result is not None:
+        _check_save_result(save_result, len(targets), len(points), repeat)
     cfg = BenchConfig(
         targets=tuple(targets),
         workload=wl,
@@ -269,6 +280,11 @@ def bench(
     )
     outcome = _run(cfg, quiet=json_out == "-")
     _write(outcome, json_out, csv_out, plot)
+    if save_result is not None and outcome.summaries:
+        from kimictl.commands._output import err_console
+        from kimictl.runtime.load.vllm_compat import save_result as write_vllm_result
+
+        err_console.print(f"wrote {write_vllm_result(outcome.summaries[0], save_result)}")
     if json_out != "-":
         from kimictl.commands._render import render_bench
 
@@ -285,6 +301,19 @@ def bench(
             f"the run stopped early: {reason}",
             hint="finished requests are in the report; see `kimictl ps` and `kimictl logs`",
         )
+
+
+def _check_save_result(path: Path, targets: int, points: int, repeat: int) -> None:
+    """Before the run: a vLLM result file holds one (target, point, repeat)."""
+    if targets != 1 or points != 1 or repeat != 1:
+        raise InputError(
+            f"--save-result writes one vLLM result (one target, one point, --repeat 1); this run "
+            f"has {targets} target(s), {points} point(s), repeat {repeat}: use --json for sweeps."
+        )
+    if path.exists():
+        raise InputError(f"--save-result {path}: the file exists; choose a new name.")
+    if not path.parent.is_dir():
+        raise InputError(f"--save-result {path}: folder {path.parent} does not exist.")
 
 
 def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:

@@ -141,6 +141,10 @@ def doctor(
         overwrite_snapshot=force,
         unrecognised=unrecognised,
     )
+    if spec is not None:
+        from kimictl.runtime.tuning.bucket_check import histogram_bucket_check
+
+        diagnosis.checks.append(histogram_bucket_check(spec))
     if json_out:
         # Same document emit_json writes, without importing rich (its import is ~15% of the
         # command's start-up; --json is what scripts and the startup benchmark call).

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kimictl.commands._output import console, emit_json, err_console
+from kimictl.commands._output import console, emit_json, err_console, fits
 from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
 
 app = typer.Typer(
@@ -270,17 +270,6 @@ def _render_routes(doc: dict[str, Any]) -> None:
 
     from kimictl.kernels.dispatch import BENCH_MS, family_of
 
-    t = Table(
-        title=f"dispatch on {doc['device']} ({doc['arch']}, {doc['source']})",
-        caption="cell: speedup over cuBLAS, then the kernel family",
-        title_justify="left",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-    )
-    t.add_column("shape (N x K)", no_wrap=True)
-    for m in BENCH_MS:
-        t.add_column(f"M={m}", justify="right")
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
         if p["us"] is None:
@@ -290,9 +279,32 @@ def _render_routes(doc: dict[str, Any]) -> None:
         else:
             cell = f"[green]{p['speedup']:.2f}x[/green]\n{family_of(p['kernel'])}"
         rows.setdefault(p["shape"], [f"{p['shape']}\n[dim]{p['n']}x{p['k']}[/dim]"]).append(cell)
-    for row in rows.values():
-        t.add_row(*row)
-    console.print(t)
+
+    def table(ms: list[int], part: str = "") -> Table:
+        t = Table(
+            title=f"dispatch on {doc['device']} ({doc['arch']}, {doc['source']}){part}",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
+        t.add_column("shape (N x K)", no_wrap=True)
+        for m in ms:
+            t.add_column(f"M={m}", justify="right", no_wrap=True)
+        for row in rows.values():
+            t.add_row(row[0], *(row[1 + BENCH_MS.index(m)] for m in ms))
+        return t
+
+    # Too wide for the terminal (e.g. 80 columns): the M columns in as few parts as fit.
+    ms = list(BENCH_MS)
+    for parts in range(1, len(ms) + 1):
+        size = -(-len(ms) // parts)
+        chunks = [ms[i : i + size] for i in range(0, len(ms), size)]
+        tables = [table(c, f", M {c[0]}-{c[-1]}" if len(chunks) > 1 else "") for c in chunks]
+        if all(fits(t) for t in tables):
+            break
+    for t in tables:
+        console.print(t)
+    console.print("cell: speedup over cuBLAS, then the kernel family")
     g = doc["geomean_speedup"]
     unmeasured = doc["unmeasured_points"]
     console.print(

@@ -44,7 +44,7 @@ def _render_table(doc: dict[str, Any]) -> None:
 
     from kimictl.commands._output import console
     from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, format_window
-    from kimictl.tui.rows import ROWS, fmt, fmt_ratio
+    from kimictl.tui.rows import ROWS, fmt_cell, fmt_ratio
 
     endpoints = doc["endpoints"]
     ab = doc.get("ab")
@@ -56,7 +56,9 @@ def _render_table(doc: dict[str, Any]) -> None:
     if ab:
         table.add_column(f"{ab['tuned']}/{ab['stock']}", justify="right")
     for row in ROWS:
-        cells = [fmt(row, ep.get(row.key)) for ep in endpoints.values()]
+        cells = [
+            fmt_cell(row, ep.get(row.key), ep.get("unresolved") or {}) for ep in endpoints.values()
+        ]
         if ab:
             ratio = ab["ratio"].get(row.key)
             cell = fmt_ratio(ratio)
@@ -73,6 +75,12 @@ def _render_table(doc: dict[str, Any]) -> None:
             console.print(f"[yellow]{name}[/]: server restarted in the window (counted from 0)")
         if ep.get("missing"):
             console.print(f"[yellow]{name}[/]: missing metric families: {', '.join(ep['missing'])}")
+        if ep.get("unresolved"):
+            console.print(
+                f"[yellow]{name}[/]: the server's histogram buckets cannot resolve "
+                f"{', '.join(ep['unresolved'])}: shown as bounds; start vLLM with "
+                "--custom-histogram-buckets (a profile's [metrics] interactivity_range)"
+            )
     console.print(
         "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 = 1000/TPOT p90 ms.[/dim]"
     )
@@ -190,16 +198,15 @@ def monitor(
         except KeyboardInterrupt:
             return
         if once:
+            silent = metrics.none_answered(pollers)
             if json_out:
                 from kimictl.commands._output import emit_json
 
                 emit_json(doc)
-            else:
+            elif silent is None:  # a table of dashes says nothing the error does not
                 _render_table(doc)
-            if all(ep["last_ok_at"] is None for ep in doc["endpoints"].values()):
-                from kimictl.runtime.errors import EndpointError
-
-                raise EndpointError("no endpoint answered /metrics during the window.")
+            if silent is not None:
+                raise silent
         return
 
     from kimictl.tui.app import MonitorApp

@@ -39,10 +39,11 @@ def _draft(profile: Profile) -> str:
 
 @app.command("list", help="List the profiles kimictl finds (shipped and your own).")
 def list_(json_out: JsonOpt = False) -> None:
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    from kimictl.commands._output import console, emit_json
+    from kimictl.commands._output import console, emit_json, fits
     from kimictl.runtime.deployment import k3
     from kimictl.runtime.deployment.profiles import profile_dirs, scan_profiles
 
@@ -68,16 +69,28 @@ def list_(json_out: JsonOpt = False) -> None:
             }
         )
         return
+    rows = [
+        (
+            p.name,
+            p.runtime,
+            _shape(p),
+            _draft(p),
+            p.spec.decode_backend.replace(k3.DECODE_BACKEND_SPECIALIZED, "specialized"),
+            p.stock_twin or "",
+        )
+        for p in good
+    ]
     table = Table(title="Profiles", title_justify="left")
-    table.add_column("name", no_wrap=True)
-    table.add_column("runtime", no_wrap=True)
-    table.add_column("shape")
-    table.add_column("draft", no_wrap=True)
-    table.add_column("decode", no_wrap=True)
-    table.add_column("stock twin", no_wrap=True)
-    for p in good:
-        backend = p.spec.decode_backend.replace(k3.DECODE_BACKEND_SPECIALIZED, "specialized")
-        table.add_row(p.name, p.runtime, _shape(p), _draft(p), backend, p.stock_twin or "")
+    for header in ("name", "runtime", "shape", "draft", "decode", "stock twin"):
+        table.add_column(header, no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    if not fits(table):  # e.g. 80 columns: no frame, and the twin on a line under the name
+        table = Table(title="Profiles", title_justify="left", box=box.SIMPLE_HEAD)
+        for header in ("name (stock twin)", "runtime", "shape", "draft", "decode"):
+            table.add_column(header, overflow="fold")
+        for name, *middle, twin in rows:
+            table.add_row(name + (f"\n  [dim]{twin}[/dim]" if twin else ""), *middle)
     console.print(table)
     for b in bad:
         console.print(
@@ -231,9 +244,9 @@ def diff(
         console.print(f"{left.name} and {right.name} describe the same deployment.")
         return
     table = Table(title=f"{left.name} vs {right.name}", title_justify="left")
-    table.add_column("field")
-    table.add_column(left.name)
-    table.add_column(right.name)
+    table.add_column("field", overflow="fold")  # long dotted keys wrap, never cut
+    table.add_column(left.name, overflow="fold")
+    table.add_column(right.name, overflow="fold")
     for field_name, x, y in rows:
         table.add_row(field_name, escape(_cell(x)), escape(_cell(y)))
     console.print(table)

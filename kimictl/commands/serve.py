@@ -61,7 +61,10 @@ def serve(
         int | None, typer.Option(help="Port (A/B: the stock twin gets PORT+1).")
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print env and argv (key redacted) and exit.")
+        bool,
+        typer.Option(
+            "--dry-run", help="Print env and argv (key redacted) and exit (1 if the gate blocks)."
+        ),
     ] = False,
     detach: Annotated[
         bool, typer.Option("--detach", help="Leave it running once ready; see `kimictl ps`.")
@@ -139,13 +142,12 @@ def serve(
     if dry_run:
         if json_out:
             emit_json({**prepared.to_json(), "dry_run": True})
-            return
-        print_notes(prepared)
-        print_gate(prepared)
-        if prepared.blocking and not prepared.forced:
-            console.print("[bold red]serve would refuse to launch[/] (dry run: nothing started)")
-        for plan in prepared.plans:
-            print_plan(plan)
+        else:
+            print_notes(prepared)
+            print_gate(prepared)
+            for plan in prepared.plans:
+                print_plan(plan)
+        workflow.refuse_if_blocked(prepared, dry_run=True)  # exit 1, like doctor
         return
     if not json_out:
         print_notes(prepared)

@@ -36,7 +36,11 @@ def cpu_runtime_cmd(
     def progress(step: str) -> None:
         steps.append({"step": step, "at_s": round(time.monotonic() - begin, 1)})
         if not json_out:
-            err_console.print(f"  [dim]{time.monotonic() - begin:6.1f}s[/] {step}", highlight=False)
+            err_console.print(
+                f"  [dim]{time.monotonic() - begin:6.1f}s[/] {step}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     was_installed = cpu_runtime.is_installed()
     venv = cpu_runtime.install(progress)

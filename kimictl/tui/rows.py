@@ -3,9 +3,13 @@ so the headless `kimictl monitor --once` table imports it cheaply."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ROWS", "Row", "fmt", "fmt_ratio"]
+from kimictl.runtime.observe.resolution import describe
+
+__all__ = ["ROWS", "Row", "fmt", "fmt_cell", "fmt_ratio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,12 @@ def fmt(row: Row, value: float | None) -> str:
     if value is None:
         return "-"
     return format(value * row.scale, row.fmt)
+
+
+def fmt_cell(row: Row, value: float | None, unresolved: Mapping[str, Any]) -> str:
+    """The value, or the bound the buckets allow ('< 10.0', '> 100.0', '40.0-100.0')."""
+    entry = unresolved.get(row.key)
+    return describe(entry, row.fmt, row.scale) if entry is not None else fmt(row, value)
 
 
 def fmt_ratio(value: float | None) -> str:

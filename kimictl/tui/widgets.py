@@ -15,7 +15,7 @@ from textual.widget import Widget
 
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
 from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
-from kimictl.tui.rows import ROWS, fmt, fmt_ratio
+from kimictl.tui.rows import ROWS, fmt_cell, fmt_ratio
 
 __all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]
 
@@ -152,7 +152,9 @@ class FiguresTable(_Lines):
             parts: list[tuple[str, str]] = [(row.label.ljust(label_w), "")]
             for v in views:
                 value = getattr(v.stats, row.key, None) if v.stats is not None else None
-                parts.append((fmt(row, value).rjust(col_w), "dim" if v.stale_since else ""))
+                unresolved = v.stats.unresolved if v.stats is not None else {}
+                cell = fmt_cell(row, value, unresolved)
+                parts.append((cell.rjust(col_w), "dim" if v.stale_since else ""))
             if show_ratio:
                 assert ratios is not None
                 ratio = ratios.get(row.key)

@@ -11,7 +11,7 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.deployment.profiles import (
     _ADDITIONAL_KEYS,
     _COMPILE_KEYS,
@@ -132,6 +132,18 @@ def profile_from_spec(
             ("extra_args", list(spec.extra_args) or None),
         ],
     )
+    if spec.custom_histogram_buckets:
+        hb = dict(spec.custom_histogram_buckets)
+        derived = buckets.range_of(hb.get(buckets.FAMILY, []))
+        if derived is not None:
+            del hb[buckets.FAMILY]
+        section(
+            "metrics",
+            [
+                ("interactivity_range", [_whole_if(v) for v in derived] if derived else None),
+                ("custom_histogram_buckets", hb or None),
+            ],
+        )
     if spec.env:
         env = tomlkit.table()
         for key, value in spec.env.items():
@@ -217,6 +229,10 @@ def _inline(value: Any) -> Any:
     if isinstance(value, (str, bool, int, float)):
         return value
     return str(value)
+
+
+def _whole_if(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
 
 
 def _nondefault(value: Any, default: Any) -> Any:

@@ -38,6 +38,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
+from kimictl.runtime.deployment import buckets
 from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
@@ -101,6 +102,18 @@ class ProfileProblem:
 # ---------------------------------------------------------------- schema
 
 
+def _speed_range(value: Any) -> list[float]:
+    allowed = "two tokens/s/user figures, low then high, e.g. [20, 4000]"
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value)
+        or not 0 < value[0] < value[1] < float("inf")
+    ):
+        raise ValueError(allowed)
+    return [float(value[0]), float(value[1])]
+
+
 def _table(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("an inline table, e.g. { key = 1 }")
@@ -148,6 +161,7 @@ _FIELD_OF: dict[str, dict[str, str]] = {
         **_json_keys("additional_config"),
         **_same("extra_args"),
     },
+    "metrics": {},  # profile-only keys below, both landing in custom_histogram_buckets
 }
 # inline tables whose keys land in a JSON config: the keys kimictl knows are checked there too
 _JSON_TABLES: dict[tuple[str, str], str] = {
@@ -162,6 +176,10 @@ _PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
         "runtime": one_of(*RUNTIMES),
         "stock_twin": nonempty_text,
         "additional_config": _table,
+    },
+    "metrics": {
+        "interactivity_range": _speed_range,
+        "custom_histogram_buckets": buckets.check_buckets,
     },
 }
 
@@ -360,6 +378,18 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
     batching = s.get("batching", {})
     compile_ = s.get("compile", {})
     serve = s.get("serve", {})
+    metrics = s.get("metrics", {})
+    histogram_buckets = dict(metrics.get("custom_histogram_buckets", {}))
+    if "interactivity_range" in metrics:
+        if buckets.FAMILY in histogram_buckets:
+            line = _line_of(text, "metrics", "interactivity_range")
+            raise InputError(
+                f"{path}:{line}: [metrics] sets {buckets.FAMILY} twice (interactivity_range and "
+                "custom_histogram_buckets); keep one."
+            )
+        histogram_buckets[buckets.FAMILY] = buckets.interactivity_buckets(
+            *metrics["interactivity_range"]
+        )
 
     speculative: dict[str, Any] | None = None
     if "speculative" in s:
@@ -408,6 +438,7 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
         "port": serve.get("port"),
         "env": dict(s.get("env", {})),
         "extra_args": serve.get("extra_args", []),
+        "custom_histogram_buckets": histogram_buckets or None,
     }
     return DeploymentSpec(**values)
 

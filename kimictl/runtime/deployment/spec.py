@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.apikeys import ENV_VAR, redact_env
-from kimictl.runtime.deployment import k3
+from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.errors import InputError
 
 __all__ = [
@@ -99,6 +99,8 @@ class DeploymentSpec:
     port: int | None = None
     gpu_memory_utilization: float | None = None
     distributed_executor_backend: str | None = None
+    # --custom-histogram-buckets: family -> seconds bounds (deployment.buckets derives them)
+    custom_histogram_buckets: dict[str, list[float]] | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
 
@@ -180,6 +182,8 @@ class DeploymentSpec:
             argv += ["--compilation-config", _dump_json(self.compilation_config)]
         if self.additional_config:
             argv += ["--additional-config", _dump_json(self.additional_config)]
+        if self.custom_histogram_buckets:
+            argv += ["--custom-histogram-buckets", _dump_json(self.custom_histogram_buckets)]
         argv += list(self.extra_args)
         return argv
 
@@ -327,6 +331,11 @@ def _level_or_name(value: Any) -> int | str:
 
 _count = _whole(1)
 
+
+def _bounds(value: Any) -> list[float]:
+    return buckets.check_buckets({buckets.FAMILY: value})[buckets.FAMILY]
+
+
 # Every value kimictl reads, by DeploymentSpec field, or `<json field>.<key>` for the keys of
 # --speculative-config / --compilation-config / --additional-config that kimictl knows.
 # Other JSON keys pass unchecked (vLLM owns them); a JSON null means "vLLM's default".
@@ -378,6 +387,7 @@ FIELD_CHECKS: dict[str, ValueCheck] = {
         f"additional_config.{key}": one_of(*allowed)
         for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
     },
+    **{f"custom_histogram_buckets.{family}": _bounds for family in sorted(buckets.FAMILIES)},
 }
 
 
@@ -428,6 +438,7 @@ _register("gpu_memory_utilization", "float", "--gpu-memory-utilization")
 _register("distributed_executor_backend", "str", "--distributed-executor-backend")
 _register("compilation_config", "sizes", "--cudagraph-capture-sizes")
 _register("env", "apikey", "--api-key")
+_register("custom_histogram_buckets", "json", "--custom-histogram-buckets")
 
 # vLLM flags kimictl knows but does not model: kept in extra_args, not reported as unrecognised.
 # value = number of values the flag takes (0 = switch).
@@ -517,6 +528,7 @@ _JSON_FLAG_NAME = {
     "speculative_config": "--speculative-config",
     "compilation_config": "--compilation-config",
     "additional_config": "--additional-config",
+    "custom_histogram_buckets": "--custom-histogram-buckets",
 }
 
 
@@ -793,6 +805,13 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                     raise InputError(
                         f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
                         f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
+                    )
+            elif field_name == "custom_histogram_buckets":
+                unknown = sorted(set(parsed) - buckets.FAMILIES)
+                if unknown:
+                    raise InputError(
+                        f"{flag} names unknown bucket family {unknown[0]!r}; vLLM's families: "
+                        f"{', '.join(sorted(buckets.FAMILIES))}."
                     )
             json_values[field_name] = parsed  # argparse: a later value replaces the earlier
             json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})

@@ -58,9 +58,16 @@ class BenchOutcome:
         return {
             "kimictl_bench": 1,
             "stop_reason": self.stop_reason,
+            "warnings": self.warnings,
             "runs": self.summaries,
             "ab": self.ab,
         }
+
+    @property
+    def warnings(self) -> list[str]:
+        """Each distinct warning of the runs (the client starved of CPU, ...), first seen first."""
+        found = (s["kimictl"].get("client_warning") for s in self.summaries)
+        return list(dict.fromkeys(w for w in found if w))
 
 
 async def resolve_models(

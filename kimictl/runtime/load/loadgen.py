@@ -28,6 +28,7 @@ import orjson
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
 from kimictl.runtime.http1 import fetch_text as fetch_text
+from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
 from kimictl.runtime.load.records import LoadPoint as LoadPoint
 from kimictl.runtime.load.records import LoadSettings as LoadSettings
@@ -339,6 +340,8 @@ async def run_load(
     out = RecordList()
     endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
     run = _Run(settings, time.perf_counter(), out, stop, on_record)
+    probe = LagProbe(run.t_run)  # is the client itself keeping up? (clientlag.py)
+    probe.start()
 
     def point_run(
         t: LoadTarget,
@@ -428,6 +431,8 @@ async def run_load(
     finally:
         for ep in endpoints.values():
             ep.close()
+        await probe.stop()
+        out.client_lag = probe.samples
     return out
 
 

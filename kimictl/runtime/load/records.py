@@ -132,3 +132,5 @@ class RecordList(list[RequestRecord]):
         # not scraped or the server has no /metrics
         self.metrics: dict[tuple[str, str, int], tuple[tuple[str, float], tuple[str, float]]] = {}
         self.max_concurrent: dict[tuple[str, str, int], int] = {}
+        # (seconds from the run's start, ms) event-loop lag of the client during the run
+        self.client_lag: list[tuple[float, float]] = []

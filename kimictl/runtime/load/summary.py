@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from kimictl.runtime.load import vllm_compat
+from kimictl.runtime.load.clientlag import client_health
 from kimictl.runtime.load.records import RecordList, RequestRecord
 from kimictl.runtime.load.slo import SLO
 
@@ -150,10 +152,14 @@ def summarize(
         "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
         "latencies": e2els,
+        "queue_times": vllm_compat.queue_times(
+            measured, window[0], request_rate, max_concurrency is not None
+        ),
     }
     timeline = _timeline(ok, window[0])
     out["max_output_tokens_per_s"] = max(timeline) if timeline else 0.0
-    out["max_concurrent_requests"] = max_concurrent_requests
+    out["max_concurrent_requests"] = vllm_compat.max_concurrent_requests(ok)
+    out["rtfx"] = 0.0  # vLLM's value for a text (non-audio) run
     for name, values in zip(_METRICS, (ttfts, tpots, itls, e2els), strict=True):
         st = _stats(values)
         out[f"mean_{name}_ms"] = None if st["mean"] is None else st["mean"] * 1000
@@ -163,8 +169,7 @@ def summarize(
             v = st[f"p{p}"]
             out[f"p{p}_{name}_ms"] = None if v is None else v * 1000
     sv = dict(server_view or {})
-    out["spec_decode_acceptance_rate"] = sv.get("spec_acceptance_rate")
-    out["spec_decode_acceptance_length"] = sv.get("spec_acceptance_length")
+    out.update(sv.pop("vllm_spec_decode", None) or {})  # vLLM writes them only when drafting
 
     errors: dict[str, int] = {}
     for r in failed:
@@ -179,6 +184,7 @@ def summarize(
             "definition": "per request 1/TPOT; p10 = slow-tail boundary (= 1000/p90 TPOT ms)",
         },
         "gpus": gpus,
+        "max_in_flight": max_concurrent_requests,  # instantaneous peak (vLLM's is per second)
         "output_throughput_per_gpu": total_out / duration / gpus if gpus else None,
         "errors_by_kind": errors,
         "cancelled": len(cancelled),
@@ -262,6 +268,7 @@ def summarize_run(
         t = targets[name]
         p = points[label]
         server = _server_view(result, key, getattr(t, "model", None))
+        health = client_health(recs, result.client_lag, window=result.windows.get(key))
         out.append(
             summarize(
                 recs,
@@ -283,6 +290,7 @@ def summarize_run(
                     "repeat": rep,
                     "workload": dict(workload or {}),
                     "stop_reason": result.stop_reason,
+                    **health,
                 },
             )
         )
@@ -303,4 +311,6 @@ def _server_view(
         new = metrics.snapshot_from_text(after, monotonic=m1)
     except Exception:  # a server whose /metrics is not Prometheus text: no server view
         return None
-    return metrics.compute_window(old, new).to_json()
+    view = metrics.compute_window(old, new).to_json()
+    view["vllm_spec_decode"] = vllm_compat.spec_decode_fields(old, new)
+    return view

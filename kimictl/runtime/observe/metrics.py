@@ -35,6 +35,7 @@ from kimictl.runtime.observe.poller import ab_pair_of as ab_pair_of
 from kimictl.runtime.observe.poller import append_jsonl as append_jsonl
 from kimictl.runtime.observe.poller import check_record_target as check_record_target
 from kimictl.runtime.observe.poller import monitor_snapshot as monitor_snapshot
+from kimictl.runtime.observe.poller import none_answered as none_answered
 from kimictl.runtime.observe.poller import poll_all as poll_all
 from kimictl.runtime.observe.poller import watch as watch
 from kimictl.runtime.observe.prometheus import Histogram as Histogram

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from kimictl.runtime.errors import EndpointError, InputError
 from kimictl.runtime.http1 import Endpoint
 from kimictl.runtime.observe.scrape import (
+    REFUSED,
     metrics_endpoint,
     metrics_url,
     scrape,
@@ -31,11 +32,13 @@ __all__ = [
     "HISTORY_POINTS",
     "HistoryPoint",
     "MAX_BACKOFF_S",
+    "REFUSED_GIVE_UP_S",
     "STALE_AFTER_INTERVALS",
     "ab_pair_of",
     "append_jsonl",
     "check_record_target",
     "monitor_snapshot",
+    "none_answered",
     "poll_all",
     "watch",
 ]
@@ -44,6 +47,8 @@ __all__ = [
 # --- polling endpoints (shared by the TUI and headless `kimictl monitor`) -------------------------
 CHART_WINDOW_S = 10.0  # each history point is the figure over the 10 s before it
 MAX_BACKOFF_S = 10.0
+# --once gives up this soon (one retry) when every endpoint refuses: nothing will answer.
+REFUSED_GIVE_UP_S = 1.0
 
 
 STALE_AFTER_INTERVALS = 2.5
@@ -124,6 +129,11 @@ class EndpointPoller:
     def close(self) -> None:
         self._conn.close()
 
+    @property
+    def never_listened(self) -> bool:
+        """Never answered, and refused at the last try: nothing listens at this URL."""
+        return self.last_ok_mono is None and self.reason == REFUSED
+
     def due(self, now_mono: float) -> bool:
         return now_mono >= self.next_try_mono
 
@@ -182,6 +192,21 @@ class EndpointPoller:
             stats=self.series.window(window_s),
             history=tuple(self.history),
         )
+
+
+def none_answered(pollers: Sequence[EndpointPoller]) -> EndpointError | None:
+    """The error of a `--once` where no endpoint ever answered /metrics (None if one did)."""
+    if any(p.last_ok_mono is not None for p in pollers):
+        return None
+    where = ", ".join(p.url for p in pollers)
+    if all(p.never_listened for p in pollers):
+        return EndpointError(
+            f"nothing listens at {where}: {REFUSED} on every try for {REFUSED_GIVE_UP_S:g} s.",
+            hint="start a server (`kimictl serve`), or check the URL (`kimictl ps` lists "
+            "the servers kimictl launched).",
+        )
+    reasons = "; ".join(f"{p.url}: {p.reason or 'no answer'}" for p in pollers)
+    return EndpointError(f"no endpoint answered /metrics during the window ({reasons}).")
 
 
 async def poll_all(pollers: Sequence[EndpointPoller], *, interval: float) -> None:
@@ -319,6 +344,14 @@ async def _watch_loop(
                     answering = [p for p in pollers if p.series.latest is not None]
                     if answering and all(p.series.span_s >= window_s for p in answering):
                         return last
+                    if all(p.never_listened for p in pollers):
+                        # retry once at REFUSED_GIVE_UP_S (a server may be binding), then stop
+                        if time.monotonic() - start >= REFUSED_GIVE_UP_S:
+                            return last
+                        await asyncio.sleep(start + REFUSED_GIVE_UP_S - time.monotonic())
+                        for p in pollers:
+                            p.next_try_mono = 0.0
+                        continue
                 if duration_s is not None and time.monotonic() - start >= duration_s:
                     return last
                 # stay on the start + k * interval grid (a slow scrape does not drift the schedule)

@@ -10,11 +10,16 @@ from kimictl.runtime.http1 import Endpoint
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
 __all__ = [
+    "REFUSED",
     "metrics_endpoint",
     "metrics_url",
     "scrape",
     "scrape_timeout",
 ]
+
+
+# The reason of a scrape nothing listens to (refused, or a name that does not resolve).
+REFUSED = "connection refused or host unreachable"
 
 
 def scrape_timeout(interval: float) -> float:
@@ -54,7 +59,7 @@ async def scrape(
         if isinstance(
             exc, ConnectionRefusedError | socket.gaierror
         ) or "Connect call failed" in str(exc):
-            raise EndpointError(f"{url}: connection refused or host unreachable") from exc
+            raise EndpointError(f"{url}: {REFUSED}") from exc
         raise EndpointError(f"{url}: connection lost ({type(exc).__name__})") from exc
     if resp.status == 0:
         reason = resp.error or "no answer"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +43,7 @@ from kimictl.runtime.observe.names import (
     TIME_TO_FIRST_TOKEN,
 )
 from kimictl.runtime.observe.prometheus import Histogram
+from kimictl.runtime.observe.resolution import unresolved_figures
 from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
@@ -111,6 +113,8 @@ class WindowStats:
     resets: int = 0
     missing: tuple[str, ...] = ()
     engines: int = 1
+    # figures the buckets cannot resolve (set to None above) -> bound + bucket (observe.resolution)
+    unresolved: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -120,6 +124,8 @@ class WindowStats:
                 value = list(value)
             elif isinstance(value, float) and not math.isfinite(value):
                 value = None
+            elif isinstance(value, Mapping):
+                value = dict(value)
             out[name] = value
         return out
 
@@ -223,7 +229,7 @@ def _stats_from_delta(
         for f in _EXPECTED
         if f not in newest.gauges and f not in newest.counters and f not in newest.histograms
     )
-    return WindowStats(
+    stats = WindowStats(
         window_s=window_s,
         ended_at=newest.taken_at,
         tokens_per_s=rate(GENERATION_TOKENS),
@@ -257,6 +263,9 @@ def _stats_from_delta(
         missing=missing,
         engines=newest.engines,
     )
+    unresolved = unresolved_figures(delta.histograms)
+    cleared: dict[str, Any] = dict.fromkeys(unresolved)  # a bound, never a confident number
+    return replace(stats, unresolved=unresolved, **cleared)
 
 
 def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:

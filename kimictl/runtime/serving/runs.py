@@ -127,6 +127,7 @@ class Target:
 
 
 _ID_SAFE = re.compile(r"[^a-z0-9-]+")
+_ID_SHAPE = re.compile(r"[a-z0-9][a-z0-9-]*")  # what new_run_id can produce (and its prefixes)
 
 
 def new_run_id(name: str) -> str:
@@ -352,6 +353,8 @@ def resolve_target(text: str) -> Target:
         if pair is not None:
             record = pair[0] if value == "tuned" else pair[1]
             return _target_of(record, name)
+    if not _ID_SHAPE.fullmatch(value):
+        raise _neither_url_nor_id(value)
     record = get_run(value)
     if record.state not in LIVE_STATES:
         raise InputError(
@@ -361,6 +364,17 @@ def resolve_target(text: str) -> Target:
             hint=f"`kimictl logs {record.id}` shows why; start it again with `kimictl serve`.",
         )
     return _target_of(record, name)
+
+
+def _neither_url_nor_id(value: str) -> InputError:
+    """`htp:/127.0.0.1:8100`, `localhost:8000`: say what a URL and a run id look like."""
+    rest = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:/*", "", value) if "/" in value else value
+    guess = f"; did you mean http://{rest}?" if re.fullmatch(r"[\w.-]+:\d+(/.*)?", rest) else "."
+    return InputError(
+        f"'{value}' is neither a URL nor a run id: a URL looks like http://127.0.0.1:8000 "
+        f"(http or https), a run id like cpu-demo-3f9a{guess}",
+        hint="`kimictl ps` lists the run ids of the servers kimictl launched.",
+    )
 
 
 def wait_gone(record: RunRecord, timeout: float) -> bool:

@@ -300,20 +300,28 @@ def prepare_serve(request: ServeRequest) -> Prepared:
     return prepared
 
 
-def refuse_if_blocked(prepared: Prepared) -> None:
-    """CheckFailed listing every blocking reason, unless the request was forced."""
+def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False) -> None:
+    """CheckFailed listing every blocking reason, unless the request was forced. A dry run fails
+    too, so scripts can gate on `serve --dry-run`; its gate table (or JSON) already lists them."""
     from kimictl.runtime.errors import CheckFailed
 
     blocking = prepared.blocking
     if not blocking or prepared.forced:
         return
+    hint = "fix the profile (see `kimictl doctor --profile`), or pass --force to launch anyway."
+    if dry_run:
+        raise CheckFailed(
+            f"profile {prepared.profile} fails {len(blocking)} blocking check(s); serve would "
+            "refuse to launch (dry run: nothing started)",
+            hint=hint,
+        )
     reasons = "\n".join(
         f"  - [{c.id}] {c.message}" + (f" -> {c.remedy}" if c.remedy else "") for c in blocking
     )
     raise CheckFailed(
         f"profile {prepared.profile} fails {len(blocking)} blocking check(s); not launching:\n"
         f"{reasons}",
-        hint="fix the profile (see `kimictl doctor --profile`), or pass --force to launch anyway.",
+        hint=hint,
     )
 
 

@@ -1,0 +1,49 @@
+"""The root command: every bad command line ends in one `error:` sentence on stderr and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _kimictl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kimictl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# (argv, the sentence's text, the command whose help the hint names). `--dry-run` keeps serve
+# from launching anything should the parser ever accept the line.
+BAD_LINES = [
+    (
+        ["serve", "cpu-demo", "--dry-run", "--port", "abc"],
+        "error: '--port' got 'abc': input should be a valid integer",
+        "kimictl serve -h",
+    ),
+    (
+        ["serve", "cpu-demo", "--dry-run", "--bogus"],
+        "error: no such option: --bogus",
+        "kimictl serve -h",
+    ),
+    (["frobnicate"], "error: no such command 'frobnicate'", "kimictl -h"),
+    (["profiles", "frobnicate"], "error: no such command 'frobnicate'", "kimictl profiles -h"),
+    (["profiles", "show"], "error: missing argument 'NAME|FILE'", "kimictl profiles show -h"),
+]
+
+
+@pytest.mark.parametrize(("argv", "sentence", "help_page"), BAD_LINES, ids=lambda v: str(v))
+def test_bad_command_line_is_one_error_line(argv: list[str], sentence: str, help_page: str) -> None:
+    done = _kimictl(*argv)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(sentence), done.stderr
+    assert lines[1:] == [f"hint: '{help_page}' lists the commands and options"], done.stderr
+    assert "Usage:" not in done.stderr and "Error:" not in done.stderr
+    assert done.stdout == ""

@@ -1,0 +1,151 @@
+"""The bench client's own health: loop lag and chunk batching, and the warning they raise.
+
+A starved client is made deterministically: a task blocks the event loop with time.sleep (as a
+busy neighbour on the same core would), while a streaming server in ANOTHER process keeps writing
+chunks, so they pile up in the socket and arrive in one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_loadgen import EMITTER_SRC, free_port
+
+from kimictl.runtime.load.bench import BenchOutcome
+from kimictl.runtime.load.clientlag import BATCHED_WARN_PCT, LAG_WARN_MS, LagProbe, client_health
+from kimictl.runtime.load.loadgen import (
+    LoadPoint,
+    LoadSettings,
+    LoadTarget,
+    RequestRecord,
+    run_load,
+)
+from kimictl.runtime.load.summary import summarize_run
+from kimictl.runtime.load.workloads import RandomWorkload, parse_length
+
+
+async def test_probe_measures_how_long_the_loop_was_blocked() -> None:
+    probe = LagProbe(time.perf_counter())
+    probe.start()
+    await asyncio.sleep(0.1)
+    time.sleep(0.25)  # the loop can run nothing for 250 ms
+    await asyncio.sleep(0.1)
+    await probe.stop()
+    lags = [ms for _, ms in probe.samples]
+    assert len(lags) >= 3
+    assert max(lags) >= 200  # the ticker woke at least ~250 ms - TICK_S late
+    assert sorted(lags)[len(lags) // 2] < max(lags) / 2  # one stall, not a slow loop
+    health = client_health([], probe.samples)
+    assert health["client_lag_ms_max"] == max(lags)
+    assert health["client_lag_ms_p99"] > LAG_WARN_MS
+    assert "event loop ran" in health["client_warning"]
+    # samples outside the point's window do not count for it
+    first_t = probe.samples[0][0]
+    assert client_health([], probe.samples, window=(0.0, first_t))["client_lag_samples"] == 1
+
+
+def _record(chunk_times: list[float]) -> RequestRecord:
+    return RequestRecord(
+        target="t",
+        point="c=1",
+        repeat=0,
+        index=0,
+        warmup=False,
+        session=0,
+        turn=0,
+        input_len=8,
+        output_len=len(chunk_times),
+        ttft=chunk_times[0],
+        latency=chunk_times[-1],
+        chunk_times=chunk_times,
+        chunk_tokens=[1] * len(chunk_times),
+        output_tokens=len(chunk_times),
+        ok=True,
+    )
+
+
+def test_gaps_of_zero_are_counted_as_batched_chunks() -> None:
+    steady = _record([0.1 + 0.02 * i for i in range(10)])
+    collapsed = _record([0.5] * 10)  # the whole response in one read: TTFT = latency
+    half = _record([0.1, 0.1, 0.1, 0.2, 0.3, 0.3])
+    gaps = 9 + 9 + 5
+    health = client_health([steady, collapsed, half], [])
+    assert health["client_batched_gaps_pct"] == pytest.approx(100 * (9 + 3) / gaps)
+    assert health["client_collapsed_requests"] == 1
+    assert health["client_lag_ms_p99"] is None
+    assert "came in one socket read (1 of 3 responses entirely)" in health["client_warning"]
+    fine = client_health([steady], [(0.1, 1.0), (0.2, 2.0)])
+    assert fine["client_batched_gaps_pct"] == 0 and fine["client_warning"] is None
+
+
+@pytest.fixture
+def emitter_process(tmp_path: Path) -> Iterator[str]:
+    """The loadgen tests' streaming server, in its own process: a blocked client cannot stall it."""
+    (tmp_path / "emitter.py").write_text(EMITTER_SRC)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "emitter.py"), str(port)])
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the emitter did not start"
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+async def _bench(url: str, *, hog: bool) -> BenchOutcome:
+    async def block_the_loop() -> None:
+        while True:
+            time.sleep(0.08)  # a CPU-bound neighbour on the client's only core
+            await asyncio.sleep(0.02)
+
+    hog_task = asyncio.create_task(block_the_loop()) if hog else None
+    try:
+        point = LoadPoint(concurrency=2)
+        records = await run_load(
+            [LoadTarget("t", url, "ok")],
+            RandomWorkload(parse_length(16), parse_length(64)),
+            LoadSettings(points=(point,), num_prompts=6),
+        )
+    finally:
+        if hog_task is not None:
+            hog_task.cancel()
+    summaries = summarize_run(
+        records, targets={"t": LoadTarget("t", url, "ok")}, points={point.label: point}, gpus={}
+    )
+    return BenchOutcome(records, summaries, None, records.stop_reason)
+
+
+async def test_a_starved_client_says_so_instead_of_timing_figures(
+    emitter_process: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outcome = await _bench(emitter_process, hog=True)
+    (run,) = outcome.summaries
+    k = run["kimictl"]
+    assert k["client_lag_ms_p99"] >= 50  # blocked 80 ms at a time
+    assert k["client_lag_samples"] > 0 and k["client_lag_ms_max"] >= k["client_lag_ms_p99"]
+    assert k["client_batched_gaps_pct"] > BATCHED_WARN_PCT  # 2 ms chunks, 80 ms stalls
+    assert k["client_warning"].startswith("the bench client was starved of CPU")
+    assert outcome.to_json()["warnings"] == [k["client_warning"]]
+    from kimictl.commands._render import render_bench
+
+    render_bench(outcome)
+    out = capsys.readouterr().out
+    assert "unreliable" in out and "starved of CPU" in out
+    tpot_line = next(line for line in out.splitlines() if "TPOT median ms" in line)
+    assert "unreliable" in tpot_line  # not a made-up 0.00
+    # the same run with the loop free batches fewer chunks
+    calm = (await _bench(emitter_process, hog=False)).summaries[0]["kimictl"]
+    assert calm["client_batched_gaps_pct"] < k["client_batched_gaps_pct"]
+    assert calm["client_lag_ms_p99"] < k["client_lag_ms_p99"]
