@@ -97,18 +97,36 @@ VIOLATIONS: dict[int, tuple[str, str]] = {
     7: ("-dcp 4", "-dcp 4"),
     8: ("--enable-sleep-mode", "--enable-sleep-mode"),
     9: ("--enable-lora", "--enable-lora"),
+    # K3 is on vLLM's breakable-CUDA-graph list: that forces compilation mode none unless opted out
     11: ("-cc.mode 1", "STOCK_TORCH_COMPILE"),
     12: ("--enforce-eager", "--enforce-eager"),
-    13: ("-sc.method eagle3", "eagle3"),
-    14: ("-sc.enable_adaptive_verification true", "enable_adaptive_verification"),
-    15: ("--mamba-ssm-cache-dtype float16", "float16"),
+    # a dotted -sc.KEY replaces the whole --speculative-config JSON in vLLM: give the full JSON
+    13: (f"-sc '{SPEC_JSON.replace('dspark', 'eagle3', 1)}'", "eagle3"),
+    14: (
+        f"-sc '{SPEC_JSON[:-1]},\"enable_adaptive_verification\":true}}'",
+        "enable_adaptive_verification",
+    ),
+    15: ("--mamba-ssm-cache-dtype bfloat16", "recurrent bfloat16"),
     16: ("--use-replayssm", "--use-replayssm"),
-    17: ("-sc.num_speculative_tokens 8", "8"),
+    17: (f"-sc '{SPEC_JSON.replace(':7', ':8')}'", "8"),
 }
+# env a violation needs besides its flags
+VIOLATION_ENV = {11: "VLLM_USE_BREAKABLE_CUDAGRAPH=0 "}
+# rules whose violation vLLM already refuses while building the config (k3.vllm_refuses, too)
+REFUSED_BEFORE_GATE = {6, 9, 10}
+# stock torch.compile on Model Runner V2 also turns CUDA graphs off (vLLM does the same)
+ALSO_FAILS = {11: ["k3.full_cudagraphs"]}
 
 
 def _only_rule_fails(checks, rule: k3.Rule, detail: str) -> None:
-    failing = [c for c in checks if c.status is Status.FAIL]
+    refused = [c for c in checks if c.id == "k3.vllm_refuses"]
+    assert bool(refused) == (rule.number in REFUSED_BEFORE_GATE), refused
+    also = ALSO_FAILS.get(rule.number, [])
+    failing = [
+        c
+        for c in checks
+        if c.status is Status.FAIL and c.id != "k3.vllm_refuses" and c.id not in also
+    ]
     assert [c.id for c in failing] == [rule.id], failing
     (check,) = failing
     assert check.message.startswith(f"Kimi K3 specialized decode does not support {rule.reason}")
@@ -119,7 +137,7 @@ def _only_rule_fails(checks, rule: k3.Rule, detail: str) -> None:
 @pytest.mark.parametrize("number", sorted(VIOLATIONS))
 def test_flag_violation_flags_only_that_rule(number):
     flags, detail = VIOLATIONS[number]
-    spec = parse_vllm_command(f"{UPSTREAM} {flags}").spec
+    spec = parse_vllm_command(f"{VIOLATION_ENV.get(number, '')}{UPSTREAM} {flags}").spec
     _only_rule_fails(deployment_checks(spec, GB300_X16), k3.RULES[number - 1], detail)
 
 
@@ -141,9 +159,14 @@ def test_rule_2_accepts_exact_k3_config(tmp_path):
 
 
 def test_rule_10_v1_model_runner():
-    line = UPSTREAM.replace("VLLM_USE_V2_MODEL_RUNNER=1 ", "")
+    # unset means V2 in vLLM 0.33; =0 forces V1 (which also refuses DSpark before the gate)
+    unset = UPSTREAM.replace("VLLM_USE_V2_MODEL_RUNNER=1 ", "")
+    assert _by_id(deployment_checks(parse_vllm_command(unset).spec, GB300_X16))[
+        "k3.model_runner"
+    ].status is (Status.PASS)
+    line = UPSTREAM.replace("VLLM_USE_V2_MODEL_RUNNER=1 ", "VLLM_USE_V2_MODEL_RUNNER=0 ")
     checks = deployment_checks(parse_vllm_command(line).spec, GB300_X16)
-    _only_rule_fails(checks, k3.RULES[9], "unset")
+    _only_rule_fails(checks, k3.RULES[9], "VLLM_USE_V2_MODEL_RUNNER=0")
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in _by_id(checks)["k3.model_runner"].remedy
 
 
@@ -160,12 +183,13 @@ def test_rule_18_aux_stream_only_with_speculation():
 def test_all_failing_rules_are_reported_at_once():
     line = (
         "vllm serve moonshotai/Kimi-K3 -tp 4 -pp 2 -ep --enable-dbo -dcp 2 --enable-sleep-mode "
-        "--enable-lora -cc.mode 1 --enforce-eager -sc.method eagle -sc.num_speculative_tokens 9 "
-        "-sc.enable_adaptive_verification true --mamba-cache-dtype float32 --use-replayssm"
+        "--enable-lora -cc.mode 1 -cc.cudagraph_mode NONE -sc.method eagle "
+        "-sc.num_speculative_tokens 9 -sc.enable_adaptive_verification true "
+        "--mamba-cache-dtype float32 --use-replayssm"
     )
-    checks = deployment_checks(
-        parse_vllm_command(f"{k3.ENV_AUX_ATTN_RES_STREAM}=1 {line}").spec, _report((9, 0), 8, 1)
-    )
+    env = "VLLM_USE_V2_MODEL_RUNNER=0 VLLM_USE_BREAKABLE_CUDAGRAPH=0 "
+    env += f"{k3.ENV_AUX_ATTN_RES_STREAM}=1"
+    checks = deployment_checks(parse_vllm_command(f"{env} {line}").spec, _report((9, 0), 8, 1))
     failing = {c.id for c in checks if c.status is Status.FAIL}
     assert RULE_IDS - {"k3.moe_config"} <= failing
     assert {"k3.kv_cache_fp8"} <= failing

@@ -10,8 +10,13 @@ Conventions of the parser (vLLM 0.33 `vllm serve` syntax):
 - JSON flags (`--speculative-config`, `--compilation-config`, `--additional-config`) take JSON
   or the dotted form `--additional-config.decode_backend latency_specialized`; a dotted value
   is read as JSON when it parses (`3`, `true`, `[1,2]`) and as a plain string otherwise;
-- `-O3` / `-O 3` / `--optimization-level 3` set `optimization_level`; `-O.key value` and
-  `-O '{json}'` are the older compilation-config shorthand;
+- `-O3` / `-O 3` / `-O=3` / `--optimization-level 3` set `optimization_level`; like vLLM 0.33,
+  `-O.key value` and `-O '{json}'` are bad input (compilation keys go through -cc);
+- switches take no value (`--enforce-eager=true` is bad input, as in vLLM) and have vLLM's
+  negative forms `--no-X`, and `--disable-X` for `--enable-X`;
+- `--spec-method/--spec-model/--spec-tokens`, `--dtype` and `--ubatch-size` stay in `extra_args`;
+  kimictl.runtime.checks.rules.effective reads them there (as vLLM merges them into its config);
+- speculative-config keys are normalised from `-` to `_` (vLLM does the same);
 - `--cudagraph-capture-sizes 1 2 4` lands in `compilation_config["cudagraph_capture_sizes"]`;
 - `--max-model-len` accepts `1k` (x1000), `1K` (x1024), and `auto` (kept as -1, vLLM's own value);
 - `--api-key K` is moved into `env["VLLM_API_KEY"]` (secrets travel by environment);
@@ -380,6 +385,9 @@ FIELD_CHECKS: dict[str, ValueCheck] = {
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", ignore_case=True
     ),
     "compilation_config.cudagraph_capture_sizes": _sizes,
+    # Profiles check these; a `vllm serve` line does not (vLLM's parser takes any JSON there and
+    # refuses a bad value only when the model is built: the rules report it, k3.decode_backend
+    # and k3.additional_config).
     **{
         f"additional_config.{key}": one_of(*allowed)
         for key, allowed in k3.ADDITIONAL_CONFIG_CHOICES.items()
@@ -465,6 +473,13 @@ _PASSTHROUGH: dict[str, int] = {
     "--data-parallel-backend": 1,
     "--seed": 1,
     "--dtype": 1,
+    # read by rules.effective from extra_args (vLLM merges them into the speculative config)
+    "--spec-method": 1,
+    "--spec-model": 1,
+    "--spec-tokens": 1,
+    "--ubatch-size": 1,
+    "--mamba-backend": 1,
+    "--all2all-backend": 1,
     "--quantization": 1,
     "-q": 1,
     "--tokenizer": 1,
@@ -630,6 +645,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
     json_values: dict[str, dict[str, Any]] = {}
     json_flags: dict[tuple[str, str], str] = {}  # (field, key) -> the flag that set it, as typed
     json_is_none: set[str] = set()
+    dotted: dict[str, dict[str, dict[str, Any]]] = {}  # field -> flag spelling -> merged keys
+    sizes_given: list[int] | None = None
     extra: list[str] = []
     unrecognised: list[str] = []
     model: str | None = None
@@ -658,10 +675,22 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             given["optimization_level"] = ("-O", flag[2:])
             continue
 
-        # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y, -O.mode 3
+        # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args turns any -O<x> into
+        # --optimization-level <x>: `-O.mode 1` is an invalid level, and -O JSON is refused.
+        if (
+            flag.startswith("-O")
+            and not flag.startswith("--")
+            and (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
+        ):
+            raise InputError(
+                f"{token} is not an optimization level: vLLM 0.33 reads -O<x> as "
+                "--optimization-level <x> (0-3); set compilation keys with -cc.KEY VALUE."
+            )
+
+        # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y
         base, dot, path = flag.partition(".")
-        if dot and base in _FLAGS and _FLAGS[base][1] in ("json", "optlevel"):
-            field_name = "compilation_config" if base == "-O" else _FLAGS[base][0]
+        if dot and base in _FLAGS and _FLAGS[base][1] == "json":
+            field_name = _FLAGS[base][0]
             if inline_value is None:
                 if j >= len(rest):
                     raise InputError(f"{flag} expects a value.")
@@ -670,17 +699,23 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             keys = path.split(".")
             if not all(keys):
                 raise InputError(f"{flag} has an empty key in its dotted path.")
-            target = json_values.setdefault(field_name, {})
+            target = dotted.setdefault(field_name, {}).setdefault(base, {})
             _set_dotted(target, keys, _dotted_value(inline_value), flag)
             json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
             continue
 
+        # vllm/utils/argparse_utils.py:EnableDisableAction: every switch has a --no-X form and
+        # --enable-X pairs with --disable-X.
         negated = False
         known = _FLAGS.get(flag)
         if known is None and flag.startswith("--no-") and f"--{flag[5:]}" in _FLAGS:
             candidate = _FLAGS[f"--{flag[5:]}"]
             if candidate[1] == "bool":
                 known, negated = candidate, True
+        if known is None and flag.startswith("--disable-"):
+            enabling = _FLAGS.get("--enable-" + flag[len("--disable-") :])
+            if enabling is not None and enabling[1] == "bool":
+                known, negated = enabling, True
 
         if known is None:
             # not modelled: keep verbatim
@@ -702,12 +737,12 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         field_name, kind = known
         if kind == "bool":
             if inline_value is not None:
-                low = inline_value.lower()
-                if low not in ("true", "false", "1", "0"):
-                    raise InputError(f"{flag} is a switch; got the value {inline_value!r}.")
-                values[field_name] = (low in ("true", "1")) != negated
-            else:
-                values[field_name] = not negated
+                # argparse: "ignored explicit argument" (vLLM's switches take no value)
+                raise InputError(
+                    f"{flag} is a switch and takes no value (got {token!r}); vLLM rejects "
+                    f"{flag}=VALUE: write {flag} or its negative form."
+                )
+            values[field_name] = not negated
             continue
 
         if kind == "sizes":
@@ -720,8 +755,7 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
                     j += 1
             if not sizes_words:
                 raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
-            sizes = [_to_int(flag, w) for w in sizes_words]
-            json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes
+            sizes_given = [_to_int(flag, w) for w in sizes_words]
             json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
             continue
 
@@ -750,18 +784,13 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         elif kind == "apikey":
             env[ENV_VAR] = value_text
         elif kind == "optlevel":
-            if re.fullmatch(r"\d+", value_text):
-                values["optimization_level"] = int(value_text)
-                given["optimization_level"] = (flag, value_text)
-            else:
-                parsed = _parse_json_value(flag, value_text)
-                if not isinstance(parsed, dict):
-                    raise InputError(
-                        f"{flag} expects an optimization level 0-3 or a JSON object, "
-                        f"got {value_text!r}."
-                    )
-                json_values.setdefault("compilation_config", {}).update(parsed)
-                json_flags.update({("compilation_config", k): f"{flag}.{k}" for k in parsed})
+            if not re.fullmatch(r"\d+", value_text):
+                raise InputError(
+                    f"{flag} expects an optimization level 0-3, got {value_text!r} (vLLM 0.33 "
+                    "has no -O JSON form; use --compilation-config)."
+                )
+            values["optimization_level"] = int(value_text)
+            given["optimization_level"] = (flag, value_text)
         elif kind == "json":
             parsed = _parse_json_value(flag, value_text)
             if parsed is None and field_name == "speculative_config":
@@ -771,16 +800,35 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             if not isinstance(parsed, dict):
                 raise InputError(f"{flag} expects a JSON object, got {value_text!r}.")
             json_is_none.discard(field_name)
-            if field_name == "custom_histogram_buckets":
+            if field_name == "speculative_config":
+                # EngineArgs.create_speculative_config: keys' '-' become '_'
+                parsed = {str(k).replace("-", "_"): v for k, v in parsed.items()}
+            elif field_name == "compilation_config":
+                # CompilationConfig is validated strictly (pydantic): no key has a '-'
+                dashed = [k for k in parsed if "-" in str(k)]
+                if dashed:
+                    raise InputError(
+                        f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
+                        f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
+                    )
+            elif field_name == "custom_histogram_buckets":
                 unknown = sorted(set(parsed) - buckets.FAMILIES)
                 if unknown:
                     raise InputError(
                         f"{flag} names unknown bucket family {unknown[0]!r}; vLLM's families: "
                         f"{', '.join(sorted(buckets.FAMILIES))}."
                     )
-            json_values.setdefault(field_name, {}).update(parsed)
+            json_values[field_name] = parsed  # argparse: a later value replaces the earlier
             json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
 
+    # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args collects the dotted forms of
+    # each spelling (-cc.x, --compilation-config.x) into one JSON appended AFTER all other words,
+    # so for argparse the last such JSON replaces every full JSON of that flag.
+    for field_name, by_spelling in dotted.items():
+        json_is_none.discard(field_name)
+        json_values[field_name] = list(by_spelling.values())[-1]
+    if sizes_given is not None:
+        json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes_given
     if not model:
         raise InputError("The command names no model: write `vllm serve MODEL ...`.")
     for field_name, (flag, value_text) in given.items():
@@ -788,7 +836,8 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
             values[field_name] = _checked(field_name, values[field_name], flag, repr(value_text))
     for field_name, obj in json_values.items():
         for key, value in obj.items():
-            if value is not None:  # JSON null: vLLM's default
+            # JSON null: vLLM's default; additional_config: judged by the rules (see FIELD_CHECKS)
+            if value is not None and field_name != "additional_config":
                 where = json_flags.get((field_name, key), f"{_JSON_FLAG_NAME[field_name]}.{key}")
                 obj[key] = _checked(f"{field_name}.{key}", value, where, _dump_json(value))
         values[field_name] = obj

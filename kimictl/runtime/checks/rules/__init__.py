@@ -76,6 +76,9 @@ def evaluate(
         checks.append(no_deployment_check())
     else:
         found = list(deployment_checks(spec, hw))
+        from kimictl.runtime.checks.rules.vllm_check import vllm_gate_checks
+
+        found.extend(vllm_gate_checks(spec, found))  # only where vLLM 0.33 is importable
         ids = {c.id for c in found if c.status is not Status.UNKNOWN}
         drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
         checks = [c for c in checks if c.id not in drop]

@@ -5,14 +5,16 @@ once, each with vLLM's own reason string (deployment.k3.RULES) and the exact fla
 fixes it. On top: decode_backend value, FP8 KV cache (assumed by the MLA core, not checked by vLLM),
 enough GPUs for TP x PP x DP, and fast-path coverage of the prepared token batches.
 
-Choices documented here (see docs/profiles.md):
+Rules 2 and 6-18 judge the values vLLM BUILDS from the flags (checks.rules.effective: V2 runner
+default, env values parsed as vLLM parses them, config-class defaults, breakable CUDA graphs, -O
+levels, dtypes, speculative method inference), and vLLM's refusals before its gate are FAIL lines
+of their own (k3.vllm_refuses). Choices documented here (see docs/profiles.md, docs/doctor.md):
 - Rule 1 (SM100/103) with no hardware report (`hw is None`) is UNKNOWN; with a report that has no
   GPUs at all it FAILS ("no GPU found"); a GPU whose compute capability is unreadable is UNKNOWN.
-- Rule 2 (the MoE text config) reads `config.json` when `spec.model` is a local folder (the
-  `text_config` section when present) and compares the eight fields exactly; a hub name containing
-  "Kimi-K3" passes as assumed-from-name; any other name is UNKNOWN (kimictl downloads nothing).
-- Rule 18 treats `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` as set when it is present in the spec's env with
-  any value.
+- Rule 2 (the MoE text config) reads `config.json` when `spec.model` is a local folder, fills the
+  fields it lacks with KimiLinearConfig's defaults as vLLM does, and compares the eight fields
+  exactly; a hub name containing "Kimi-K3" passes as assumed-from-name; any other name is UNKNOWN
+  (kimictl downloads nothing).
 - Coverage assumes that a decode step of T tokens is padded up to the smallest CUDA-graph capture
   size >= T, and takes the fast path only when that size is a prepared batch (1..8, 16, 32, 64).
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.checks.rules.base import Check, Section, Status
+from kimictl.runtime.checks.rules.effective import Effective, effective_config
 from kimictl.runtime.deployment.spec import DeploymentSpec, k3
 
 if TYPE_CHECKING:
@@ -107,9 +110,8 @@ def read_model_config(model: str) -> dict[str, Any] | None:
     return text if isinstance(text, dict) else raw
 
 
-def _rule_moe_config(rule: k3.Rule, spec: DeploymentSpec, config: dict[str, Any] | None) -> Check:
-    if config is None:
-        config = read_model_config(spec.model)
+def _rule_moe_config(rule: k3.Rule, spec: DeploymentSpec, eff: Effective) -> Check:
+    config = eff.text_config
     if config is None:
         if _K3_NAME.search(spec.model):
             return _pass(rule, f"{spec.model} is Kimi K3 (assumed from the name)")
@@ -129,13 +131,16 @@ def _rule_moe_config(rule: k3.Rule, spec: DeploymentSpec, config: dict[str, Any]
             "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else ""),
             "serve Kimi K3 itself; for other models use --additional-config.decode_backend auto",
         )
-    return _pass(rule, "text config is Kimi K3's one-group sigmoid top-16 SiTU MoE")
+    return _pass(
+        rule,
+        "text config is Kimi K3's one-group sigmoid top-16 SiTU MoE "
+        "(missing fields take KimiLinearConfig's defaults, as in vLLM)",
+    )
 
 
-def _rule_simple(rule: k3.Rule, spec: DeploymentSpec) -> Check:
-    """Rules 3-18: flags and env only."""
+def _rule_simple(rule: k3.Rule, spec: DeploymentSpec, eff: Effective) -> Check:
+    """Rules 3-18, on the values vLLM builds (rules.effective), not the raw flags."""
     tp = spec.tensor_parallel_size
-    sc = spec.speculative_config or {}
     n = rule.number
     if n == 3:
         if tp in k3.ALLOWED_TP:
@@ -151,9 +156,11 @@ def _rule_simple(rule: k3.Rule, spec: DeploymentSpec) -> Check:
             return _pass(rule, "no expert parallelism")
         return _fail(rule, "--enable-expert-parallel", "drop -ep / --enable-expert-parallel")
     if n == 6:
-        if not spec.enable_dbo:
+        if not eff.ubatching:
             return _pass(rule, "no DBO (micro-batching)")
-        return _fail(rule, "--enable-dbo", "drop --enable-dbo")
+        return _fail(
+            rule, "--enable-dbo / --ubatch-size > 1", "drop --enable-dbo and --ubatch-size"
+        )
     if n == 7:
         dcp = spec.decode_context_parallel_size
         if dcp in (1, tp):
@@ -168,50 +175,38 @@ def _rule_simple(rule: k3.Rule, spec: DeploymentSpec) -> Check:
             return _pass(rule, "no LoRA")
         return _fail(rule, "--enable-lora", "drop --enable-lora")
     if n == 10:
-        value = spec.env.get(k3.ENV_USE_V2_MODEL_RUNNER)
-        if value == "1":
-            return _pass(rule, f"{k3.ENV_USE_V2_MODEL_RUNNER}=1 (Model Runner V2)")
-        now = "unset" if value is None else f"{k3.ENV_USE_V2_MODEL_RUNNER}={value}"
+        if eff.v2_model_runner:
+            return _pass(rule, f"Model Runner V2 ({eff.v2_why})")
         return _fail(
             rule,
-            f"{now}",
-            f"prefix the command with {k3.ENV_USE_V2_MODEL_RUNNER}=1 (profile: [env] "
-            f'{k3.ENV_USE_V2_MODEL_RUNNER} = "1")',
+            eff.v2_why,
+            f"set {k3.ENV_USE_V2_MODEL_RUNNER}=1 or leave it unset (profile: [env]), and drop "
+            "what V2 does not support",
         )
     if n == 11:
-        cc = spec.compilation_config
-        modes = {str(cc.get("mode", "")).upper(), str(cc.get("level", "")).upper()}
-        if modes & {"1", "STOCK_TORCH_COMPILE", "CompilationMode.STOCK_TORCH_COMPILE".upper()}:
-            key = "mode" if "mode" in cc else "level"
-            return _fail(
-                rule,
-                f"compilation {key} {cc.get(key)!r} is STOCK_TORCH_COMPILE",
-                f"set -cc.{key} 3 (VLLM_COMPILE) or drop it",
-            )
-        return _pass(rule, "compilation mode is not STOCK_TORCH_COMPILE")
+        if eff.compilation_mode != "STOCK_TORCH_COMPILE":
+            return _pass(rule, f"compilation mode {eff.compilation_mode} ({eff.compilation_why})")
+        return _fail(
+            rule,
+            f"compilation mode STOCK_TORCH_COMPILE ({eff.compilation_why})",
+            "drop -cc.mode (or set it to 3, VLLM_COMPILE), or unset VLLM_USE_BREAKABLE_CUDAGRAPH",
+        )
     if n == 12:
-        causes: list[str] = []
-        fixes: list[str] = []
-        if spec.enforce_eager:
-            causes.append("--enforce-eager")
-            fixes.append("drop --enforce-eager")
-        if spec.optimization_level == 0:
-            causes.append("-O0")
-            fixes.append("drop -O0 (use -O3)")
-        mode = spec.compilation_config.get("cudagraph_mode")
-        if mode is not None and str(mode).upper() not in k3.FULL_DECODE_CUDAGRAPH_MODES:
-            causes.append(f"cudagraph_mode {mode}")
-            fixes.append("set -cc.cudagraph_mode FULL_DECODE_ONLY (or FULL_AND_PIECEWISE)")
-        if causes:
-            return _fail(rule, ", ".join(causes), "; ".join(fixes))
-        return _pass(rule, f"FULL decode CUDA graphs (cudagraph_mode {mode or 'default'})")
+        if eff.decode_cudagraphs_full:
+            return _pass(rule, f"FULL decode CUDA graphs (cudagraph_mode {eff.cudagraph_mode})")
+        return _fail(
+            rule,
+            f"cudagraph_mode {eff.cudagraph_mode}: {eff.cudagraph_why}",
+            "drop --enforce-eager, -O0 and -O1 (the default -O2 captures FULL_AND_PIECEWISE), "
+            "or set -cc.cudagraph_mode FULL_DECODE_ONLY",
+        )
     if n == 13:
-        method = spec.speculative_method
+        method = eff.speculative_method
         if method is None or method == k3.REQUIRED_SPEC_METHOD:
             return _pass(rule, f"speculative method {method or 'none'}")
-        return _fail(rule, f"method {method}", f"set -sc.method {k3.REQUIRED_SPEC_METHOD}")
+        return _fail(rule, eff.method_why, f"set -sc.method {k3.REQUIRED_SPEC_METHOD}")
     if n == 14:
-        if not sc.get("enable_adaptive_verification"):
+        if not (eff.speculative_method is not None and eff.adaptive_verification):
             return _pass(rule, "no adaptive verification")
         return _fail(
             rule,
@@ -219,22 +214,22 @@ def _rule_simple(rule: k3.Rule, spec: DeploymentSpec) -> Check:
             "set -sc.enable_adaptive_verification false (or remove the key)",
         )
     if n == 15:
-        bad = [
-            (name, getattr(spec, name))
-            for name, allowed in k3.KDA_CACHE_DTYPES_OK.items()
-            if getattr(spec, name) not in allowed
-        ]
-        if not bad:
-            return _pass(rule, "KDA cache dtypes are the defaults (BF16 conv, FP32 recurrent)")
-        detail = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in bad)
-        fix = " ".join(f"--{name.replace('_', '-')} auto" for name, _ in bad)
-        return _fail(rule, detail, f"use {fix} (or drop the flag)")
+        if eff.kda_dtypes is None:
+            return _unknown(rule, f"vLLM refuses {eff.kda_why}", "--mamba-ssm-cache-dtype auto")
+        if eff.kda_dtypes == ("bfloat16", "float32"):
+            return _pass(rule, f"KDA cache dtypes {eff.kda_why}")
+        return _fail(
+            rule,
+            eff.kda_why,
+            "use --mamba-cache-dtype auto (or bfloat16) with a BF16 model dtype (--dtype auto or "
+            "bfloat16) and --mamba-ssm-cache-dtype auto (or float32)",
+        )
     if n == 16:
         if not spec.use_replayssm:
             return _pass(rule, "no ReplaySSM")
         return _fail(rule, "--use-replayssm", "drop --use-replayssm")
     if n == 17:
-        nst = spec.num_speculative_tokens
+        nst = eff.num_speculative_tokens if eff.speculative_method is not None else 0
         if nst <= k3.MAX_SPECULATIVE_TOKENS:
             return _pass(rule, f"{nst} speculative tokens")
         return _fail(
@@ -243,14 +238,12 @@ def _rule_simple(rule: k3.Rule, spec: DeploymentSpec) -> Check:
             f"set -sc.num_speculative_tokens {k3.MAX_SPECULATIVE_TOKENS} (or fewer)",
         )
     if n == 18:
-        speculating = spec.speculative_method is not None or spec.num_speculative_tokens > 0
-        present = k3.ENV_AUX_ATTN_RES_STREAM in spec.env
-        if speculating and present:
+        if eff.speculative_method is not None and eff.aux_stream:
             value = spec.env[k3.ENV_AUX_ATTN_RES_STREAM]
             return _fail(
                 rule,
                 f"{k3.ENV_AUX_ATTN_RES_STREAM}={value} with speculation on",
-                f"unset {k3.ENV_AUX_ATTN_RES_STREAM} (remove it from the command or [env])",
+                f"unset {k3.ENV_AUX_ATTN_RES_STREAM} (or set it to 0)",
             )
         return _pass(rule, "AttnRes aux stream not combined with speculation")
     raise AssertionError(f"no check for rule {n}")
@@ -298,6 +291,20 @@ def _additional_config_check(spec: DeploymentSpec) -> Check | None:
         "additional_config has values K3 does not accept: " + "; ".join(bad),
         "use one of the allowed values, or drop the key (auto)",
     )
+
+
+def _refusal_checks(eff: Effective) -> list[Check]:
+    """What vLLM raises while building the config, before its gate runs (vLLM's words)."""
+    return [
+        Check(
+            "k3.vllm_refuses",
+            Section.DEPLOYMENT,
+            Status.FAIL,
+            f"vLLM refuses this configuration before the K3 gate: {refusal.message}",
+            refusal.fix,
+        )
+        for refusal in eff.refusals
+    ]
 
 
 def _kv_cache_check(spec: DeploymentSpec) -> Check:
@@ -496,17 +503,19 @@ def deployment_checks(
 ) -> list[Check]:
     """All deployment findings at once: decode_backend, the 18 rules in vLLM's order, FP8 KV,
     GPU count, and fast-path coverage. `model_config` overrides reading config.json (rule 2)."""
+    eff = effective_config(spec, model_config)
     checks: list[Check] = [_decode_backend_check(spec)]
     extra = _additional_config_check(spec)
     if extra is not None:
         checks.append(extra)
+    checks.extend(_refusal_checks(eff))
     for rule in k3.RULES:
         if rule.number == 1:
             checks.append(_rule_gpu_arch(rule, spec, hw))
         elif rule.number == 2:
-            checks.append(_rule_moe_config(rule, spec, model_config))
+            checks.append(_rule_moe_config(rule, spec, eff))
         else:
-            checks.append(_rule_simple(rule, spec))
+            checks.append(_rule_simple(rule, spec, eff))
     checks.append(_kv_cache_check(spec))
     checks.append(_gpu_count_check(spec, hw))
     checks.extend(_coverage_checks(spec))
