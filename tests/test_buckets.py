@@ -15,7 +15,8 @@ from kimictl.cli import main
 from kimictl.runtime.deployment import buckets
 from kimictl.runtime.deployment.profile_writer import render_profile
 from kimictl.runtime.deployment.profiles import load_profile, scan_profiles
-from kimictl.runtime.deployment.spec import DeploymentSpec, parse_vllm_command
+from kimictl.runtime.deployment.spec import DeploymentSpec
+from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.observe import metrics as m
 from kimictl.runtime.observe.resolution import read_quantile, unresolved_figures

@@ -11,8 +11,8 @@ from kimictl.runtime.deployment.spec import (
     FIELD_CHECKS,
     DeploymentSpec,
     parse_max_model_len,
-    parse_vllm_command,
 )
+from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.errors import InputError
 
 UPSTREAM = (

@@ -30,7 +30,7 @@ from kimictl.runtime.checks.hardware import HardwareReport, load_snapshots
 from kimictl.runtime.checks.rules.base import Check, Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks
 from kimictl.runtime.deployment import k3
-from kimictl.runtime.deployment.spec import parse_vllm_command
+from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -23,7 +23,8 @@ from kimictl.runtime.deployment.profiles import (
     scan_profiles,
     shipped_profiles_dir,
 )
-from kimictl.runtime.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3, parse_vllm_command
+from kimictl.runtime.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3
+from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.errors import InputError
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"

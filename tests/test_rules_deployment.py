@@ -18,7 +18,7 @@ from kimictl.runtime.checks.hardware import (
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
 from kimictl.runtime.deployment import k3
-from kimictl.runtime.deployment.spec import parse_vllm_command
+from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 
 SPEC_JSON = '{"method":"dspark","model":"moonshotai/Kimi-K3-DSpark","num_speculative_tokens":7}'
 UPSTREAM = (

@@ -37,7 +37,7 @@ def _spec_from(
             raise InputError(
                 '--vllm-args is empty; pass a command such as "vllm serve MODEL -tp 8".'
             )
-        from kimictl.runtime.deployment.spec import parse_vllm_command
+        from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 
         parsed = parse_vllm_command(vllm_args)
         return parsed.spec, list(parsed.unrecognised)
