@@ -26,6 +26,7 @@ from conftest import run_cli_diagnosed
 from kimictl.cli import main
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
 from kimictl.runtime.observe.metrics import EndpointPoller, EndpointStatus
+from kimictl.runtime.observe.resolution import describe
 from kimictl.tui.app import HelpScreen, MonitorApp
 from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
 
@@ -481,9 +482,17 @@ async def test_live_numbers_appear_and_move(cpu_server: Any) -> None:
             stats = app.views[0].stats
             assert stats is not None and stats.tokens_per_s and stats.tokens_per_s > 0
             assert stats.running is not None
-            assert stats.interactivity_p10 is not None and stats.interactivity_p10 > 0
             table = rendered(app.query_one(FiguresTable))
             assert f"{stats.tokens_per_s:.1f}" in table
+            # The shared server runs vLLM's default buckets: on a quiet machine (TPOT < 10 ms)
+            # its interactivity falls in the first bucket and is shown as a bound, never a number.
+            p10 = stats.interactivity_p10
+            if p10 is None:
+                bound = stats.unresolved["interactivity_p10"]
+                assert bound["reason"] and bound["bucket_s"]
+                assert describe(bound) in table
+            else:
+                assert p10 > 0 and "interactivity_p10" not in stats.unresolved
     finally:
         stop.set()
         await load
