@@ -310,21 +310,28 @@ class _ForcedStubs(importlib.abc.MetaPathFinder):
 
 
 class _MissingAsStub(importlib.abc.MetaPathFinder):
-    """Last on sys.meta_path: an import of anything not installed gets a stub module, but
-    `importlib.util.find_spec()` (vLLM's and transformers' "is X installed?") still says no."""
+    """Last on sys.meta_path: an import that vLLM's (or transformers') own code makes of
+    anything not installed gets a stub module. Imports made by packages really installed here
+    fail as they would without us (their optional dependencies probe with try/except), and
+    `importlib.util.find_spec()` (vLLM's "is X installed?") still says no."""
+
+    def __init__(self, sources: Path) -> None:
+        self.sources = str(sources)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         top = fullname.split(".", 1)[0]
         if top in sys.stdlib_module_names:
             return None
         frame = sys._getframe(1)
-        for _ in range(3):
-            frame = frame.f_back  # type: ignore[assignment]
-            if frame is None:
-                break
+        while frame is not None:
             code = frame.f_code
             if code.co_name == "find_spec" and "util" in code.co_filename:
                 return None
+            if not code.co_filename.startswith("<frozen") and "/importlib/" not in code.co_filename:
+                break
+            frame = frame.f_back  # type: ignore[assignment]
+        if frame is None or not frame.f_code.co_filename.startswith(self.sources):
+            return None
         return _spec(fullname, _SPECIAL.get(top, _StubModule))
 
 
@@ -371,7 +378,7 @@ def load(sources: Path) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     sys.path.insert(0, str(sources))
     sys.meta_path.insert(0, _ForcedStubs())
-    sys.meta_path.append(_MissingAsStub())
+    sys.meta_path.append(_MissingAsStub(sources))
     _gb300_platform()
     import vllm.config.vllm as vllm_config_module  # type: ignore[import-not-found]
     import vllm.model_executor.models.registry as registry  # type: ignore[import-not-found]
