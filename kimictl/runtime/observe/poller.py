@@ -14,14 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.http1 import Endpoint
-from kimictl.runtime.observe.scrape import (
-    REFUSED,
-    metrics_endpoint,
-    metrics_url,
-    scrape,
-    scrape_timeout,
-)
+from kimictl.runtime.observe.scrape import REFUSED, MetricsScraper, scrape_timeout
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
 
 __all__ = [
@@ -115,7 +108,7 @@ class EndpointPoller:
     last_ok_mono: float | None = None
     next_try_mono: float = 0.0
     history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    _conn: Endpoint = field(init=False, repr=False)
+    scraper: MetricsScraper = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -124,10 +117,10 @@ class EndpointPoller:
             raise InputError(
                 f"endpoint {self.name}: {self.url!r} is not a valid URL ({error})."
             ) from None
-        self._conn = metrics_endpoint(self.url, name=f"endpoint {self.name}")
+        self.scraper = MetricsScraper(self.url, name=f"endpoint {self.name}")
 
     def close(self) -> None:
-        self._conn.close()
+        self.scraper.close()
 
     @property
     def never_listened(self) -> bool:
@@ -144,9 +137,7 @@ class EndpointPoller:
             return False
         timeout = scrape_timeout(interval)
         try:
-            snap = await scrape(
-                self._conn, metrics_url(self.url), timeout=timeout, model=self.model
-            )
+            snap = await self.scraper.scrape(timeout=timeout, model=self.model)
         except EndpointError as exc:
             self.failures += 1
             self.status = EndpointStatus.DOWN
