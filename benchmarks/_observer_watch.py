@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import sys
 import time
@@ -25,6 +26,8 @@ def main() -> None:
     poller = metrics.EndpointPoller("ep", url)
     if mode == "full":
         poller.scraper.mode = FilterMode.FULL
+    if mode != "now":
+        poller.scrape_budget = math.inf  # never paced
     durations: list[float] = []
     scrape = poller.scraper.scrape
 
@@ -58,7 +61,7 @@ def main() -> None:
         with open(out, "w") as fh:
             json.dump(
                 {
-                    "mode": poller.scraper.mode.value,
+                    "mode": "now" if mode == "now" else poller.scraper.mode.value,
                     "scrape_s": durations,
                     "cpu_s": time.process_time() - cpu0,
                 },

@@ -1,13 +1,14 @@
 """The monitor's effect on the server it watches: one fixed bench (2 streams x 256-token outputs)
-with nothing scraping /metrics ("off"), with the monitor's loop scraping the full text at 1 Hz
-("full", what it did before filtering), with the monitor's filtered scrape ("filtered", what it
-does now), and optionally with a plain 1 Hz httpx GET of /metrics ("curl", gzip asked as a
-Prometheus server does). Modes run interleaved, in a rotated order each round, so that the box's
-drift hits every mode alike. Prints TTFT/TPOT/throughput per mode (medians over rounds), the ratio
-to "off" of the medians, and the median of the per-round ratios (each mode vs that round's off).
+with nothing scraping /metrics ("off"), with the monitor's loop scraping the full text every
+interval ("full", what it did before), asking only for its samples every interval ("filtered"),
+filtered and paced when scrapes are slow ("now", what `kimictl monitor` does), and optionally
+with a plain 1 Hz httpx GET of /metrics ("curl", gzip asked as a Prometheus server does). Modes
+run interleaved, in a rotated order each round, so that the box's drift hits every mode alike.
+Prints TTFT/TPOT/throughput per mode (medians over rounds), the ratio to "off" of the medians,
+and the median of the per-round ratios (each mode vs that round's off).
 
     python benchmarks/monitor_overhead.py --mode observer --url URL [--rounds 5] [--prompts 12]
-        [--observer-modes off,full,filtered] [--interval 1]
+        [--observer-modes off,full,filtered,now] [--interval 1]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("off", "full", "filtered")
+MODES = ("off", "full", "filtered", "now")
 FIGURES = (
     ("median_ttft_ms", "TTFT p50 ms"),
     ("p99_ttft_ms", "TTFT p99 ms"),
@@ -45,8 +46,8 @@ def _bench(url: str, prompts: int) -> dict[str, Any]:
 
 
 class _Curl:
-    """GET /metrics once a second in a thread (httpx defaults: gzip asked, as Prometheus does);
-    keeps each scrape's duration."""
+    """GET /metrics once a second in a thread (httpx defaults: gzip asked, as Prometheus does;
+    vLLM's exact /metrics route answers uncompressed anyway); keeps each scrape's duration."""
 
     def __init__(self, url: str) -> None:
         self.url, self.times, self.stop = url.rstrip("/") + "/metrics", [], threading.Event()
@@ -179,3 +180,34 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{label:<14}{row}")
     for m in others:
         print(f"scrapes {m}: {result['scrapes'][m]}")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of one process (not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape_cost(url: str, server_pid: int, n: int = 200) -> dict[str, Any]:
+    """CPU the server's API-server process (`server_pid`, the `vllm serve` process) and the
+    monitor's client spend per scrape, full text vs filtered: n back-to-back scrapes each."""
+    import asyncio
+
+    from kimictl.runtime.observe.scrape import FilterMode, MetricsScraper
+
+    async def run(mode: FilterMode) -> dict[str, float]:
+        scraper = MetricsScraper(url)
+        await scraper.scrape(timeout=30)  # connect, settle the mode
+        scraper.mode = mode
+        s0, c0, w0 = _proc_cpu_s(server_pid), time.process_time(), time.perf_counter()
+        for _ in range(n):
+            await scraper.scrape(timeout=30)
+        s1, c1, w1 = _proc_cpu_s(server_pid), time.process_time(), time.perf_counter()
+        scraper.close()
+        return {"server_cpu_ms": 1000 * (s1 - s0) / n, "client_cpu_ms": 1000 * (c1 - c0) / n,
+                "wall_ms": 1000 * (w1 - w0) / n}  # fmt: skip
+
+    out: dict[str, Any] = {"scrapes_each": n}
+    for mode in (FilterMode.FULL, FilterMode.FILTERED, FilterMode.FULL, FilterMode.FILTERED):
+        out.setdefault(mode.value, []).append(asyncio.run(run(mode)))
+    return out

@@ -401,6 +401,7 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
     server = _serve(handler)
     port = server.server_address[1]
     poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}/v1")
+    poller.scrape_budget = math.inf  # backoff is tested here; at 0.01 s any scrape would pace
     try:
         assert await poller.poll(interval=0.01)
         assert poller.status is m.EndpointStatus.UP

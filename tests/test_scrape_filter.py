@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -15,6 +16,7 @@ import pytest
 
 from kimictl.runtime.errors import EndpointError
 from kimictl.runtime.observe.names import SAMPLE_NAMES
+from kimictl.runtime.observe.poller import MAX_BACKOFF_S, SCRAPE_BUDGET, EndpointPoller
 from kimictl.runtime.observe.scrape import FilterMode, MetricsScraper, honours_filter
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
@@ -188,7 +190,6 @@ async def test_real_vllm_filtered_scrape_has_what_the_monitor_needs(cpu_server) 
     stats_f, stats_g = compute_window(before[0], after[0]), compute_window(before[1], after[1])
     assert stats_f.to_json() == stats_g.to_json()
     assert stats_f.requests_finished == 3 and stats_f.tokens_per_s
-    assert stats_f.interactivity_p50 is not None
 
     text_full = await fetch_text(cpu_server.url, "/metrics")
     text_filtered = await fetch_text(cpu_server.url, "/metrics" + FILTER_PATH)
@@ -199,3 +200,35 @@ async def test_real_vllm_filtered_scrape_has_what_the_monitor_needs(cpu_server) 
         assert needed in _names(text_filtered), needed
     assert len(text_filtered) < len(text_full) / 3
     print(f"\nfull {len(text_full)} B, filtered {len(text_filtered)} B")
+
+
+async def test_slow_answers_slow_the_poller_down_and_fast_ones_restore_it() -> None:
+    delay = {"s": 0.15}
+
+    class Slow(_Server):
+        behaviour = "ignore"
+        paths: list[str] = []
+
+        def do_GET(self) -> None:
+            time.sleep(delay["s"])
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    poller = EndpointPoller("slow", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        assert await poller.poll(interval=0.5)
+        paced = poller.paced_s
+        assert paced is not None and 0.15 / SCRAPE_BUDGET <= paced <= MAX_BACKOFF_S
+        assert not poller.due(time.monotonic())  # not before `paced` after the last start
+        view = poller.view(10, interval=0.5)
+        assert view.paced_s == paced and view.stale_since is None  # paced is not stale
+        assert view.to_json()["paced_s"] == paced
+        poller.next_try_mono = 0.0
+        delay["s"] = 0.0
+        assert await poller.poll(interval=0.5)
+        assert poller.paced_s is None and poller.due(time.monotonic())
+    finally:
+        poller.close()
+        server.shutdown()
+        server.server_close()
