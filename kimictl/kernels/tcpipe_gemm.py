@@ -134,8 +134,22 @@ _SWEEP: tuple[tuple[int, int, int, int, int, int, int], ...] = (
 )
 
 
+# dsv3_fused_a's tile (vLLM's kernel for fused_qkv_a, shared_gate_up and mla_q_b at M <= 16): 16
+# weight rows per CTA over all of K (N / 16 CTAs: 132 on N = 2112, one per SM) with 8 k-warps on
+# 256-k tiles, here with the weight prologue issued before the grid dependency wait; 4 k-warps on
+# 128-k tiles fit 2-3 CTAs per SM, and a 2-CTA cluster splitting K doubles the CTAs of small N.
+_DSV3_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (16, 1, 8, 256, 8, 1),
+    (16, 1, 8, 256, 12, 1),
+    (16, 1, 4, 128, 12, 1),
+    (16, 1, 4, 128, 8, 2),
+    (16, 1, 8, 256, 4, 2),
+)
+
+
 def _pipe_configs() -> tuple[TcPipeConfig, ...]:
     out = [TcPipeConfig(m, r, rw, kw, bk, p, s) for m, r, rw, kw, bk, p, s in _SWEEP]
+    out += [TcPipeConfig(m, *tile) for m in (8, 16) for tile in _DSV3_TILES]
     out.append(TcPipeConfig(16, 48, 1, 4, 128, 7, 4, residual=True))  # the fused residual
     return tuple(out)
 
