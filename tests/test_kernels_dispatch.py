@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kimictl.kernels.build import ALL_CONFIGS
 from kimictl.kernels.dispatch import (
     K3_GEMM_SHAPES,
     DispatchTable,
@@ -131,7 +132,10 @@ def test_recorded_h200_table_never_dispatches_slower_than_cublas():
 def test_recorded_h200_table_is_three_way_and_never_slower_than_vllms_plan():
     from kimictl.kernels.dispatch import VLLM_MARGIN
 
-    table = DispatchTable.load(FIXTURES / "bench_h200_table.json")
+    # one H200 run of benchmarks/kernels_h200.py --vllm-harness: cuBLAS, every kimictl variant
+    # and vLLM 0.33's own SM90 plan (CuTe skinny GEMM, dsv3_fused_a or its cuBLAS fallback)
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way.json")
+    names = {c.name for c in ALL_CONFIGS}
     routes = {"vllm": 0, "kimictl": 0, "cublas": 0}
     for _, n, k in K3_GEMM_SHAPES:
         for m in (1, 2, 4, 8, 16, 32, 64):
@@ -141,8 +145,10 @@ def test_recorded_h200_table_is_three_way_and_never_slower_than_vllms_plan():
             assert c.us is not None and c.us <= vllm_us
             if c.provider != "vllm":
                 assert c.us < vllm_us * (1 - VLLM_MARGIN)
+            if c.provider == "kimictl":
+                assert c.name in names  # a variant this source builds
             routes[c.provider] += 1
-    assert sum(routes.values()) == 84 and routes["kimictl"] > 0
+    assert sum(routes.values()) == 84 and routes["kimictl"] > 0 and routes["vllm"] > 0
 
 
 def test_chain_guard_sends_every_point_of_that_m_to_cublas_and_survives_json():
