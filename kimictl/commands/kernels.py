@@ -202,7 +202,7 @@ def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
             f"expected compile: {tot['vllm_seconds']:.0f} s as vLLM does it, "
             f"{tot['distinct_seconds']:.0f} s de-duplicated (per-kernel times measured on "
             f"{prov.get('machine', '?')} with nvidia-cutlass-dsl {prov.get('cutlass_dsl', '?')}, "
-            f"{prov.get('date', '?')}; 'est.' = mean of the measured families)",
+            f"{prov.get('date', '?')}; 'est.' = median of all measured units)",
             highlight=False,
         )
     else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,8 +296,8 @@ TIMES_FILE = Path(__file__).resolve().parents[1] / "data" / "kernel_compile_time
 @dataclass(frozen=True)
 class FamilyTime:
     family: str
-    seconds_per_kernel: float
-    measured: bool  # False: the mean of the measured families stands in (an estimate)
+    seconds_per_kernel: float  # median of the measured samples
+    measured: bool  # False: the median of all measured samples stands in (an estimate)
     vllm_seconds: float  # every unit vLLM compiles, per rank per start
     distinct_seconds: float  # one compile per effective key
 
@@ -308,8 +309,10 @@ def compile_times(plan: KernelPlan, path: Path = TIMES_FILE) -> tuple[list[Famil
         return [], {}
     doc = json.loads(path.read_text())
     cold: dict[str, list[float]] = doc.get("cold_seconds", {})
-    means = {f: sum(v) / len(v) for f, v in cold.items() if v}
-    overall = sum(means.values()) / len(means) if means else 0.0
+    # medians: single samples on a shared machine swing several-fold
+    means = {f: statistics.median(v) for f, v in cold.items() if v}
+    pooled = [t for v in cold.values() for t in v]
+    overall = statistics.median(pooled) if pooled else 0.0
     out = []
     for fam in plan.families():
         per = means.get(fam.family, overall)
