@@ -402,3 +402,42 @@ def test_replay_and_prompts_against_vllm(cpu_server, tmp_path: Path, capsys) -> 
     assert code == 0
     (run,) = json.loads((tmp_path / "p.json").read_text())["runs"]
     assert run["completed"] == 3 and run["total_output_tokens"] == 12
+
+
+def test_a_point_where_no_request_finished_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real HTTP server that lists a model but answers every completion with 500."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "r.json"
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        args = ["--target", url, "--num-prompts", "3", "--warmup", "0", "--no-metrics"]
+        code, _, err = run_cli([*args, "--json", str(out)], capsys)
+    finally:
+        server.shutdown()
+    assert code == 1 and "no request finished" in err and "3 failed" in err, err
+    (run,) = json.loads(out.read_text())["runs"]  # the report is still written
+    assert run["completed"] == 0 and run["failed"] == 3

@@ -218,6 +218,15 @@ def test_choice_needs_a_measured_baseline() -> None:
         choose([_m(DEFAULTS, None, 0.0, completed=0), _m("a", 12.0, 30.0)])
 
 
+def test_defaults_with_a_failed_request_stay_the_baseline() -> None:
+    from kimictl.runtime.demo_tune import DEFAULTS, choose
+
+    base = _m(DEFAULTS, 10.0, 20.0, failed=1)
+    assert choose([base, _m("a", 12.0, 30.0)]).chosen == "a"
+    kept = choose([base, _m("a", 9.0, 30.0, failed=2)])
+    assert kept.chosen == DEFAULTS and "keeps the defaults" in kept.reason
+
+
 def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
     """What lets the demo keep only the current choice's server: choose(S + [x]) is in
     {choose(S), x} for every order of a mixed set."""

@@ -68,6 +68,7 @@ def test_default_buckets_mark_the_same_window_unresolved(
     run = _bench(cpu_server, tmp_path, prompts=4)
     server = run["kimictl"]["server_view"]
     client = run["kimictl"]["interactivity_tok_s_per_user"]
+    assert client["p50"] is not None, (run["completed"], run["kimictl"]["errors_by_kind"])
     print("\nunresolved", json.dumps({"unresolved": server["unresolved"], "client": client}))
     for key in ("interactivity_p50", "interactivity_p90"):
         assert server[key] is None

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import random
 import socket
+import statistics
 import time
 
 import orjson
@@ -269,7 +270,9 @@ async def test_open_loop_constant_rate_spacing(emitter: str) -> None:
     starts = sorted(r.start for r in recs)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert len(recs) == 10
-    assert sum(gaps) / len(gaps) == pytest.approx(0.05, rel=0.2)
+    # never faster than asked; the median gap (robust to one late start) is 1/rate
+    assert starts[-1] - starts[0] >= 9 * 0.05 * 0.95
+    assert statistics.median(gaps) == pytest.approx(0.05, rel=0.25)
 
 
 def test_gamma_gaps_have_the_asked_mean_and_burstiness() -> None:

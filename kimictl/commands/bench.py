@@ -301,6 +301,14 @@ def bench(
             f"the run stopped early: {reason}",
             hint="finished requests are in the report; see `kimictl ps` and `kimictl logs`",
         )
+    empty = [s for s in outcome.summaries if not s["completed"] and s["failed"]]
+    if empty:
+        k = empty[0]["kimictl"]
+        raise EndpointError(
+            f"no request finished at {k['target']} {k['point']}: {empty[0]['failed']} failed "
+            f"({', '.join(f'{n} {kind}' for kind, n in k['errors_by_kind'].items())})",
+            hint="each request's error is in the report (--json); see `kimictl logs`",
+        )
 
 
 def _check_save_result(path: Path, targets: int, points: int, repeat: int) -> None:

@@ -112,13 +112,13 @@ class Measured:
     baseline_p10: float | None = None
 
     @property
+    def measured(self) -> bool:
+        return self.error is None and self.completed > 0 and self.interactivity_p10 is not None
+
+    @property
     def usable(self) -> bool:
-        return (
-            self.error is None
-            and self.failed == 0
-            and self.completed > 0
-            and self.interactivity_p10 is not None
-        )
+        """Can be chosen: measured, and no request of it failed."""
+        return self.measured and self.failed == 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,7 +210,9 @@ def choose(measured: Sequence[Measured], *, margin: float = SLO_MARGIN) -> Choic
     A candidate's SLO depends on its own bench and the defaults' alone, so adding a candidate
     changes the choice only to that candidate: the demo keeps just the current choice running."""
     base = next((m for m in measured if m.name == DEFAULTS), None)
-    if base is None or not base.usable:
+    # the defaults stay the baseline with a failed request (a timeout on a loaded machine): the
+    # failure is a fact about vLLM's defaults, and a candidate is still judged beside them
+    if base is None or not base.measured:
         why = base.error if base is not None and base.error else "no usable measurement"
         raise EndpointError(
             f"vLLM's defaults could not be measured ({why}): there is no baseline to tune against",
@@ -246,7 +248,7 @@ def choose(measured: Sequence[Measured], *, margin: float = SLO_MARGIN) -> Choic
             + f" ({best.output_throughput:.1f} tok/s)"
         )
     else:
-        best = max(usable, key=lambda m: (gain(m), m.name == DEFAULTS))
+        best = max(usable, key=lambda m: (gain(m), m.name == DEFAULTS), default=base)
         if best.name == DEFAULTS or gain(best) <= 1.0:
             best = base
             reason = (
