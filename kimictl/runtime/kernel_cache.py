@@ -17,9 +17,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kimictl.runtime.kernel_plan import KernelPlan
+from kimictl.runtime.outputs import read_json_object
 from kimictl.runtime.paths import cache_dir
 
 __all__ = [
@@ -59,19 +59,11 @@ class CacheLookup:
     problem: str = ""  # why a manifest at `folder` was not accepted
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def find_cache(plan: KernelPlan, *, dsl: str, vllm: str, arch: str) -> CacheLookup:
     """The prebuilt cache for `plan` on the installed (dsl, vllm, arch), or what exists instead."""
     digest = deployment_hash(plan)
     folder = stack_folder(dsl, vllm, arch) / digest
-    manifest = _read_manifest(folder / MANIFEST)
+    manifest = read_json_object(folder / MANIFEST)
     want = {"cutlass_dsl": dsl, "vllm": vllm, "arch": arch, "deployment": digest}
     problem = ""
     if manifest is not None:
