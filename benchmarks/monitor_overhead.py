@@ -18,7 +18,10 @@ intervals, the server's CPU per block from /proc and the inter-token gaps that o
 cpu-demo buckets (take /tmp/kimictl-vllm.lock first):
 
     flock /tmp/kimictl-vllm.lock python benchmarks/monitor_overhead.py --mode ab --start-server \
-        --pairs 30 --prompts 4
+        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE]
+    python benchmarks/monitor_overhead.py --mode ab --from-dump FILE [FILE ...]   # pool runs
+
+Figures: benchmarks/RESULTS.md#observer-ab.
 """
 
 from __future__ import annotations
@@ -126,6 +129,9 @@ def main() -> None:
     )
     ap.add_argument("--max-s", type=float, default=480, help="ab: start no pair after this")
     ap.add_argument(
+        "--from-dump", type=Path, nargs="+", help="ab: pool these --dump files, measure nothing"
+    )
+    ap.add_argument(
         "--start-server", action="store_true", help="ab/observer: start a CPU server (flock!)"
     )
     ap.add_argument("--rounds", type=int, default=5, help="observer: rounds of every mode")
@@ -193,7 +199,13 @@ def direct_cost(result: dict[str, Any], cost: dict[str, Any] | None) -> dict[str
 
 
 def run_ab(args: argparse.Namespace) -> None:
-    from observer_effect import paired_ab, print_ab, scrape_cost
+    from observer_effect import ab_from_dumps, paired_ab, print_ab, print_ratios, scrape_cost
+
+    if args.from_dump:
+        pooled = ab_from_dumps(args.from_dump)
+        print_ratios(pooled)
+        print(json.dumps(pooled, indent=2))
+        return
 
     server = None
     if args.start_server:

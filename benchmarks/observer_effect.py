@@ -278,8 +278,9 @@ def _t975(df: int) -> float:
 
 
 def ratio_interval(ratios: list[float], *, boot: int = 20000, seed: int = 0) -> dict[str, float]:
-    """Geometric mean of paired ratios with a 95 % t interval and a bootstrap percentile interval
-    (both on log ratios, so x1.02 and x0.98 weigh alike)."""
+    """Paired on/off ratios: the geometric mean with a 95 % t interval and a bootstrap percentile
+    interval, and the median with a bootstrap interval (all on log ratios, so x1.02 and x0.98
+    weigh alike). The median resists the whole-response stalls that hit single blocks."""
     import math
     import random
 
@@ -287,16 +288,61 @@ def ratio_interval(ratios: list[float], *, boot: int = 20000, seed: int = 0) -> 
     n, mean = len(logs), statistics.fmean(logs)
     half = _t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
     rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(logs, k=n)) for _ in range(boot))
+    means, medians = [], []
+    for _ in range(boot):
+        sample = rng.choices(logs, k=n)
+        means.append(statistics.fmean(sample))
+        medians.append(statistics.median(sample))
+    means.sort()
+    medians.sort()
+    lo, hi = int(0.025 * boot), int(0.975 * boot)
     return {
         "n": n,
         "ratio": math.exp(mean),
         "t95_lo": math.exp(mean - half),
         "t95_hi": math.exp(mean + half),
-        "boot95_lo": math.exp(means[int(0.025 * boot)]),
-        "boot95_hi": math.exp(means[int(0.975 * boot)]),
+        "boot95_lo": math.exp(means[lo]),
+        "boot95_hi": math.exp(means[hi]),
         "median_ratio": math.exp(statistics.median(logs)),
+        "median_boot95_lo": math.exp(medians[lo]),
+        "median_boot95_hi": math.exp(medians[hi]),
     }
+
+
+def stalled(block: dict[str, float]) -> bool:
+    """A block where streaming stalled: whole responses at once (TPOT p50 under 0.5 ms) or a
+    TTFT p50 over 0.5 s (the issue's symptom; ~4-10 ms TPOT and ~10-40 ms TTFT otherwise)."""
+    return block["tpot_p50_ms"] < 0.5 or block["ttft_p50_ms"] > 500
+
+
+def ab_summary(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, Any]:
+    """(on, off) block figures -> each figure's on/off interval, over all pairs and over the pairs
+    where neither block stalled, and how many blocks of each arm stalled."""
+    out: dict[str, Any] = {"pairs": len(pairs)}
+    clean = [(a, b) for a, b in pairs if not stalled(a) and not stalled(b)]
+    for name, chosen in (("on_over_off", pairs), ("on_over_off_unstalled_pairs", clean)):
+        out[name] = {
+            key: ratio_interval([a[key] / b[key] for a, b in chosen if a[key] > 0 and b[key] > 0])
+            for key in AB_FIGURES
+            if len(chosen) >= 3
+        }
+    out["stalled_blocks"] = {
+        "on": sum(stalled(a) for a, _ in pairs),
+        "off": sum(stalled(b) for _, b in pairs),
+    }
+    return out
+
+
+def ab_from_dumps(paths: list[Path]) -> dict[str, Any]:
+    """Pool the per-block JSONL of several `--mode ab --dump` runs (pairs stay within a run)."""
+    pairs = []
+    for path in paths:
+        by_pair: dict[int, dict[str, dict[str, float]]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_pair.setdefault(row["pair"], {})[row["arm"]] = row
+        pairs += [(p["on"], p["off"]) for p in by_pair.values() if len(p) == 2]
+    return {"dumps": [str(p) for p in paths], **ab_summary(pairs)}
 
 
 def _gaps_near(
@@ -399,18 +445,13 @@ def paired_ab(
     stray = [
         s for s in spans if any(b["t0"] <= s[0] <= b["t1"] for b in blocks["off"])
     ]  # a scrape inside an "off" block would make the A/B wrong
-    intervals = {}
-    for key in AB_FIGURES:  # a pair with a zero figure (no gap measured) has no ratio
-        pairs_ok = [(a[key], b[key]) for a, b in zip(blocks["on"], blocks["off"], strict=True)]
-        intervals[key] = ratio_interval([a / b for a, b in pairs_ok if a > 0 and b > 0])
     on_wall = sum(c["wall_s"] for c in cpu["on"])
     sums = {arm: {k: sum(c[k] for c in cs) for k in cs[0]} for arm, cs in cpu.items()}
     return {
-        "pairs": len(blocks["off"]),
         "watch_mode": watch_mode,
         "prompts_per_block": prompts,
         "interval_s": interval,
-        "on_over_off": intervals,
+        **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
         "blocks": {arm: [{k: b[k] for k in AB_FIGURES} for b in bs] for arm, bs in blocks.items()},
         "cpu_totals": sums,
         "scrapes_in_on_blocks": len(on_spans),
@@ -430,16 +471,27 @@ def paired_ab(
     }
 
 
+def print_ratios(result: dict[str, Any]) -> None:
+    """The on/off table of ab_summary: mean and median ratios with their 95 % intervals."""
+    stalls = result["stalled_blocks"]
+    print(f"{result['pairs']} pairs; stalled blocks: on {stalls['on']}, off {stalls['off']}")
+    for name in ("on_over_off", "on_over_off_unstalled_pairs"):
+        print(f"{name:<16}{'n':>4}{'geo mean':>10}{'t 95%':>18}{'boot 95%':>18}"
+              f"{'median':>9}{'boot 95%':>18}")  # fmt: skip
+        for key, ci in result[name].items():
+            print(f"  {key:<14}{ci['n']:>4}{ci['ratio']:>10.4f}"
+                  f"  [{ci['t95_lo']:.3f}, {ci['t95_hi']:.3f}]"
+                  f"  [{ci['boot95_lo']:.3f}, {ci['boot95_hi']:.3f}]{ci['median_ratio']:>9.4f}"
+                  f"  [{ci['median_boot95_lo']:.3f}, {ci['median_boot95_hi']:.3f}]")  # fmt: skip
+
+
 def print_ab(result: dict[str, Any]) -> None:
-    print(f"{'on/off (' + str(result['pairs']) + ' pairs)':<22}{'ratio':>8}"
-          f"{'t 95% CI':>20}{'bootstrap 95% CI':>20}")  # fmt: skip
-    for key, ci in result["on_over_off"].items():
-        print(f"{key:<22}{ci['ratio']:>8.4f}   [{ci['t95_lo']:.4f}, {ci['t95_hi']:.4f}]"
-              f"   [{ci['boot95_lo']:.4f}, {ci['boot95_hi']:.4f}]")  # fmt: skip
+    print_ratios(result)
     print(
         f"scrapes in on blocks: {result['scrapes_in_on_blocks']} "
         f"({result['scrape_rate_hz']:.2f} Hz), in off blocks: {result['scrapes_in_off_blocks']}"
     )
+    print(f"scrape latency in on blocks: {result['scrape_ms']}")
     for arm, c in result["cpu_totals"].items():
         print(f"cpu {arm}: {c}")
     print(f"token gaps on: {result['token_gaps_on_blocks']}")
