@@ -253,7 +253,12 @@ def patch_vllm(
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point, called in every vLLM process."""
+    """The `vllm.general_plugins` entry point, called in every vLLM process. First the prebuilt
+    CuTe units (KIMICTL_VLLM_PREBUILT, vllm_prebuilt.py: before vLLM's warmup compiles), then the
+    GEMM routing (KIMICTL_VLLM_KERNELS)."""
+    from kimictl.kernels.vllm_prebuilt import load_prebuilt
+
+    load_prebuilt()
     if not enabled():
         return
     import importlib
