@@ -303,3 +303,30 @@ def test_install_vllm_builds_with_vllms_compile_body_and_loads_back(tmp_path: Pa
                           text=True, env=env, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["24", "Function"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kimictl", "kernels", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_install_vllm_refusals_say_one_thing() -> None:
+    done = _cli("install", "--arch", "sm_90a")  # --arch without --vllm: bad input
+    assert done.returncode == 2 and "apply to --vllm PROFILE only" in done.stderr
+    done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_103a")
+    assert done.returncode == 1 and "sm_90a only" in done.stderr  # not derived: vLLM's JIT stays
+    done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_80")
+    assert done.returncode == 2 and "sm_80" in done.stderr
+    done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_90a", "--vllm-src", "/nope")
+    assert done.returncode == 2 and "no such folder" in done.stderr
+
+
+def test_plan_arch_lists_the_skinny_family() -> None:
+    done = _cli("plan", "k3-tp8-latency-stock", "--arch", "sm_90a", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    fams = {f["family"]: f for f in doc["families"]}
+    assert doc["arch"] == "sm_90a" and fams["skinny_gemm"]["units"] == 24
+    assert json.loads(_cli("plan", "k3-tp8-latency-stock", "--json").stdout)["families"] == []

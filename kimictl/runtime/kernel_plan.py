@@ -14,8 +14,9 @@ classes against this module for every shipped profile.
 Scope (what is derived here): the attention half of each layer (input projection, KDA and MLA
 cores, o-projection with its all-reduce) and the AttnRes consumers. NOT derived: the MoE providers
 (front, experts, shared experts, tail, small-batch chain, dense MLP), the embedding gather, the L2
-prefetch kernel and the low-latency GEMM warmups of `low_latency_gemm.py`; they are listed in
-`NOT_DERIVED` and make every total here a lower bound.
+prefetch kernel and the low-latency GEMM warmups of `low_latency_gemm.py` on SM100/SM103 (on
+sm_90a they are the `skinny_gemm` family, runtime/vllm_skinny.py, when an arch is given); they are
+listed in `NOT_DERIVED` and make every total here a lower bound.
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ NOT_DERIVED: tuple[tuple[str, str], ...] = (
     ("dense_mlp", "first-layer dense MLP (cutedsl/moe/dense.py)"),
     ("embedding", "embedding gather (cutedsl/common/embedding.py)"),
     ("prefetch", "L2 weight prefetch (cutedsl/common/prefetch.py)"),
-    ("low_latency_gemm", "skinny GEMM warmups of low_latency_gemm.py and the KDA skinny GEMMs"),
+    (
+        "low_latency_gemm",
+        "skinny GEMM warmups of low_latency_gemm.py on SM100/SM103 (sm_90a: family skinny_gemm "
+        "with --arch) and the KDA skinny GEMMs",
+    ),
     ("attn_res_aux", "AttnRes variants for the aux hidden-state layers a DSpark draft reads"),
 )
 
