@@ -330,3 +330,16 @@ def test_plan_arch_lists_the_skinny_family() -> None:
     fams = {f["family"]: f for f in doc["families"]}
     assert doc["arch"] == "sm_90a" and fams["skinny_gemm"]["units"] == 24
     assert json.loads(_cli("plan", "k3-tp8-latency-stock", "--json").stdout)["families"] == []
+
+
+def test_plugin_checks_this_process_stack_by_default(world: World) -> None:
+    """Without `installed`, the plugin reads this process's versions (vLLM is not installed here)
+    and arch (vLLM's platform): a cache for vLLM 0.33.0 on sm_90a is refused, nothing injected."""
+    units = skinny_units("sm_90a", 8) or []
+    plan = plan_units(load_profile("k3-tp8-latency-stock").spec, arch="sm_90a")
+    folder = _write_cache(plan, units[:2])
+    loader = Loader()
+    report = vllm_prebuilt.load_prebuilt({vllm_prebuilt.PREBUILT_ENV: str(folder)}, loader=loader)
+    assert report is not None and report.injected == 0 and loader.loaded == []
+    assert "another stack" in report.skipped and "vllm '0.33.0'" in report.skipped
+    assert not world.skinny_module.shape_dynamic_skinny_gemm._compiled

@@ -327,9 +327,10 @@ def _skip_injected(skinny: Any, keys: set[Any]) -> None:
 
 
 def _installed_stack() -> dict[str, str | None]:
+    """This process's cutlass-dsl, vLLM and GPU arch. The arch comes from vLLM's platform (NVML on
+    CUDA): the plugin runs in vLLM's API-server process too, where initializing CUDA would force
+    vLLM's workers to spawn."""
     from importlib.metadata import PackageNotFoundError, version
-
-    import torch
 
     from kimictl.kernels.harness import arch_of
 
@@ -339,7 +340,14 @@ def _installed_stack() -> dict[str, str | None]:
         except PackageNotFoundError:
             return None
 
-    arch = arch_of(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    arch = None
+    try:
+        from vllm.platforms import current_platform
+
+        cap = current_platform.get_device_capability()
+        arch = arch_of((cap.major, cap.minor)) if cap is not None else None
+    except Exception:  # no GPU visible: the arch check below refuses the cache
+        arch = None
     return {"cutlass_dsl": ver("nvidia-cutlass-dsl"), "vllm": ver("vllm"), "arch": arch}
 
 
