@@ -2,7 +2,8 @@
 measured them faster than vLLM's own plan.
 
 vLLM loads every `vllm.general_plugins` entry point in each of its processes and calls it.
-`register()` does nothing unless KIMICTL_VLLM_KERNELS=1 (a profile renders it from
+`register()` first loads prebuilt CuTe units when KIMICTL_VLLM_PREBUILT names a cache
+(vllm_prebuilt.py), then routes GEMMs only when KIMICTL_VLLM_KERNELS=1 (a profile renders it from
 `[serve] kimictl_kernels = true`). When enabled it wraps vLLM 0.33's
 `enable_kimi_k3_low_latency_gemm`: vLLM installs its own per-module plans first, then each
 module whose local (N, K) this node measured gets, per M, the fastest of {vLLM's plan, a kimictl
