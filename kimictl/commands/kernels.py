@@ -338,7 +338,7 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from kimictl.kernels.dispatch import BENCH_MS, family_of
+    from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
@@ -385,5 +385,8 @@ def _render_routes(doc: dict[str, Any]) -> None:
     )
     for m, fams in doc["families_ms"].items():
         console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
+    for m, plan in doc.get("chain_ms", {}).items():
+        words = CHAIN_WORDS.get(plan, plan)
+        console.print(f"M={m}: the vLLM plugin runs {words} (that layer chain measured fastest)")
     for m, reason in doc["guarded_ms"].items():
         console.print(f"M={m}: all cuBLAS ({reason})")
