@@ -175,3 +175,40 @@ def test_recorded_h200_chains_keep_the_fastest_layer_and_the_plugin_follows():
     assert 16 not in module_plan(base, *QKV_A)
     route = module_plan(table, *QKV_A)[16]
     assert route.provider == "kimictl" and route.us > route.vllm_us
+
+
+CHAIN_RUN = ROOT / "benchmarks" / "results" / "kernels_vs_vllm_chain"
+
+
+def test_recorded_chain_aware_table_keeps_what_its_bench_measured_fastest():
+    # H200 2026-12-01 05:14 UTC: kimictl kernels bench timed the three plans' chains per M and
+    # kept one; the fixture is that run's table
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way_chains.json")
+    bench = json.loads((CHAIN_RUN / "kernels_h200_bench.json").read_text())
+    assert bench["dispatch_table"]["chain_ms"] == {str(m): p for m, p in table.chain_ms.items()}
+    for chain in bench["chains"]:
+        plans = chain["plans"]
+        kept = table.chain_ms.get(chain["m"], CHAIN_MIX)
+        assert kept == chain["chain_plan"] == pick_chain_plan(plans)
+        assert all(plans[kept] <= us for us in plans.values())
+
+
+def test_recorded_harness_shipped_chain_is_never_behind_kimictl_only():
+    # the same run's independent harness, shipping choose3 on that table: the layer chain as
+    # shipped vs vLLM's plan vs kimictl's two-way picks, per M. Before chain plans the shipped
+    # chain was 2-8 % behind kimictl's at M = 1, 2, 16; now within the harness's noise (1 %)
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way_chains.json")
+    run = json.loads((CHAIN_RUN / "harness_s1.json").read_text())
+    assert not run["failures"]
+    for ch in run["chains"]:
+        im, m = ch["impls"], ch["m"]
+        shipped, vllm, kimictl = (im[k]["us"] for k in ("ship_disp", "vllm_disp", "kimi_disp"))
+        assert shipped < vllm and shipped <= kimictl * 1.01, m
+        for s, n, k in LAYER:  # the harness shipped exactly what the table's choose3 picks
+            c = table.choose3(n, k, m)
+            name = im["ship_disp"]["per_shape"][s]
+            want = {"kimictl": "kimi", "cublas": "cublas"}.get(c.provider)
+            if want:
+                assert name == want, (s, m)
+            else:  # vLLM's plan: its own kernel or its cuBLAS fallback
+                assert name.startswith("vllm_") or name == "cublas", (s, m)
