@@ -212,3 +212,17 @@ def test_recorded_harness_shipped_chain_is_never_behind_kimictl_only():
                 assert name == want, (s, m)
             else:  # vLLM's plan: its own kernel or its cuBLAS fallback
                 assert name.startswith("vllm_") or name == "cublas", (s, m)
+
+
+def test_kernels_table_reports_each_ms_chain_plan(capsys):
+    from kimictl.cli import main
+
+    path = FIXTURES / "bench_h200_table_3way_chains.json"
+    assert main(["kernels", "table", "--json", "--from", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    table = DispatchTable.load(path)
+    assert doc["chain_ms"] == {str(m): p for m, p in table.chain_ms.items()}
+    assert main(["kernels", "table", "--from", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    kimictl_ms = ", ".join(str(m) for m, p in table.chain_ms.items() if p == CHAIN_KIMICTL)
+    assert f"vLLM plugin at M = {kimictl_ms}: kimictl's picks" in out

@@ -65,9 +65,9 @@ CHAIN_MIX = "mix"  # per cell, choose3's cell rule (the default where no chain w
 CHAIN_KIMICTL = "kimictl"  # the two-way picks (kimictl kernel or cuBLAS), never vLLM's plan
 CHAIN_PLANS: tuple[str, ...] = (CHAIN_VLLM, CHAIN_MIX, CHAIN_KIMICTL)  # tie-break order
 CHAIN_WORDS = {
-    CHAIN_VLLM: "vLLM's plan at every projection",
-    CHAIN_MIX: "the per-projection three-way picks",
-    CHAIN_KIMICTL: "kimictl's two-way picks (kimictl kernel or cuBLAS) at every projection",
+    CHAIN_VLLM: "vLLM's plan",
+    CHAIN_MIX: "per-projection three-way picks",
+    CHAIN_KIMICTL: "kimictl's picks (kernel or cuBLAS)",
 }
 
 
