@@ -389,7 +389,7 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from kimictl.kernels.dispatch import BENCH_MS, family_of
+    from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
@@ -436,5 +436,13 @@ def _render_routes(doc: dict[str, Any]) -> None:
     )
     for m, fams in doc["families_ms"].items():
         console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
+    by_plan: dict[str, list[str]] = {}
+    for m, plan in doc.get("chain_ms", {}).items():
+        by_plan.setdefault(plan, []).append(m)
+    for plan, ms_ in by_plan.items():
+        console.print(
+            f"vLLM plugin at M = {', '.join(ms_)}: {CHAIN_WORDS.get(plan, plan)} at every "
+            "projection (that whole layer measured fastest)"
+        )
     for m, reason in doc["guarded_ms"].items():
         console.print(f"M={m}: all cuBLAS ({reason})")
