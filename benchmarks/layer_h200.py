@@ -1,0 +1,419 @@
+"""One device call: the dense part of a K3 decode layer (issue 17) on the H200, side by side.
+
+The layer is `kimictl.kernels.layer_ops.dense_layer_ops(kind)` (MLA and KDA, per GPU at TP8): fused
+add + RMSNorm, input projection(s) and their norms, attention core, output gate, o_proj,
+post-attention add + RMSNorm, router (fp32 logits), MoE latent down, routed experts, shared expert
+gate_up / SiTU*mul / down, latent RMSNorm, latent up + shared output. The attention core and the
+routed experts are a fixed-cost identity (one opaque copy op, the same in every variant), so only
+the dense part differs. No TP collectives (one GPU). Variants, every one torch.compile'd (inductor,
+only M dynamic) and replayed as one CUDA graph:
+- stock: torch ops, GEMMs through F.linear / addmm (cuBLAS);
+- kimictl: the same, every projection through an opaque op launching kimictl's AOT kernel that
+  the H200 dispatch table (tests/fixtures/kernels/bench_h200_table.json, measured on this GPU
+  model) picks for that (N, K, M), or cuBLAS where the table says cuBLAS; PDL as built;
+- kimictl_hfused: kimictl + two fusions: router, latent down and shared gate_up read the same
+  normed x, so one GEMM over their concatenated weights replaces three launches (N = 6016, kernel
+  chosen as the table's pick for the closest measured shape 6288x7168); o_proj adds the residual
+  in its epilogue (the post-attention norm then has no add);
+- stock_hfused: the horizontal fusion on cuBLAS, to separate the fusion from the kernels.
+Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
+copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
+Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
+the graph replay bit-identical to the eager (compiled) call; kernel nodes counted in the captured
+graph (cuGraphGetNodes).
+
+Usage (GPU node): python benchmarks/layer_h200.py --build kimictl/kernels/_build_layer --out DIR
+                  python benchmarks/layer_h200.py --smoke   (CPU: op sequence and reference only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never multicast on the lent machines
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+MS = (1, 2, 4, 8, 16, 32, 64)
+EPS = 1e-6  # rms_norm_eps is the checkpoint's; 1e-6 here (any value: same in every variant)
+COPIES = 4
+TABLE = ROOT / "tests" / "fixtures" / "kernels" / "bench_h200_table.json"
+TOL = 2e-2  # relative (Frobenius) error of a bf16 layer vs fp64 through ~10 rounded stages
+COPY_CEILING_TBPS = 4.3
+FRONT = ("router", "latent_down", "shared_gate_up")  # GEMMs that read the post-attention x
+HFUSED_PROXY = (6288, 7168)  # measured shape whose kernel choice the N=6016 front GEMM takes
+VARIANTS = ("stock", "kimictl", "kimictl_hfused", "stock_hfused")
+
+
+def ops_by_name(kind: str) -> dict[str, Any]:
+    from kimictl.kernels.layer_ops import dense_layer_ops
+
+    return {op.name: op for op in dense_layer_ops(kind)}
+
+
+def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
+    import torch
+
+    w: dict[str, Any] = {}
+    for op in ops_by_name(kind).values():
+        if op.kind == "gemm":
+            t = torch.randn((op.n, op.k), generator=gen, device=device) * op.k**-0.5
+            w[op.name] = t.to(torch.bfloat16)
+        elif op.kind in ("rmsnorm", "add_rmsnorm"):
+            w[op.name] = (1 + 0.1 * torch.randn((op.k,), generator=gen, device=device)).to(
+                torch.bfloat16
+            )
+    w["front"] = torch.cat([w[n] for n in FRONT]).contiguous()  # the horizontal fusion's weight
+    return w
+
+
+def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
+               standin: Callable[..., Any], *, hfused: bool = False,
+               o_res: bool = False) -> Callable[..., Any]:  # fmt: skip
+    """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference)."""
+    import torch
+
+    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
+
+    ops = ops_by_name(kind)
+    beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
+    lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
+    front_n = [ops[n].n for n in FRONT]
+    core_n = ops["attention_core"].n
+    lat = ops["routed_experts"].n
+
+    def up(x: Any) -> Any:  # fp32 math for bf16, fp64 stays fp64
+        return x if x.dtype == torch.float64 else x.float()
+
+    def rms(x: Any, w: Any) -> Any:
+        xf = up(x)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * up(w)).to(x.dtype)
+
+    def add_rms(x: Any, r: Any, w: Any) -> tuple[Any, Any]:
+        r = (up(x) + up(r)).to(x.dtype)
+        return rms(r, w), r
+
+    def layer(h: Any, res: Any, w: dict[str, Any]) -> tuple[Any, Any]:
+        x, res = add_rms(h, res, w["input_norm"])
+        if kind == "mla":
+            q_a, kv_a = K3_SHAPES["q_lora_rank"], K3_SHAPES["kv_lora_rank"]
+            rope = K3_SHAPES["qk_rope_head_dim"]
+            y = mm(x, w["qkv_a_g"], "qkv_a_g")
+            q_c, kv_c, k_pe, gate = y.split([q_a, kv_a, rope, core_n], -1)
+            # one op in vLLM (fused_q_kv_rmsnorm); one weight per part here
+            q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
+            kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
+            q = mm(q_c, w["q_b"], "q_b")
+            a = standin([q, kv_c, k_pe], core_n)
+            a = (up(a) * torch.sigmoid(up(gate))).to(a.dtype)
+        else:
+            d = K3_SHAPES["kda_head_dim"]
+            heads = core_n // d  # local KDA heads
+            y = mm(x, w["kda_in"], "kda_in")
+            qkv, g2, f_a, b = y.split([3 * core_n, core_n, d, heads, y.shape[-1]
+                                       - 4 * core_n - d - heads], -1)[:4]  # fmt: skip
+            g1 = mm(f_a, w["f_b"], "f_b")
+            a = standin([qkv, g1, g2, b], core_n)
+        if o_res:  # residual added in the o_proj epilogue; the norm has no add left
+            res = mm_res(a, w["o_proj"], res, "o_proj")
+            x2 = rms(res, w["post_attention_norm"])
+        else:
+            x2, res = add_rms(mm(a, w["o_proj"], "o_proj"), res, w["post_attention_norm"])
+        if hfused:
+            logits, latent, gu = mm(x2, w["front"], "front").split(front_n, -1)
+        else:
+            logits = mm(x2, w["router"], "router")
+            latent = mm(x2, w["latent_down"], "latent_down")
+            gu = mm(x2, w["shared_gate_up"], "shared_gate_up")
+        routed = standin([latent, up(logits)], lat)
+        g, u = up(gu).chunk(2, -1)
+        act = beta * torch.tanh(g / beta) * torch.sigmoid(g) * lbeta * torch.tanh(u / lbeta)
+        s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
+        out = mm_res(rms(routed, w["latent_norm"]), w["latent_up"], s, "latent_up")
+        return out, res
+
+    return layer
+
+
+def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any, Any, Any]:
+    """Opaque ops: the stand-in (a copy) and the kimictl GEMMs, whose variant is looked up at
+    launch time by (op, M), so one compiled graph serves every M."""
+    import torch
+    import torch.nn.functional as F
+
+    @torch.library.custom_op("layerbench::standin", mutates_args=(),
+                             schema="(Tensor[] xs, int width) -> Tensor")  # fmt: skip
+    def standin(xs: list[torch.Tensor], width: int) -> torch.Tensor:
+        return xs[0][:, :width].clone()
+
+    @standin.register_fake
+    def _(xs: list[torch.Tensor], width: int) -> torch.Tensor:
+        return xs[0].new_empty((xs[0].shape[0], width))
+
+    def launch(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor | None, op: str) -> torch.Tensor:
+        variant = plan.get((op, x.shape[0], r is not None), "cublas")
+        if variant == "cublas":
+            return F.linear(x, w) if r is None else torch.addmm(r, x, w.t())
+        y = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+        lib.launch(variant, x.contiguous(), w, y, y if r is None else r.contiguous())
+        return y
+
+    @torch.library.custom_op("layerbench::gemm", mutates_args=(),
+                             schema="(Tensor x, Tensor w, str op) -> Tensor")  # fmt: skip
+    def gemm(x: torch.Tensor, w: torch.Tensor, op: str) -> torch.Tensor:
+        return launch(x, w, None, op)
+
+    @gemm.register_fake
+    def _(x: torch.Tensor, w: torch.Tensor, op: str) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]))
+
+    @torch.library.custom_op("layerbench::gemm_res", mutates_args=(),
+                             schema="(Tensor x, Tensor w, Tensor r, str op) -> Tensor")  # fmt: skip
+    def gemm_res(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, op: str) -> torch.Tensor:
+        return launch(x, w, r, op)
+
+    @gemm_res.register_fake
+    def _(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, op: str) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]))
+
+    return standin, gemm, gemm_res
+
+
+def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
+    """(op, M, residual) -> the dispatch table's pick (a kimictl variant or "cublas")."""
+    from kimictl.kernels.dispatch import DispatchTable
+
+    table = DispatchTable.load(TABLE)
+    plan: dict[tuple[str, int, bool], str] = {}
+    for kind in kinds:
+        ops = ops_by_name(kind)
+        shapes = {name: (op.n, op.k) for name, op in ops.items() if op.kind == "gemm"}
+        shapes["qkv_a_g"] = (2112, 7168)  # table shape: vLLM's fused_qkv_a (the gate rides along)
+        shapes["front"] = HFUSED_PROXY
+        for name, (n, k) in shapes.items():
+            for m in MS:
+                for res in (False, True):
+                    plan[(name, m, res)] = table.choose(n, k, m, residual=res).name
+    return plan
+
+
+def count_kernel_nodes(graph: Any) -> dict[str, int] | None:
+    """Kernel and other nodes of a captured graph (keep_graph=True), via the driver API."""
+    try:
+        handle = ctypes.c_void_p(graph.raw_cuda_graph())
+        cuda = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_size_t(0)
+        if cuda.cuGraphGetNodes(handle, None, ctypes.byref(n)) != 0:
+            return None
+        nodes = (ctypes.c_void_p * n.value)()
+        if cuda.cuGraphGetNodes(handle, nodes, ctypes.byref(n)) != 0:
+            return None
+        kinds: dict[str, int] = {}
+        names = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty"}
+        for node in nodes:
+            t = ctypes.c_int(-1)
+            cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t))
+            key = names.get(t.value, f"type{t.value}")
+            kinds[key] = kinds.get(key, 0) + 1
+        return kinds
+    except Exception as exc:  # older torch: no raw_cuda_graph
+        print(f"node count unavailable: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+
+def rel_err(got: Any, ref: Any) -> float:
+    diff = got.double() - ref
+    return float(diff.norm() / ref.norm().clamp_min(1e-30))
+
+
+def smoke() -> int:
+    """CPU: build both layers' op sequences and the fp64 reference at M=2 (no kernels, no GPU)."""
+    import torch
+    import torch.nn.functional as F
+
+    def standin(xs: list[Any], width: int) -> Any:
+        return xs[0][:, :width].clone()
+
+    def mm(x: Any, w: Any, op: str) -> Any:
+        return F.linear(x, w)
+
+    def mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
+        return torch.addmm(r, x, w.t())
+
+    gen = torch.Generator().manual_seed(0)
+    for kind in ("mla", "kda"):
+        w = make_weights(kind, gen, "cpu")
+        h = torch.randn((2, 7168), generator=gen).to(torch.bfloat16)
+        res = torch.randn((2, 7168), generator=gen).to(torch.bfloat16)
+        ref = make_layer(kind, mm, mm_res, standin)(
+            h.double(), res.double(), {k: v.double() for k, v in w.items()}
+        )
+        for hf, o_res in ((False, False), (True, True)):
+            out = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=o_res)(h, res, w)
+            errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
+            print(kind, "hfused" if hf else "plain", tuple(out[0].shape), "rel err", errs)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", type=Path, default=ROOT / "kimictl" / "kernels" / "_build_layer")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--kinds", default="mla,kda")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        return smoke()
+    t0 = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    from kimictl.kernels.harness import open_library
+    from kimictl.kernels.layer_ops import weight_bytes
+
+    def stamp(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+    kinds = tuple(args.kinds.split(","))
+    lib = open_library(args.build / "sm_90a", relink=True)
+    plan = kernel_plan(kinds)
+    standin, kgemm, kgemm_res = register_ops(lib, plan)
+    stamp(f"linked {len(lib.names)} kernels; torch {torch.__version__}; "
+          f"{torch.cuda.get_device_name()}")  # fmt: skip
+
+    def cublas_mm(x: Any, w: Any, op: str) -> Any:
+        return torch.nn.functional.linear(x, w)
+
+    def cublas_mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
+        return torch.addmm(r, x, w.t())
+
+    def ref_mm(x: Any, w: Any, op: str) -> Any:
+        return x @ w.t()
+
+    def ref_mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
+        return r + x @ w.t()
+
+    def ref_standin(xs: list[Any], width: int) -> Any:
+        return xs[0][:, :width].clone()
+
+    def build(kind: str, variant: str) -> Callable[..., Any]:
+        kim = variant.startswith("kimictl")
+        fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
+                        standin, hfused=variant.endswith("hfused"),
+                        o_res=variant == "kimictl_hfused")  # fmt: skip
+        return torch.compile(fn, dynamic=False)
+
+    def run(fn: Callable[..., Any], h: Any, res: Any, w: dict[str, Any]) -> Any:
+        torch._dynamo.maybe_mark_dynamic(h, 0)
+        torch._dynamo.maybe_mark_dynamic(res, 0)
+        return fn(h, res, w)
+
+    def capture(fn: Callable[..., Any], h: Any, res: Any, ws: list[dict[str, Any]],
+                keep: bool = False) -> tuple[Any, Any]:  # fmt: skip
+        g = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            out = (h, res)
+            for w in ws:
+                out = fn(out[0], out[1], w)
+        torch.cuda.synchronize()
+        return g, out
+
+    def replay_us(g: Any, n: int) -> float:
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(n)]  # fmt: skip
+        for _ in range(3):
+            g.replay()
+        for a, b in ev:
+            a.record()
+            g.replay()
+            b.record()
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3
+
+    doc: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "copies": COPIES,
+        "tol": TOL,
+        "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
+        "layers": {},
+    }
+    out_json = args.out / "layer_h200.json"
+    for kind in kinds:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ws = [make_weights(kind, gen, "cuda") for _ in range(COPIES)]
+        wref = {k: v.double() for k, v in ws[0].items()}
+        ref_layer = make_layer(kind, ref_mm, ref_mm_res, ref_standin)
+        fns = {v: build(kind, v) for v in VARIANTS}
+        wb = weight_bytes(kind)
+        rows: list[dict[str, Any]] = []
+        doc["layers"][kind] = {"weight_bytes": wb, "rows": rows}
+        for v, fn in fns.items():  # compile: the dynamic-M graph first, then M=1's own
+            for m in (2, 1):
+                x = torch.zeros((m, 7168), device="cuda", dtype=torch.bfloat16)
+                run(fn, x, x.clone(), ws[0])
+            torch.cuda.synchronize()
+            stamp(f"{kind} {v} compiled")
+        for m in MS:
+            h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            ref = ref_layer(h.double(), res.double(), wref)
+            row: dict[str, Any] = {"m": m}
+            graphs = {}
+            for v, fn in fns.items():
+                eager = run(fn, h, res, ws[0])
+                g1, o1 = capture(fn, h, res, ws[:1], keep=True)
+                g1.replay()
+                torch.cuda.synchronize()
+                row[v] = {
+                    "rel_err_out": rel_err(eager[0], ref[0]),
+                    "rel_err_res": rel_err(eager[1], ref[1]),
+                    "graph_equals_eager": bool(torch.equal(o1[0], eager[0])
+                                               and torch.equal(o1[1], eager[1])),
+                    "nodes": count_kernel_nodes(g1),
+                }  # fmt: skip
+                row[v]["ok"] = (row[v]["rel_err_out"] <= TOL and row[v]["rel_err_res"] <= TOL
+                                and row[v]["graph_equals_eager"])  # fmt: skip
+                graphs[v] = capture(fn, h, res, ws)[0]
+                del g1
+            times: dict[str, list[float]] = {v: [] for v in fns}
+            for _ in range(args.rounds):  # interleaved: drift hits every variant alike
+                for v, g in graphs.items():
+                    times[v].append(replay_us(g, args.replays) / COPIES)
+            base = statistics.median(times["stock"])
+            for v in fns:
+                us = statistics.median(times[v])
+                row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,
+                              tbps=wb / us / 1e6)  # fmt: skip
+            row["pct_of_copy_ceiling"] = {v: 100 * row[v]["tbps"] / COPY_CEILING_TBPS for v in fns}
+            rows.append(row)
+            del graphs
+            stamp(f"{kind} M={m:2d} " + "  ".join(
+                f"{v} {row[v]['us']:6.1f}us x{row[v]['vs_stock']:.3f} "
+                f"k={(row[v]['nodes'] or {}).get('kernel')} {'ok' if row[v]['ok'] else 'FAIL'}"
+                f" e={row[v]['rel_err_out']:.1e}" for v in fns))  # fmt: skip
+            doc["seconds"] = round(time.perf_counter() - t0, 1)
+            out_json.write_text(json.dumps(doc, indent=1))
+        del ws, fns
+        torch.cuda.empty_cache()
+    stamp("done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
