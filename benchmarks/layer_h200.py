@@ -33,6 +33,7 @@ import ctypes
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -52,7 +53,8 @@ TOL = 2e-2  # relative (Frobenius) error of a bf16 layer vs fp64 through ~10 rou
 COPY_CEILING_TBPS = 4.3
 FRONT = ("router", "latent_down", "shared_gate_up")  # GEMMs that read the post-attention x
 HFUSED_PROXY = (6288, 7168)  # measured shape whose kernel choice the N=6016 front GEMM takes
-VARIANTS = ("stock", "kimictl", "kimictl_hfused", "stock_hfused")
+VARIANTS = ("stock", "kimictl", "kimictl_hfused", "stock_hfused", "kimictl_norm")
+NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 
 
 def ops_by_name(kind: str) -> dict[str, Any]:
@@ -74,12 +76,15 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
                 torch.bfloat16
             )
     w["front"] = torch.cat([w[n] for n in FRONT]).contiguous()  # the horizontal fusion's weight
+    # RMSNorm weights folded into the GEMM that follows the norm (the wsnorm kernels)
+    for name, norm in (("front", "post_attention_norm"), ("latent_up", "latent_norm")):
+        w[name + "_g"] = (w[name].float() * w[norm].float()).to(torch.bfloat16)
     return w
 
 
 def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
-               standin: Callable[..., Any], *, hfused: bool = False,
-               o_res: bool = False) -> Callable[..., Any]:  # fmt: skip
+               standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
+               norm_fold: bool = False) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference)."""
     import torch
 
@@ -126,10 +131,12 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             a = standin([qkv, g1, g2, b], core_n)
         if o_res:  # residual added in the o_proj epilogue; the norm has no add left
             res = mm_res(a, w["o_proj"], res, "o_proj")
-            x2 = rms(res, w["post_attention_norm"])
+            x2 = res if norm_fold else rms(res, w["post_attention_norm"])
         else:
             x2, res = add_rms(mm(a, w["o_proj"], "o_proj"), res, w["post_attention_norm"])
-        if hfused:
+        if norm_fold:  # the front GEMM normalizes x itself (weights hold the norm weight)
+            logits, latent, gu = mm(x2, w["front_g"], "front_norm").split(front_n, -1)
+        elif hfused:
             logits, latent, gu = mm(x2, w["front"], "front").split(front_n, -1)
         else:
             logits = mm(x2, w["router"], "router")
@@ -139,7 +146,10 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         g, u = up(gu).chunk(2, -1)
         act = beta * torch.tanh(g / beta) * torch.sigmoid(g) * lbeta * torch.tanh(u / lbeta)
         s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
-        out = mm_res(rms(routed, w["latent_norm"]), w["latent_up"], s, "latent_up")
+        if norm_fold:
+            out = mm_res(routed, w["latent_up_g"], s, "latent_up_norm")
+        else:
+            out = mm_res(rms(routed, w["latent_norm"]), w["latent_up"], s, "latent_up")
         return out, res
 
     return layer
@@ -204,7 +214,59 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
             for m in MS:
                 for res in (False, True):
                     plan[(name, m, res)] = table.choose(n, k, m, residual=res).name
+        for m in NORM_MS:
+            plan[("front_norm", m, False)] = norm_variant(table, *HFUSED_PROXY, m, False)
+            plan[("latent_up_norm", m, True)] = norm_variant(table, 7168, 3584, m, True)
     return plan
+
+
+def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
+    """The wsnorm build of the wstream tile the table measured fastest at this point (wsnorm
+    itself was never benched: it runs first here); (128, 7, 1) where nothing was measured."""
+    from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS, WsNormConfig
+
+    tiles = {(c.threads, c.unroll, c.rows) for c in NORM_CONFIGS}
+    meas = table.measurements.get((n, k, m, residual))
+    best = (128, 7, 1)
+    if meas is not None:
+        timed = {}
+        for name, us in meas.kernels.items():
+            parts = name.split("_")
+            if parts[0] != "wstream" or "nopdl" in parts or any(p.startswith("p") for p in parts):
+                continue
+            tile = (int(parts[2][1:]), int(parts[3][1:]), int(parts[4][1:]))
+            if tile in tiles:
+                timed[tile] = min(us, timed.get(tile, us))
+        if timed:
+            best = min(timed, key=lambda t: timed[t])
+    return WsNormConfig(m, *best, residual=residual, early=True).name
+
+
+def preflight_norm(build: Path) -> int:
+    """Child process: every wsnorm variant once vs fp64, so a faulty new kernel cannot take the
+    main run's CUDA context down with it. Exit 0 when all pass."""
+    import torch
+
+    from kimictl.kernels.harness import open_library
+    from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS, wsnorm_gemm_ref
+
+    lib = open_library(build / "sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    worst, unwritten = 0.0, 0
+    for cfg in NORM_CONFIGS:
+        for n, k in ((6016, 7168), (7168, 3584), (37, 1000)):
+            x = (3 * torch.randn((cfg.m, k), generator=gen, device="cuda")).to(torch.bfloat16)
+            w = (torch.randn((n, k), generator=gen, device="cuda") * k**-0.5).to(torch.bfloat16)
+            r = torch.randn((cfg.m, n), generator=gen, device="cuda").to(torch.bfloat16)
+            y = torch.full((cfg.m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lib.launch(cfg.name, x, w, y, r if cfg.residual else y)
+            torch.cuda.synchronize()
+            ref = wsnorm_gemm_ref(x, w, r if cfg.residual else None)
+            unwritten += int((~torch.isfinite(y)).sum())
+            worst = max(worst, rel_err(y, ref))
+    print(json.dumps({"variants": len(NORM_CONFIGS), "worst_rel_err": worst,
+                      "unwritten": unwritten}))  # fmt: skip
+    return 0 if worst <= 1e-2 and unwritten == 0 else 1
 
 
 def count_kernel_nodes(graph: Any) -> dict[str, int] | None:
@@ -244,11 +306,16 @@ def smoke() -> int:
     def standin(xs: list[Any], width: int) -> Any:
         return xs[0][:, :width].clone()
 
+    def normed(x: Any, op: str) -> Any:  # what a wsnorm kernel does to x before its GEMM
+        if not op.endswith("_norm"):
+            return x
+        return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
     def mm(x: Any, w: Any, op: str) -> Any:
-        return F.linear(x, w)
+        return F.linear(normed(x, op), w)
 
     def mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
-        return torch.addmm(r, x, w.t())
+        return torch.addmm(r, normed(x, op), w.t())
 
     gen = torch.Generator().manual_seed(0)
     for kind in ("mla", "kda"):
@@ -258,10 +325,12 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for hf, o_res in ((False, False), (True, True)):
-            out = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=o_res)(h, res, w)
+        for label, hf, fold in (("plain", False, False), ("hfused", True, False),
+                                ("norm", True, True)):  # fmt: skip
+            layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold)
+            out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
-            print(kind, "hfused" if hf else "plain", tuple(out[0].shape), "rel err", errs)
+            print(kind, label, tuple(out[0].shape), "rel err", errs)
     return 0
 
 
@@ -273,9 +342,12 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--kinds", default="mla,kda")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.smoke:
         return smoke()
+    if args.preflight_norm:
+        return preflight_norm(args.build)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -291,6 +363,12 @@ def main() -> int:
     lib = open_library(args.build / "sm_90a", relink=True)
     plan = kernel_plan(kinds)
     standin, kgemm, kgemm_res = register_ops(lib, plan)
+    pre = subprocess.run(
+        [sys.executable, __file__, "--preflight-norm", "--build", str(args.build)],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    variants = VARIANTS if pre.returncode == 0 else VARIANTS[:-1]
+    stamp(f"wsnorm preflight rc={pre.returncode}: {pre.stdout.strip()} {pre.stderr[-500:]}")
     stamp(f"linked {len(lib.names)} kernels; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name()}")  # fmt: skip
 
@@ -313,7 +391,8 @@ def main() -> int:
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
                         standin, hfused=variant.endswith("hfused"),
-                        o_res=variant == "kimictl_hfused")  # fmt: skip
+                        o_res=variant in ("kimictl_hfused", "kimictl_norm"),
+                        norm_fold=variant == "kimictl_norm")  # fmt: skip
         return torch.compile(fn)  # M is marked dynamic per call; weights stay static
 
     def run(fn: Callable[..., Any], h: Any, res: Any, w: dict[str, Any]) -> Any:
@@ -350,6 +429,11 @@ def main() -> int:
         "torch": torch.__version__,
         "copies": COPIES,
         "tol": TOL,
+        "norm_preflight": {
+            "rc": pre.returncode,
+            "out": pre.stdout[-2000:],
+            "err": pre.stderr[-2000:],
+        },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
         "layers": {},
     }
@@ -358,7 +442,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kind in kinds:  # everything compiled first; then M outer, so a timeout costs large M
         ws = [make_weights(kind, gen, "cuda") for _ in range(COPIES)]
-        fns = {v: build(kind, v) for v in VARIANTS}
+        fns = {v: build(kind, v) for v in variants}
         for v, fn in fns.items():  # the dynamic-M graph first, then M=1's own
             for m in (2, 1):
                 x = torch.zeros((m, 7168), device="cuda", dtype=torch.bfloat16)
@@ -381,7 +465,8 @@ def main() -> int:
             ref = setups[kind]["ref"](h.double(), res.double(), setups[kind]["wref"])
             row: dict[str, Any] = {"m": m}
             graphs = {}
-            for v, fn in fns.items():
+            active = {v: fn for v, fn in fns.items() if v != "kimictl_norm" or m in NORM_MS}
+            for v, fn in active.items():
                 eager = run(fn, h, res, ws[0])
                 g1, o1 = capture(fn, h, res, ws[:1], keep=True)
                 nodes = count_kernel_nodes(g1)
@@ -416,7 +501,7 @@ def main() -> int:
                     times[v].append(replay_us(g, args.replays) / COPIES)
             base = statistics.median(times["stock"])
             row["standins_us"] = statistics.median(times.pop("standins"))
-            for v in fns:
+            for v in active:
                 us = statistics.median(times[v])
                 row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,
                               tbps=wb / us / 1e6, pct_of_copy_ceiling=
@@ -426,7 +511,7 @@ def main() -> int:
             stamp(f"{kind} M={m:2d} " + "  ".join(
                 f"{v} {row[v]['us']:6.1f}us x{row[v]['vs_stock']:.3f} "
                 f"k={(row[v]['nodes'] or {}).get('kernel')} {'ok' if row[v]['ok'] else 'FAIL'}"
-                f" e={row[v]['rel_err_out']:.1e}" for v in fns))  # fmt: skip
+                f" e={row[v]['rel_err_out']:.1e}" for v in active))  # fmt: skip
             doc["seconds"] = round(time.perf_counter() - t0, 1)
             out_json.write_text(json.dumps(doc, indent=1))
     stamp("done")
