@@ -334,6 +334,37 @@ def smoke() -> int:
     return 0
 
 
+def render_markdown(doc: dict[str, Any]) -> str:
+    """RESULTS.md tables from a layer_h200.json (no GPU needed)."""
+    lines: list[str] = []
+    for kind, layer in doc["layers"].items():
+        wb = layer["weight_bytes"]
+        lines += [
+            f"**{kind.upper()}** ({wb / 1e6:.1f} MB of weights; {wb / 4.3e6:.1f} us at 4.3 TB/s)",
+            "",
+            "| M | variant | us/layer | x stock | kernels in graph | TB/s | rel err (out) "
+            "| graph == eager |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in layer["rows"]:
+            for v in VARIANTS:
+                if v not in row:
+                    continue
+                r = row[v]
+                lo, hi = r["spread"]
+                nodes = (r["nodes"] or {}).get("kernel", "?")
+                lines.append(
+                    f"| {row['m']} | {v} | {r['us']:.1f} ({lo:.1f}-{hi:.1f}) | "
+                    f"{r['vs_stock']:.3f} | {nodes} | {r['tbps']:.2f} | "
+                    f"{r['rel_err_out']:.1e} | {r['graph_equals_eager']} |"
+                )
+            lines.append(
+                f"| {row['m']} | (stand-ins alone) | {row['standins_us']:.1f} | | 2 | | | |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", type=Path, default=ROOT / "kimictl" / "kernels" / "_build_layer")
@@ -343,7 +374,11 @@ def main() -> int:
     ap.add_argument("--kinds", default="mla,kda")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
+    if args.report:
+        print(render_markdown(json.loads(args.report.read_text())))
+        return 0
     if args.smoke:
         return smoke()
     if args.preflight_norm:
@@ -359,6 +394,11 @@ def main() -> int:
     def stamp(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
+    # every variant's layer is the same code object (a closure): dynamo keeps one cache entry per
+    # (variant, kind, M=1 or dynamic M), 20 here, past the default limit of 8 (then: eager!)
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
     kinds = tuple(args.kinds.split(","))
     lib = open_library(args.build / "sm_90a", relink=True)
     plan = kernel_plan(kinds)
@@ -456,6 +496,10 @@ def main() -> int:
             "fns": fns,
         }
         doc["layers"][kind] = {"weight_bytes": weight_bytes(kind), "rows": []}
+    from torch._dynamo.utils import counters
+
+    doc["dynamo"] = {"graphs": dict(counters["stats"]), "breaks": dict(counters["graph_break"])}
+    stamp(f"dynamo: {doc['dynamo']}")
     for m in MS:
         for kind in kinds:
             ws, fns = setups[kind]["ws"], setups[kind]["fns"]
