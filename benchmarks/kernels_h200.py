@@ -35,6 +35,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--quick", action="store_true", help="verify only 2 shapes, bench 3 shapes")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument(
+        "--vllm-harness",
+        type=Path,
+        help="a kernels-vs-vllm harness folder (.kbench, its libraries linked under /tmp): time "
+        "vLLM 0.33's own SM90 plan at every point too, making the dispatch table three-way",
+    )
     ap.add_argument("--report", type=Path, help="render a bench.json as markdown and exit (no GPU)")
     args = ap.parse_args()
     if args.report:
@@ -96,7 +102,11 @@ def main() -> int:
         return 0 if report.ok else 1
 
     shapes_b = K3_GEMM_SHAPES[:3] if args.quick else K3_GEMM_SHAPES
-    br = bench(lib, shapes=shapes_b, log=lambda s: print(s, flush=True))
+    vllm_run: Any = True  # vLLM itself when installed (none on the lent machine): two-way
+    if args.vllm_harness:
+        vllm_run, checks = harness_vllm_plan(args.vllm_harness, shapes_b)
+        (args.out / "vllm_plan_check.json").write_text(json.dumps(checks, indent=1))
+    br = bench(lib, shapes=shapes_b, log=lambda s: print(s, flush=True), vllm=vllm_run)
     bj = br.to_json()
     (args.out / "bench.json").write_text(json.dumps(bj, indent=1))
     dispatch_check(lib, br.table)
@@ -124,6 +134,53 @@ def main() -> int:
         f"best kernel M<=8: {s['geomean_speedup_best_kernel_m_le_8']:.3f}"
     )
     return 0 if report.ok else 1
+
+
+def harness_vllm_plan(kb: Path, shapes: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """vLLM 0.33.0's SM90 plan for K3 as `run(x, w) -> y`, from the kernels-vs-vllm harness's
+    artifacts: its AOT CuteSkinnyGemm objects with the table's config, the wheel's
+    dsv3_fused_a_gemm cubin, or cuBLAS where vLLM's table has no entry. Each plan is checked
+    against fp64 on fresh inputs first; a point whose plan fails the check raises."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(kb / "harness"))
+    import kbench  # type: ignore[import-not-found]
+
+    vl = kbench.VllmLib(kb / "vllm_art", Path("/tmp/libvllm_skinny.so"))
+    drv = kbench.Drv(Path("/tmp/libdrv.so"))
+    drv.load_cubin(kb / "vllm_art" / vl.man["dsv3_cubin"])
+    fns: dict[tuple[int, int, int], Any] = {}
+    for (n, k, m), r in vl.plan.items():
+        if r["dispatch"] == "cute":
+            fns[(n, k, m)] = vl.launcher(r["tbl"])
+        elif r["dispatch"] == "dsv3_fused_a":
+            if not r["dsv3"]:
+                raise RuntimeError(f"no dsv3_fused_a instance in the cubin for {n}x{k} M={m}")
+            fns[(n, k, m)] = drv.dsv3_launcher(r["dsv3"], True)
+
+    def run(x: Any, w: Any) -> Any:
+        fn = fns.get((int(w.shape[0]), int(w.shape[1]), int(x.shape[0])))
+        if fn is None:  # vLLM's table has no entry: UnquantizedLinearMethod
+            return F.linear(x, w)
+        y = torch.empty((x.shape[0], w.shape[0]), device=x.device, dtype=x.dtype)
+        return fn(x, w, y)
+
+    checks = []
+    for shape, n, k in shapes:
+        w = torch.randn((n, k), device="cuda").to(torch.bfloat16)
+        for m in sorted({m for (n2, k2, m) in vl.plan if (n2, k2) == (n, k)}):
+            x = torch.randn((m, k), device="cuda").to(torch.bfloat16)
+            ref = x.double() @ w.double().t()
+            y = run(x, w).double()
+            rel = float((y - ref).norm() / ref.norm())
+            plan = vl.plan[(n, k, m)]["dispatch"]
+            checks.append({"shape": shape, "n": n, "k": k, "m": m, "plan": plan, "rel_err": rel})
+            if not rel <= 1e-2:
+                raise RuntimeError(f"vLLM plan {plan} at {n}x{k} M={m}: rel err {rel:.2e}")
+    print(f"vLLM plan: {len(checks)} points checked against fp64, worst rel err "
+          f"{max(c['rel_err'] for c in checks):.2e}", flush=True)  # fmt: skip
+    return run, checks
 
 
 def dispatch_check(lib: Any, table: Any) -> None:

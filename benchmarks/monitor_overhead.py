@@ -7,7 +7,9 @@ terminal, full rendering every round).
         [--duration 60] [--mode both|headless|tui]
 
 `--mode observer` measures the other side: the server's TTFT/TPOT/throughput under a fixed bench
-without and with the monitor (and with a plain 1 Hz curl), side by side (observer_effect.py).
+without and with the monitor's scrapes (full text, filtered, filtered + paced; optionally a plain
+1 Hz curl), side by side (observer_effect.py); `--interval 0.05` amplifies the effect,
+`--server-pid PID` (the `vllm serve` process) first measures the server's CPU per scrape.
 """
 
 from __future__ import annotations
@@ -103,15 +105,26 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--mode", choices=["both", "headless", "tui", "observer"], default="both")
-    ap.add_argument("--rounds", type=int, default=2, help="observer: off/monitor/curl rounds")
-    ap.add_argument("--prompts", type=int, default=8, help="observer: requests per bench")
+    ap.add_argument("--rounds", type=int, default=5, help="observer: rounds of every mode")
+    ap.add_argument("--prompts", type=int, default=12, help="observer: requests per bench")
+    ap.add_argument(
+        "--observer-modes", default="off,full,filtered,now", help="observer: off first; or curl"
+    )
+    ap.add_argument(
+        "--server-pid",
+        type=int,
+        help="observer: the `vllm serve` process; first measure its CPU per scrape",
+    )
     args = ap.parse_args()
     import httpx
 
     if args.mode == "observer":
-        from observer_effect import measure, print_table
+        from observer_effect import measure, print_table, scrape_cost
 
-        result = measure(args.url, args.rounds, args.prompts)
+        cost = scrape_cost(args.url, args.server_pid) if args.server_pid else None
+        modes = tuple(args.observer_modes.split(","))
+        result = measure(args.url, args.rounds, args.prompts, modes, args.interval)
+        result["scrape_cost"] = cost
         result["machine"] = f"{platform.machine()} {os.cpu_count()} cores"
         result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print_table(result)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kimictl.kernels.build import ALL_CONFIGS
 from kimictl.kernels.dispatch import (
     K3_GEMM_SHAPES,
     DispatchTable,
@@ -126,6 +127,28 @@ def test_recorded_h200_table_never_dispatches_slower_than_cublas():
             assert c.us is not None and c.us <= c.cublas_us
             covered += 1
     assert covered == len(K3_GEMM_SHAPES) * 7
+
+
+def test_recorded_h200_table_is_three_way_and_never_slower_than_vllms_plan():
+    from kimictl.kernels.dispatch import VLLM_MARGIN
+
+    # one H200 run of benchmarks/kernels_h200.py --vllm-harness: cuBLAS, every kimictl variant
+    # and vLLM 0.33's own SM90 plan (CuTe skinny GEMM, dsv3_fused_a or its cuBLAS fallback)
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way.json")
+    names = {c.name for c in ALL_CONFIGS}
+    routes = {"vllm": 0, "kimictl": 0, "cublas": 0}
+    for _, n, k in K3_GEMM_SHAPES:
+        for m in (1, 2, 4, 8, 16, 32, 64):
+            vllm_us = table.measurements[(n, k, m, False)].vllm_us
+            assert vllm_us is not None, f"vLLM's plan not timed at {n}x{k} M={m}"
+            c = table.choose3(n, k, m)
+            assert c.us is not None and c.us <= vllm_us
+            if c.provider != "vllm":
+                assert c.us < vllm_us * (1 - VLLM_MARGIN)
+            if c.provider == "kimictl":
+                assert c.name in names  # a variant this source builds
+            routes[c.provider] += 1
+    assert sum(routes.values()) == 84 and routes["kimictl"] > 0 and routes["vllm"] > 0
 
 
 def test_chain_guard_sends_every_point_of_that_m_to_cublas_and_survives_json():

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from kimictl.runtime.errors import EndpointError, InputError
 from kimictl.runtime.observe import metrics as m
-from kimictl.runtime.observe.scrape import metrics_endpoint
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -372,7 +371,8 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
     script: list[tuple[int, bytes]] = []
 
     def do_GET(self) -> None:
-        assert self.path == "/metrics"
+        # a server that ignores prometheus_client's ?name[]= filter (the full text on any path)
+        assert self.path == "/metrics" or self.path.startswith("/metrics/?name")
         status, body = type(self).script.pop(0)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -401,6 +401,7 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
     server = _serve(handler)
     port = server.server_address[1]
     poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}/v1")
+    poller.scrape_budget = math.inf  # backoff is tested here; at 0.01 s any scrape would pace
     try:
         assert await poller.poll(interval=0.01)
         assert poller.status is m.EndpointStatus.UP
@@ -444,13 +445,14 @@ async def test_poller_skips_while_backing_off() -> None:
 
 
 async def test_scrape_of_a_non_vllm_server_is_an_endpoint_error() -> None:
-    server = _serve(type("H", (_Scripted,), {"script": [(200, b"up 1\n")]}))
-    conn = metrics_endpoint(f"http://127.0.0.1:{server.server_address[1]}")
+    body = (200, b"up 1\n")  # asked filtered, then in full: the same non-vLLM text
+    server = _serve(type("H", (_Scripted,), {"script": [body, body]}))
+    scraper = m.MetricsScraper(f"http://127.0.0.1:{server.server_address[1]}")
     try:
         with pytest.raises(EndpointError, match="no vllm: metrics"):
-            await m.scrape(conn, "http://h", timeout=5)
+            await scraper.scrape(timeout=5)
     finally:
-        conn.close()
+        scraper.close()
         _stop(server)
 
 
@@ -536,7 +538,7 @@ async def test_scrape_reports_refused_and_not_http() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(EndpointError, match="connection refused or host unreachable"):
-        await m.scrape(metrics_endpoint(f"http://127.0.0.1:{port}"), "u", timeout=2)
+        await m.MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
@@ -547,6 +549,6 @@ async def test_scrape_reports_refused_and_not_http() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(EndpointError, match="not HTTP|connection lost"):
-            await m.scrape(metrics_endpoint(f"http://127.0.0.1:{port}"), "u", timeout=2)
+            await m.MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
     finally:
         server.close()

@@ -238,6 +238,18 @@ def test_choose3_never_picks_slower_than_vllm() -> None:
             assert c.us is not None and c.us <= meas.vllm_us
 
 
+def test_choose3_keeps_vllms_plan_unless_clearly_faster() -> None:
+    from kimictl.kernels.dispatch import VLLM_MARGIN
+
+    t = table(
+        (QKV_A, 8, 10.0, 12.0, {"wgmma_m8_a": 10.0 * (1 - VLLM_MARGIN / 2)}),  # within noise
+        (QKV_A, 16, 10.0, 12.0, {"wgmma_m16_a": 10.0 * (1 - 2 * VLLM_MARGIN)}),
+    )
+    kept = t.choose3(*QKV_A, 8)
+    assert kept.provider == "vllm" and kept.us == 10.0 and "faster" in kept.reason
+    assert t.choose3(*QKV_A, 16).name == "wgmma_m16_a"
+
+
 def test_table_round_trips_vllm_times(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     NODE.save(path)

@@ -148,6 +148,76 @@ def _render_plan(plan: Any) -> None:
         console.print("would run: python " + " ".join(plan.pip_argv[1:]), highlight=False)
 
 
+@app.command("plan")
+def plan_command(
+    profile: Annotated[str, typer.Argument(help="Profile name or TOML file.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """The CuTe DSL compile units vLLM 0.33.0 builds at start-up for PROFILE (no vLLM needed)."""
+    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.runtime.kernel_plan import plan_report
+
+    report = plan_report(load_profile(profile).spec)
+    if json_out:
+        emit_json(report)
+        return
+    _render_unit_plan(profile, report)
+
+
+def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    if not r["specialized"]:
+        console.print(
+            f"{profile}: decode_backend is not latency_specialized: vLLM builds none of the "
+            "specialized decode's CuTe DSL units (stock decode)"
+        )
+        return
+    batches = ", ".join(map(str, r["batches"]))
+    t = Table(
+        title=f"{profile}: CuTe DSL compile units per rank per start (TP{r['tp']}, DCP "
+        f"{r['dcp']}, q {r['q']}, batches {batches})",
+        title_justify="left",
+    )
+    for col in ("family", "vLLM units", "distinct", "duplicates", "kernels", "s/kernel", "vLLM s"):
+        t.add_column(col, justify="left" if col == "family" else "right")
+    for f in r["families"]:
+        per = f.get("seconds_per_kernel")
+        per_text = "-" if per is None else f"{per:.2f}" + ("" if f["measured"] else " est.")
+        secs = "-" if per is None else f"{f['vllm_seconds']:.0f}"
+        t.add_row(
+            f["family"], str(f["units"]), str(f["distinct"]), str(f["duplicates"]),
+            str(f["kernels"]), per_text, secs,
+        )  # fmt: skip
+    tot = r["totals"]
+    t.add_row(
+        "total (lower bound)", str(tot["units"]), str(tot["distinct"]),
+        str(tot["units"] - tot["distinct"]), str(tot["kernels"]), "",
+        "-" if tot["vllm_seconds"] is None else f"{tot['vllm_seconds']:.0f}",
+    )  # fmt: skip
+    console.print(t)
+    if tot["vllm_seconds"] is not None:
+        prov = r["times_provenance"]
+        console.print(
+            f"expected compile: {tot['vllm_seconds']:.0f} s as vLLM does it, "
+            f"{tot['distinct_seconds']:.0f} s de-duplicated (per-kernel times measured on "
+            f"{prov.get('machine', '?')} with nvidia-cutlass-dsl {prov.get('cutlass_dsl', '?')}, "
+            f"{prov.get('date', '?')}; 'est.' = median of all measured units)",
+            highlight=False,
+        )
+    else:
+        console.print("expected compile: unknown (run benchmarks/kernel_compile_times.py)")
+    lay = r["layout"]
+    if lay["assumed"]:
+        console.print(
+            f"layout assumed (no K3 config here): {lay['num_layers']} layers, MLA at "
+            f"{len(lay['mla_layers'])} of them, AttnRes blocks of {lay['attn_res_block_size']}",
+            highlight=False,
+        )
+    missing = ", ".join(n["family"] for n in r["not_derived"])
+    console.print(f"not derived (totals are lower bounds): {missing}", highlight=False)
+
+
 @app.command()
 def verify(json_out: JsonOpt = False) -> None:
     """Prove the installed kernels on this GPU against an fp64 reference (exit 1 on any failure)."""

@@ -102,6 +102,7 @@ def _line(doc: dict[str, Any]) -> str:
             + ("-" if p10 is None else f"{p10:.1f}")
             + f" tok/s/user, running {ep.get('running') or 0:.0f}"
             + f", waiting {ep.get('waiting') or 0:.0f}"
+            + (f" (slow scrapes: every {ep['paced_s']:.0f} s)" if ep.get("paced_s") else "")
         )
     gpus = doc.get("gpus")
     if gpus and gpus.get("gpus"):  # the GPU strip of the TUI, one cell per GPU

@@ -57,19 +57,20 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "wstream_gemm": Family(
         "wstream_gemm", "CONFIGS", "_compile_wstream",
-        ("wstream_gemm.py", "wstream_gemm_dsl.py", "aot.py"), shipped=True,
+        ("wstream_gemm.py", "wstream_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
     ),
     "tcstream_gemm": Family(
         "tcstream_gemm", "TC_CONFIGS", "_compile_tcstream",
-        ("tcstream_gemm.py", "tcstream_gemm_dsl.py", "aot.py"), shipped=True,
+        ("tcstream_gemm.py", "tcstream_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
     ),
     "tcpipe_gemm": Family(
         "tcpipe_gemm", "PIPE_CONFIGS", "_compile_tcpipe",
-        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py", "aot.py"), shipped=True,
+        ("tcpipe_gemm.py", "tcpipe_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
     ),
     "wgmma_gemm": Family(
         "wgmma_gemm", "WGMMA_CONFIGS", "_compile_wgmma",
-        ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py"), shipped=True, arches=("sm_90a",),
+        ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
+        arches=("sm_90a",),
     ),
     # issue 17: RMSNorm folded into wstream (benchmarks/layer_h200.py builds it on request)
     "wsnorm_gemm": Family(

@@ -52,6 +52,7 @@ VLLM = "vllm"
 
 ALL_FAMILIES = "all"  # layer-chain candidate: every family (the per-point winners)
 CHAIN_MARGIN = 0.02  # a restricted family set must beat "all" by more than run-to-run noise
+VLLM_MARGIN = 0.02  # a kernel replaces vLLM's plan only when faster by more than run-to-run noise
 
 
 def family_of(variant: str) -> str:
@@ -158,17 +159,20 @@ class DispatchTable:
 
     def choose3(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
         """Three-way: the fastest of {vLLM's plan, the best kimictl kernel, cuBLAS} where vLLM's
-        plan was timed on this node; provider "vllm" (keep vLLM's plan) everywhere else and on
-        ties, so the plugin never replaces a plan with something not measured faster."""
+        plan was timed on this node; provider "vllm" (keep vLLM's plan) everywhere else and
+        wherever the other two were not measured faster by more than VLLM_MARGIN, so the plugin
+        never replaces a plan with something not measured clearly faster."""
         meas = self.measurements.get((n, k, m, residual))
         vllm_us = meas.vllm_us if meas is not None else None
         if meas is None or vllm_us is None or not math.isfinite(vllm_us) or vllm_us <= 0:
             return Choice(VLLM, VLLM, None, None, "vLLM's plan not timed on this node: vLLM's plan")
         two = self.choose(n, k, m, residual=residual)
-        if two.us is not None and two.us < vllm_us:
+        if two.us is not None and two.us < vllm_us * (1 - VLLM_MARGIN):
             why = f"{two.reason}; beats vLLM's plan ({vllm_us:.2f} us)"
             return Choice(two.provider, two.name, two.us, two.cublas_us, why)
-        return Choice(VLLM, VLLM, vllm_us, meas.cublas_us, "vLLM's plan measured fastest")
+        return Choice(
+            VLLM, VLLM, vllm_us, meas.cublas_us, f"nothing measured {VLLM_MARGIN:.0%} faster"
+        )
 
     def grid(self, ms: tuple[int, ...] = BENCH_MS) -> Iterator[tuple[str, int, int, int, Choice]]:
         """(shape, N, K, M, choice) for each of K3's shapes x ms, in K3_GEMM_SHAPES order."""

@@ -66,8 +66,8 @@ class TcPipeConfig:
             raise ValueError(f"rows ({self.rows}) must be a multiple of 16 x row_warps")
         if (self.bk // 32) % self.k_warps:
             raise ValueError(f"k_warps ({self.k_warps}) must divide bk / 32 = {self.bk // 32}")
-        if not 2 <= self.stages <= 12:
-            raise ValueError(f"stages must be 2..12, got {self.stages}")
+        if not 2 <= self.stages <= 16:
+            raise ValueError(f"stages must be 2..16, got {self.stages}")
         if self.splits not in (1, 2, 4, 8):
             raise ValueError(f"splits must be 1, 2, 4 or 8 (a portable cluster), got {self.splits}")
         if self.acc_regs > MAX_ACC:
@@ -134,8 +134,25 @@ _SWEEP: tuple[tuple[int, int, int, int, int, int, int], ...] = (
 )
 
 
+# dsv3_fused_a's tile (vLLM's kernel for fused_qkv_a, shared_gate_up and mla_q_b at M <= 16): 16
+# weight rows per CTA over all of K (N / 16 CTAs: 132 on N = 2112, one per SM) with 8 k-warps on
+# 256-k tiles, here with the weight prologue issued before the grid dependency wait; 4 k-warps on
+# 128-k tiles fit 2-3 CTAs per SM, and a 2-CTA cluster splitting K doubles the CTAs of small N.
+_DSV3_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (16, 1, 8, 256, 8, 1),
+    (16, 1, 8, 256, 12, 1),
+    (16, 1, 4, 128, 12, 1),
+    (16, 1, 4, 128, 8, 2),
+    (16, 1, 8, 256, 4, 2),
+    (16, 1, 8, 256, 8, 2),
+    (16, 1, 8, 256, 6, 1),
+)
+
+
 def _pipe_configs() -> tuple[TcPipeConfig, ...]:
     out = [TcPipeConfig(m, r, rw, kw, bk, p, s) for m, r, rw, kw, bk, p, s in _SWEEP]
+    out += [TcPipeConfig(m, *tile) for m in (8, 16) for tile in _DSV3_TILES]
+    out.append(TcPipeConfig(8, 16, 1, 8, 256, 16, 1))  # dsv3's own 16-stage ring at M <= 8
     out.append(TcPipeConfig(16, 48, 1, 4, 128, 7, 4, residual=True))  # the fused residual
     return tuple(out)
 

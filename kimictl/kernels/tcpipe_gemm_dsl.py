@@ -8,13 +8,13 @@ addresses: the swizzle and the k permutation are two integer expressions there.
 """
 
 # No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from kimictl.kernels.rowblock_dsl import RowBlockGemm
 from kimictl.kernels.tcpipe_gemm import VEC, TcPipeConfig
 
 __all__ = ["TcPipeGemm"]
@@ -103,7 +103,7 @@ def mma_16816(a, b, c, *, loc=None, ip=None):
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
-class TcPipeGemm:
+class TcPipeGemm(RowBlockGemm):
     def __init__(self, cfg: TcPipeConfig) -> None:
         self.cfg = cfg
         self.m = cfg.m
@@ -124,29 +124,6 @@ class TcPipeGemm:
         self.smem_bytes = cfg.smem_bytes
         self.residual = cfg.residual
         self.pdl = cfg.pdl
-
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mY: cute.Tensor,
-        mR: cute.Tensor,
-        stream: cuda.CUstream,
-    ) -> None:
-        grid = (cute.ceil_div(mW.shape[0], self.rows), self.splits, 1)
-        if const_expr(self.splits > 1):
-            self.kernel(mX, mW, mY, mR).launch(
-                grid=grid,
-                block=(self.threads, 1, 1),
-                cluster=(1, self.splits, 1),
-                stream=stream,
-                use_pdl=self.pdl,
-            )
-        else:
-            self.kernel(mX, mW, mY, mR).launch(
-                grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-            )
 
     @cute.jit
     def load_tile(self, base, gbase, k, row0, nrows_valid, total, tile, slot, tidx):

@@ -105,6 +105,11 @@ def _tc_configs() -> tuple[TcStreamConfig, ...]:
         out.extend(
             TcStreamConfig(m, 8, u, 1, 1, early=True, ctas=c) for u, c in ((4, 132), (4, 264))
         )
+    # K = 1536 (mla_q_b) in one trip with no idle warp: 12 x 4 and 16 x 3 32-k groups, or a
+    # 2-CTA cluster of 8 x 3 (N / 16 x 2 CTAs)
+    for m in (4, 8):
+        for w, u, s in ((12, 4, 1), (16, 3, 1), (8, 3, 2), (4, 6, 2)):
+            out.append(TcStreamConfig(m, w, u, 1, s, early=True))
     return tuple(out)
 
 

@@ -7,13 +7,13 @@ only the build step imports it.
 """
 
 # No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from kimictl.kernels.rowblock_dsl import RowBlockGemm
 from kimictl.kernels.tcstream_gemm import ROWS, VEC, TcStreamConfig
 
 __all__ = ["TcStreamGemm", "load_peer_f32", "mma_bf16_16816"]
@@ -56,7 +56,7 @@ def load_peer_f32(smem_ptr, cta_rank, *, loc=None, ip=None):
     return Float32(res)
 
 
-class TcStreamGemm:
+class TcStreamGemm(RowBlockGemm):
     def __init__(self, cfg: TcStreamConfig) -> None:
         self.m = cfg.m
         self.n_tiles = cfg.n_tiles
@@ -70,33 +70,6 @@ class TcStreamGemm:
         self.pdl = cfg.pdl
         self.early = cfg.early
         self.ctas = cfg.ctas
-
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mY: cute.Tensor,
-        mR: cute.Tensor,
-        stream: cuda.CUstream,
-    ) -> None:
-        blocks = cute.ceil_div(mW.shape[0], self.rows)
-        if const_expr(self.ctas > 0):
-            blocks = cutlass.min(blocks, self.ctas)  # persistent: CTAs loop over row blocks
-        grid = (blocks, self.splits, 1)
-        if const_expr(self.splits > 1):
-            # the K-splitting CTAs of one row block form a cluster (grid y = cluster y)
-            self.kernel(mX, mW, mY, mR).launch(
-                grid=grid,
-                block=(self.threads, 1, 1),
-                cluster=(1, self.splits, 1),
-                stream=stream,
-                use_pdl=self.pdl,
-            )
-        else:
-            self.kernel(mX, mW, mY, mR).launch(
-                grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-            )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:

@@ -190,6 +190,12 @@ def _wgmma_configs() -> tuple[WgmmaConfig, ...]:
     ]
     # M = 2..7 on the producer-warp ring that wins M = 8 (same 8-row x tile, same smem)
     out += [ws(m, 128, deep[8], sp) for m in range(2, 8) for sp in (1, 2, 4, 8)]
+    # cluster-4 K-splits on rings small enough for two CTAs per SM: at one CTA per SM a GPC of
+    # 16-18 SMs holds only four 4-CTA clusters (32 on the H200, 128 CTAs), so 33 or 36 clusters
+    # (N = 2112, 2304) ran in two waves
+    out += [ws(m, 128, st, 4) for m, st in ((8, 5), (8, 6), (16, 4), (16, 5))]
+    out += [WgmmaConfig(m, 1, 128, 4, 4, evict_first=True) for m in (4, 8)]
+    out += [ws(4, 128, 6, 4), ws(4, 64, 8, 4)]
     return tuple(out)
 
 

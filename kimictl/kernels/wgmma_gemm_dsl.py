@@ -19,6 +19,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.utils import LayoutEnum
 
+from kimictl.kernels.rowblock_dsl import RowBlockGemm
 from kimictl.kernels.wgmma_gemm import WgmmaConfig
 
 __all__ = ["WgmmaGemm", "load_peer_f32x4"]
@@ -58,7 +59,7 @@ def evict_first_policy(*, loc=None, ip=None):
     return Int64(res)
 
 
-class WgmmaGemm:
+class WgmmaGemm(RowBlockGemm):
     def __init__(self, cfg: WgmmaConfig) -> None:
         self.m = cfg.m
         self.mn = cfg.mma_tokens  # x tile / accumulator tokens (>= m)
@@ -135,19 +136,8 @@ class WgmmaGemm:
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(x_staged)], 1024]
 
         self.storage = Storage
-        grid = (cute.ceil_div(mW.shape[0], self.rows), self.splits, 1)
         kern = self.kernel(tma_w, tW, tma_x, tX, mY, mR, tiled_mma, w_staged, x_staged)
-        if const_expr(self.splits > 1):
-            # the K-splitting CTAs of one row block form a cluster (grid y = cluster y)
-            kern.launch(
-                grid=grid,
-                block=(self.threads, 1, 1),
-                cluster=(1, self.splits, 1),
-                stream=stream,
-                use_pdl=self.pdl,
-            )
-        else:
-            kern.launch(grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl)
+        self.launch_rows(kern, mW.shape[0], stream)
 
     @cute.kernel
     def kernel(

@@ -7,17 +7,17 @@ cutlass at the top, so only the build step (never the device harness or the CLI)
 """
 
 # No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, const_expr
 
+from kimictl.kernels.rowblock_dsl import RowBlockGemm
 from kimictl.kernels.wstream_gemm import VEC, WStreamConfig
 
 __all__ = ["WStreamGemm"]
 
 
-class WStreamGemm:
+class WStreamGemm(RowBlockGemm):
     def __init__(self, cfg: WStreamConfig) -> None:
         self.m = cfg.m
         self.threads = cfg.threads
@@ -27,23 +27,6 @@ class WStreamGemm:
         self.pdl = cfg.pdl
         self.early = cfg.early
         self.ctas = cfg.ctas
-
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mY: cute.Tensor,
-        mR: cute.Tensor,
-        stream: cuda.CUstream,
-    ) -> None:
-        blocks = cute.ceil_div(mW.shape[0], self.rows)
-        if const_expr(self.ctas > 0):
-            blocks = cutlass.min(blocks, self.ctas)  # persistent: CTAs loop over row blocks
-        grid = (blocks, 1, 1)
-        self.kernel(mX, mW, mY, mR).launch(
-            grid=grid, block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
-        )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:

@@ -1,15 +1,18 @@
 """Files kimictl writes: one check that nothing the user has is replaced silently (run before any
-long work), and the one atomic write every writer uses."""
+long work), and the one atomic write every writer uses; and the one tolerant read of a JSON object
+(a config or manifest that may be missing or broken)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kimictl.runtime.errors import InputError
 
-__all__ = ["atomic_write", "check_new_file"]
+__all__ = ["atomic_write", "check_new_file", "read_json_object"]
 
 
 def check_new_file(
@@ -55,3 +58,13 @@ def atomic_write(path: str | Path, data: str | bytes, *, mode: int = 0o644) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an
+    object (callers report what that means for them)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

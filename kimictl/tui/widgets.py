@@ -41,6 +41,8 @@ def status_text(view: EndpointView, style: str, slo: float | None = None) -> Tex
         text.append("CONNECTING", style="yellow")
     if view.stale_since is not None:
         text.append(f" · stale since {_clock(view.stale_since)}", style="bold yellow")
+    if view.paced_s is not None:
+        text.append(f" · slow scrapes: every {view.paced_s:.0f}s", style="yellow")
     stats = view.stats
     if stats is not None and stats.tokens_per_s is not None:
         # the live operating point: throughput at the slow-tail interactivity

@@ -41,8 +41,9 @@ from kimictl.runtime.observe.poller import watch as watch
 from kimictl.runtime.observe.prometheus import Histogram as Histogram
 from kimictl.runtime.observe.prometheus import Sample as Sample
 from kimictl.runtime.observe.prometheus import parse_prometheus_text as parse_prometheus_text
+from kimictl.runtime.observe.scrape import FilterMode as FilterMode
+from kimictl.runtime.observe.scrape import MetricsScraper as MetricsScraper
 from kimictl.runtime.observe.scrape import metrics_url as metrics_url
-from kimictl.runtime.observe.scrape import scrape as scrape
 from kimictl.runtime.observe.snapshot import MetricsSnapshot as MetricsSnapshot
 from kimictl.runtime.observe.snapshot import merge_snapshots as merge_snapshots
 from kimictl.runtime.observe.snapshot import snapshot_from_text as snapshot_from_text

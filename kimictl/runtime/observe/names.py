@@ -11,11 +11,13 @@ __all__ = [
     "INTER_TOKEN_LATENCY",
     "KV_CACHE_USAGE",
     "NUM_PREEMPTIONS",
+    "PROCESS_START",
     "PROMPT_TOKENS",
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
     "REQUEST_QUEUE_TIME",
     "REQUEST_SUCCESS",
+    "SAMPLE_NAMES",
     "SPEC_ACCEPTED_PER_POS",
     "SPEC_ACCEPTED_TOKENS",
     "SPEC_DRAFTS",
@@ -61,4 +63,16 @@ HISTOGRAMS = (
     TIME_PER_OUTPUT_TOKEN,
     E2E_LATENCY,
     REQUEST_QUEUE_TIME,
+)
+
+# prometheus_client's process collector: a change means the server restarted (counter reset).
+PROCESS_START = "process_start_time_seconds"
+
+# Every sample name a snapshot reads (a counter's samples end in _total; a histogram's in
+# _bucket/_count/_sum). prometheus_client filters /metrics by these sample names, not by family.
+SAMPLE_NAMES = (
+    PROCESS_START,
+    *GAUGES,
+    *(c + "_total" for c in (*COUNTERS, SPEC_ACCEPTED_PER_POS)),
+    *(h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")),
 )

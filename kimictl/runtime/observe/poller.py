@@ -14,14 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.http1 import Endpoint
-from kimictl.runtime.observe.scrape import (
-    REFUSED,
-    metrics_endpoint,
-    metrics_url,
-    scrape,
-    scrape_timeout,
-)
+from kimictl.runtime.observe.scrape import REFUSED, MetricsScraper, scrape_timeout
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
 
 __all__ = [
@@ -33,6 +26,7 @@ __all__ = [
     "HistoryPoint",
     "MAX_BACKOFF_S",
     "REFUSED_GIVE_UP_S",
+    "SCRAPE_BUDGET",
     "STALE_AFTER_INTERVALS",
     "ab_pair_of",
     "append_jsonl",
@@ -52,6 +46,11 @@ REFUSED_GIVE_UP_S = 1.0
 
 
 STALE_AFTER_INTERVALS = 2.5
+# A scrape costs the server its render time in the API-server process, which also streams the
+# tokens (benchmarks/RESULTS.md#observer). When answers come slowly (a loaded server), poll less
+# often: time spent waiting on scrapes stays under this share of the wall time (20 x the last
+# scrape's duration between scrapes, at most MAX_BACKOFF_S). At 1 s it acts above 50 ms a scrape.
+SCRAPE_BUDGET = 0.05
 HISTORY_POINTS = 900
 
 
@@ -82,6 +81,7 @@ class EndpointView:
     next_try_in_s: float | None
     stats: WindowStats | None
     history: tuple[HistoryPoint, ...]
+    paced_s: float | None = None  # polled every paced_s instead of the interval (slow scrapes)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,6 +92,7 @@ class EndpointView:
             "stale": self.stale_since is not None,
             "stale_since": self.stale_since,
             "last_ok_at": self.last_ok_at,
+            "paced_s": self.paced_s,
         }
         if self.stats is not None:
             out.update(self.stats.to_json())
@@ -114,8 +115,10 @@ class EndpointPoller:
     last_ok_at: float | None = None
     last_ok_mono: float | None = None
     next_try_mono: float = 0.0
+    paced_s: float | None = None
+    scrape_budget: float = SCRAPE_BUDGET
     history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    _conn: Endpoint = field(init=False, repr=False)
+    scraper: MetricsScraper = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -124,10 +127,10 @@ class EndpointPoller:
             raise InputError(
                 f"endpoint {self.name}: {self.url!r} is not a valid URL ({error})."
             ) from None
-        self._conn = metrics_endpoint(self.url, name=f"endpoint {self.name}")
+        self.scraper = MetricsScraper(self.url, name=f"endpoint {self.name}")
 
     def close(self) -> None:
-        self._conn.close()
+        self.scraper.close()
 
     @property
     def never_listened(self) -> bool:
@@ -143,10 +146,9 @@ class EndpointPoller:
         if not self.due(now):
             return False
         timeout = scrape_timeout(interval)
+        started = now
         try:
-            snap = await scrape(
-                self._conn, metrics_url(self.url), timeout=timeout, model=self.model
-            )
+            snap = await self.scraper.scrape(timeout=timeout, model=self.model)
         except EndpointError as exc:
             self.failures += 1
             self.status = EndpointStatus.DOWN
@@ -159,7 +161,9 @@ class EndpointPoller:
         self.reason = None
         self.last_ok_at = snap.taken_at
         self.last_ok_mono = snap.monotonic
-        self.next_try_mono = 0.0
+        pace = min(MAX_BACKOFF_S, (time.monotonic() - started) / self.scrape_budget)
+        self.paced_s = pace if pace > interval else None
+        self.next_try_mono = started + pace if self.paced_s else 0.0
         self.series.ingest(snap)
         chart = self.series.window(CHART_WINDOW_S)
         if chart is not None:
@@ -178,7 +182,7 @@ class EndpointPoller:
         stale_since = None
         if self.last_ok_mono is not None and (
             self.status is EndpointStatus.DOWN
-            or now - self.last_ok_mono > STALE_AFTER_INTERVALS * interval
+            or now - self.last_ok_mono > STALE_AFTER_INTERVALS * max(interval, self.paced_s or 0)
         ):
             stale_since = self.last_ok_at
         return EndpointView(
@@ -191,6 +195,7 @@ class EndpointPoller:
             next_try_in_s=max(0.0, self.next_try_mono - now) if self.failures else None,
             stats=self.series.window(window_s),
             history=tuple(self.history),
+            paced_s=self.paced_s,
         )
 
 

@@ -1,25 +1,50 @@
-"""GET /metrics from one endpoint (through the one HTTP/1.1 client, runtime.http1) and parse it."""
+"""GET /metrics from one endpoint (through the one HTTP/1.1 client, runtime.http1) and parse it.
+
+The scrape asks only for the samples a snapshot reads. A scrape costs the server its render time
+inside vLLM's API-server process (benchmarks/RESULTS.md#observer): the full text is ~60 KB and
+~700 lines, the filtered one ~130 lines. prometheus_client's ASGI app honours
+`?name[]=SAMPLE` filters; in vLLM 0.32-0.33 exact `/metrics` is routed to
+prometheus-fastapi-instrumentator's handler, which ignores them, and `/metrics/` (the Mount of
+prometheus_client's app) applies them. So the filtered GET is `/metrics/?name[]=...`, and a server
+that rejects or ignores it is scraped in full from then on.
+"""
 
 from __future__ import annotations
 
 import socket
+from enum import StrEnum
+from urllib.parse import urlencode
 
 from kimictl.runtime.apikeys import env_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 from kimictl.runtime.http1 import Endpoint
+from kimictl.runtime.observe.names import SAMPLE_NAMES
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
 __all__ = [
+    "FILTER_PATH",
     "REFUSED",
+    "FilterMode",
+    "MetricsScraper",
+    "honours_filter",
     "metrics_endpoint",
     "metrics_url",
-    "scrape",
     "scrape_timeout",
 ]
 
 
 # The reason of a scrape nothing listens to (refused, or a name that does not resolve).
 REFUSED = "connection refused or host unreachable"
+
+# Appended to the /metrics path: the sample names a snapshot reads, prometheus_client's syntax.
+FILTER_PATH = "/?" + urlencode([("name[]", name) for name in SAMPLE_NAMES])
+_WANTED = frozenset(SAMPLE_NAMES)
+
+
+class FilterMode(StrEnum):
+    UNKNOWN = "unknown"  # not tried yet: the next scrape asks for the filtered text
+    FILTERED = "filtered"  # the server answered the filtered GET with only what was asked
+    FULL = "full"  # the server rejected or ignored the filter: full scrapes from now on
 
 
 def scrape_timeout(interval: float) -> float:
@@ -44,31 +69,84 @@ def metrics_endpoint(base_url: str, *, name: str = "endpoint") -> Endpoint:
         ) from None
 
 
-async def scrape(
-    conn: Endpoint, url: str, *, timeout: float, model: str | None = None
-) -> MetricsSnapshot:
-    """GET /metrics once through `conn` and parse it. Raises EndpointError with a one-line reason
-    (`url` names the endpoint in it)."""
-    try:
-        resp = await conn.request(conn.build("GET", "", None), None, timeout)
-    except TimeoutError as exc:
-        conn.close()
-        raise EndpointError(f"{url}: no answer within {timeout:g} s") from exc
-    except OSError as exc:
-        conn.close()
-        if isinstance(
-            exc, ConnectionRefusedError | socket.gaierror
-        ) or "Connect call failed" in str(exc):
-            raise EndpointError(f"{url}: {REFUSED}") from exc
-        raise EndpointError(f"{url}: connection lost ({type(exc).__name__})") from exc
-    if resp.status == 0:
-        reason = resp.error or "no answer"
-        if reason.startswith("not an HTTP response"):
-            raise EndpointError(f"{url}: answered something that is not HTTP")
-        raise EndpointError(f"{url}: connection lost ({reason})")
-    if resp.status != 200:
-        raise EndpointError(f"{url}: HTTP {resp.status}")
-    snap = snapshot_from_text(resp.body.decode("utf-8", "replace"), model=model)
+def honours_filter(text: str) -> bool:
+    """True when every sample of `text` is one the filter asked for, and there is at least one."""
+    seen = False
+    for raw in text.splitlines():
+        line = raw.lstrip()
+        if not line or line[0] == "#":
+            continue
+        end = len(line)
+        for sep in ("{", " ", "\t"):
+            at = line.find(sep)
+            if 0 <= at < end:
+                end = at
+        if line[:end] not in _WANTED:
+            return False
+        seen = True
+    return seen
+
+
+class MetricsScraper:
+    """Scrapes one endpoint over a keep-alive connection, filtered when the server allows it.
+    `mode` remembers what the server did with the filter (one probe, then kept)."""
+
+    def __init__(self, base_url: str, *, name: str = "endpoint") -> None:
+        self.url = metrics_url(base_url)
+        self.conn = metrics_endpoint(base_url, name=name)
+        self.mode = FilterMode.UNKNOWN
+
+    def close(self) -> None:
+        self.conn.close()
+
+    async def scrape(self, *, timeout: float, model: str | None = None) -> MetricsSnapshot:
+        """GET /metrics once and parse it. Raises EndpointError with a one-line reason."""
+        if self.mode is FilterMode.FULL:
+            return _parse(self.url, *await self._get("", timeout), model)
+        status, text = await self._get(FILTER_PATH, timeout)
+        if status == 200:
+            if self.mode is FilterMode.FILTERED or honours_filter(text):
+                self.mode = FilterMode.FILTERED
+                return _parse(self.url, status, text, model)
+            if _has_vllm_samples(text):  # the filter was ignored: this is the full text
+                self.mode = FilterMode.FULL
+                return _parse(self.url, status, text, model)
+        # rejected (404, a redirect, 400 ...) or an answer without our samples: ask in full once;
+        # only a full answer that works settles the mode (a failing server decides nothing)
+        snap = _parse(self.url, *await self._get("", timeout), model)
+        self.mode = FilterMode.FULL
+        return snap
+
+    async def _get(self, path: str, timeout: float) -> tuple[int, str]:
+        url = self.url
+        try:
+            resp = await self.conn.request(self.conn.build("GET", path, None), None, timeout)
+        except TimeoutError as exc:
+            self.conn.close()
+            raise EndpointError(f"{url}: no answer within {timeout:g} s") from exc
+        except OSError as exc:
+            self.conn.close()
+            if isinstance(
+                exc, ConnectionRefusedError | socket.gaierror
+            ) or "Connect call failed" in str(exc):
+                raise EndpointError(f"{url}: {REFUSED}") from exc
+            raise EndpointError(f"{url}: connection lost ({type(exc).__name__})") from exc
+        if resp.status == 0:
+            reason = resp.error or "no answer"
+            if reason.startswith("not an HTTP response"):
+                raise EndpointError(f"{url}: answered something that is not HTTP")
+            raise EndpointError(f"{url}: connection lost ({reason})")
+        return resp.status, resp.body.decode("utf-8", "replace")
+
+
+def _has_vllm_samples(text: str) -> bool:
+    return "\nvllm:" in text or text.startswith("vllm:")
+
+
+def _parse(url: str, status: int, text: str, model: str | None) -> MetricsSnapshot:
+    if status != 200:
+        raise EndpointError(f"{url}: HTTP {status}")
+    snap = snapshot_from_text(text, model=model)
     if not snap.gauges and not snap.counters and not snap.histograms:
         raise EndpointError(f"{url}: answered, but with no vllm: metrics (is it a vLLM server?)")
     return snap

@@ -13,6 +13,8 @@ from kimictl.runtime.observe.names import (
     GAUGES,
     HISTOGRAMS,
     KV_CACHE_USAGE,
+    PROCESS_START,
+    SAMPLE_NAMES,
     SPEC_ACCEPTED_PER_POS,
 )
 from kimictl.runtime.observe.prometheus import Histogram, parse_prometheus_text
@@ -22,7 +24,6 @@ __all__ = [
     "merge_snapshots",
     "snapshot_from_text",
 ]
-_PROCESS_START = "process_start_time_seconds"
 
 
 # --- snapshots --------------------------------------------------------------------------------
@@ -64,15 +65,7 @@ class MetricsSnapshot:
 
 
 # Only the samples a snapshot uses get parsed (vLLM exposes ~900 lines; about 130 are needed).
-_SNAPSHOT_PREFIXES = (
-    _PROCESS_START,
-    *(g + "{" for g in GAUGES),
-    *(g + " " for g in GAUGES),
-    *(c + "_total" for c in (*COUNTERS, SPEC_ACCEPTED_PER_POS)),
-    *(h + "_bucket" for h in HISTOGRAMS),
-    *(h + "_count" for h in HISTOGRAMS),
-    *(h + "_sum" for h in HISTOGRAMS),
-)
+_SNAPSHOT_PREFIXES = tuple(p for n in SAMPLE_NAMES for p in (n + "{", n + " "))
 
 
 def snapshot_from_text(
@@ -104,7 +97,7 @@ def snapshot_from_text(
 
     for s in samples:
         name = s.name
-        if name == _PROCESS_START:
+        if name == PROCESS_START:
             process_start = s.value
             continue
         if model is not None:

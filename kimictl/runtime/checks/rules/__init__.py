@@ -136,6 +136,23 @@ def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
     return doctor_check(env, arch)  # type: ignore[no-any-return]
 
 
+def _kernel_cache_check(
+    spec: DeploymentSpec | None, hw: HardwareReport, stack: StackReport | None, *, live: bool
+) -> Check | None:
+    from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check
+
+    capability = next(
+        (
+            (int(g.compute_capability[0]), int(g.compute_capability[1]))
+            for n in hw.nodes
+            for g in n.gpus
+            if isinstance(g.compute_capability, tuple)
+        ),
+        None,
+    )
+    return kernel_cache_check(spec, stack, capability, live=live)
+
+
 def diagnose(
     spec: DeploymentSpec | None = None,
     *,
@@ -182,6 +199,9 @@ def diagnose(
             )
         )
     checks.append(_plugin_check(spec, hw))
+    cache = _kernel_cache_check(spec, hw, stack, live=not snapshots)
+    if cache is not None:
+        checks.append(cache)
     if unrecognised:
         checks.append(
             Check(

@@ -21,7 +21,6 @@ of their own (k3.vllm_refuses). Choices documented here (see docs/profiles.md, d
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 from kimictl.runtime.checks.rules.effective import Effective, effective_config
 from kimictl.runtime.deployment.spec import DeploymentSpec, k3
+from kimictl.runtime.outputs import read_json_object
 
 if TYPE_CHECKING:
     from kimictl.runtime.checks.hardware import HardwareReport
@@ -100,11 +100,8 @@ def read_model_config(model: str) -> dict[str, Any] | None:
     config_file = path / "config.json"
     if not config_file.is_file():
         return None
-    try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(raw, dict):
+    raw = read_json_object(config_file)
+    if raw is None:
         return None
     text = raw.get("text_config")
     return text if isinstance(text, dict) else raw

@@ -16,10 +16,11 @@ first), draft models whose config.json is not local.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from kimictl.runtime.outputs import read_json_object
 
 if TYPE_CHECKING:
     from kimictl.runtime.deployment.spec import DeploymentSpec
@@ -128,16 +129,8 @@ def _extra_value(extra: list[str], *flags: str) -> str | None:
     return found
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _config_json(model: str) -> dict[str, Any] | None:
-    return _read_json(Path(model).expanduser() / "config.json")
+    return read_json_object(Path(model).expanduser() / "config.json")
 
 
 def model_text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
