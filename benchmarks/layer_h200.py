@@ -53,7 +53,9 @@ TOL = 2e-2  # relative (Frobenius) error of a bf16 layer vs fp64 through ~10 rou
 COPY_CEILING_TBPS = 4.3
 FRONT = ("router", "latent_down", "shared_gate_up")  # GEMMs that read the post-attention x
 HFUSED_PROXY = (6288, 7168)  # measured shape whose kernel choice the N=6016 front GEMM takes
-VARIANTS = ("stock", "kimictl", "kimictl_hfused", "stock_hfused", "kimictl_norm")
+VARIANTS = ("stock", "vllm_plan", "kimictl", "kimictl_hfused", "stock_hfused", "kimictl_norm")
+# git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
+KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 
 
@@ -84,7 +86,8 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
 
 def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
-               norm_fold: bool = False) -> Callable[..., Any]:  # fmt: skip
+               norm_fold: bool = False, split_gate: bool = False,
+               ) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference)."""
     import torch
 
@@ -113,8 +116,13 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         if kind == "mla":
             q_a, kv_a = K3_SHAPES["q_lora_rank"], K3_SHAPES["kv_lora_rank"]
             rope = K3_SHAPES["qk_rope_head_dim"]
-            y = mm(x, w["qkv_a_g"], "qkv_a_g")
-            q_c, kv_c, k_pe, gate = y.split([q_a, kv_a, rope, core_n], -1)
+            if split_gate:  # vLLM below 512 tokens: qkv_a and the gate as two GEMMs (mla.py:562)
+                rows = q_a + kv_a + rope
+                q_c, kv_c, k_pe = mm(x, w["qkv_a_g"][:rows], "qkv_a").split([q_a, kv_a, rope], -1)
+                gate = mm(x, w["qkv_a_g"][rows:], "mla_g")
+            else:
+                y = mm(x, w["qkv_a_g"], "qkv_a_g")
+                q_c, kv_c, k_pe, gate = y.split([q_a, kv_a, rope, core_n], -1)
             # one op in vLLM (fused_q_kv_rmsnorm); one weight per part here
             q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
             kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
@@ -199,6 +207,92 @@ def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any,
     return standin, gemm, gemm_res
 
 
+def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """Link vLLM 0.33.0's AOT skinny GEMMs and the driver shim that launches its dsv3_fused_a
+    cubin (../shared/tools/kernels-vs-vllm, built there from the wheel); return a launcher
+    (x, w) -> y following vLLM's SM90 plan per (N, K, M), cuBLAS where the plan says cuBLAS or
+    has no entry (vLLM's UnquantizedLinearMethod), and what was used."""
+    import torch
+    import torch.nn.functional as F
+
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    skinny, drv_so = tmp / "libvllm_skinny.so", tmp / "libdrv.so"
+    for argv in (
+        ["g++", "-O2", "-shared", "-fPIC", "-o", str(skinny), str(art / "shim.cpp"),
+         *map(str, sorted(art.glob("*.o"))), str(art / "libcuda_dialect_runtime_static.a"),
+         f"-I{cuda / 'include'}", f"-I{art}", str(cuda / "lib64" / "libcudart_static.a"),
+         "-ldl", "-lrt", "-lpthread"],
+        ["g++", "-O2", "-shared", "-fPIC", "-o", str(drv_so), str(shim), f"-I{cuda / 'include'}",
+         "-ldl"],
+    ):  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"linking {Path(argv[4]).name} failed: {proc.stderr[-800:]}")
+    man = json.loads((art / "manifest.json").read_text())
+    lib = ctypes.CDLL(str(skinny))
+    if lib.load_all() != 0:
+        raise RuntimeError("vLLM skinny load_all failed")
+    drv = ctypes.CDLL(str(drv_so))
+    drv.drv_init.restype = ctypes.c_int
+    drv.fa_load.argtypes = [ctypes.c_void_p]
+    drv.fa_get.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                           ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]  # fmt: skip
+    drv.fa_launch.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 6 + [ctypes.c_void_p]
+    if drv.drv_init() != 0:
+        raise RuntimeError("driver shim init failed")
+    image = (art / man["dsv3_cubin"]).read_bytes()
+    buf = ctypes.create_string_buffer(image, len(image))
+    if drv.fa_load(ctypes.cast(buf, ctypes.c_void_p)) != 0:
+        raise RuntimeError("loading vLLM's dsv3_fused_a cubin failed")
+    plan = {(r["n"], r["k"], r["m"]): r for r in man["plan"]}
+    fns: dict[str, Any] = {}
+    used: dict[str, str] = {}
+
+    def skinny_fn(name: str) -> Any:
+        if name not in fns:
+            f = getattr(lib, "run_" + name)
+            f.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+            f.restype = ctypes.c_int
+            fns[name] = f
+        return fns[name]
+
+    def dsv3_fn(inst: dict[str, Any]) -> Any:
+        key = inst["symbol"]
+        if key not in fns:
+            fn, regs, mt = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+            if drv.fa_get(key.encode(), inst["smem"], ctypes.byref(fn), ctypes.byref(regs),
+                          ctypes.byref(mt)) != 0:  # fmt: skip
+                raise RuntimeError(f"fa_get {key} failed")
+            fns[key] = fn.value
+        return fns[key]
+
+    def mm(x: Any, w: Any) -> Any:
+        m, k = x.shape
+        n = w.shape[0]
+        r = plan.get((n, k, m))
+        how = r["dispatch"] if r else "cublas"
+        used[f"{n}x{k}/m{m}"] = how if how != "cute" else r["tbl"]  # type: ignore[index]
+        if how == "cublas" or (how == "dsv3_fused_a" and not r["dsv3"]):  # type: ignore[index]
+            return F.linear(x, w)
+        x = x.contiguous()
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        stream = torch.cuda.current_stream().cuda_stream
+        if how == "cute":
+            rc = skinny_fn(r["tbl"])(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, n, k, stream)  # type: ignore[index]
+        else:  # dsv3_fused_a: the public launcher's grid, PDL on as vLLM launches it
+            inst = r["dsv3"]  # type: ignore[index]
+            tn = inst["tile_n"]
+            rc = drv.fa_launch(dsv3_fn(inst), y.data_ptr(), w.data_ptr(), x.data_ptr(), m,
+                               x.stride(0), inst["gemm_m"] // inst["tile_m"], (m + tn - 1) // tn,
+                               inst["smem"], 1, stream)  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"vLLM plan {how} at {n}x{k} M={m}: error {rc}")
+        return y
+
+    return mm, {"used": used, "buf": buf}
+
+
 def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
     """(op, M, residual) -> the dispatch table's pick (a kimictl variant or "cublas")."""
     from kimictl.kernels.dispatch import DispatchTable
@@ -240,6 +334,24 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
         if timed:
             best = min(timed, key=lambda t: timed[t])
     return WsNormConfig(m, *best, residual=residual, early=True).name
+
+
+def make_build(out: Path, kinds: tuple[str, ...]) -> int:
+    """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm
+    variants into `out` (objects whose source is unchanged are reused); sm_90a."""
+    from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
+    from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
+
+    names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
+    names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
+    by_name = {c.name: c for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS)}
+    missing = sorted(names - set(by_name))
+    if missing:
+        print(f"error: no config for {', '.join(missing)}", file=sys.stderr)
+        return 1
+    res = build("sm_90a", out, configs=[by_name[n] for n in sorted(names)])
+    print(f"built {len(res.kernels)} kernels ({res.reused} reused) in {res.seconds:.1f} s")
+    return 0
 
 
 def preflight_norm(build: Path) -> int:
@@ -325,9 +437,11 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold in (("plain", False, False), ("hfused", True, False),
-                                ("norm", True, True)):  # fmt: skip
-            layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold)
+        for label, hf, fold, split in (("plain", False, False, False), ("vllm", False, False, True),
+                                       ("hfused", True, False, False),
+                                       ("norm", True, True, False)):  # fmt: skip
+            layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
+                               split_gate=split)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -373,6 +487,9 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--kinds", default="mla,kda")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--vllm-art", type=Path, default=KBENCH / "vllm_art")
+    ap.add_argument("--vllm-shim", type=Path, default=KBENCH / "drv_shim.cpp")
+    ap.add_argument("--make-build", action="store_true", help="CPU: AOT-build the kernels it runs")
     ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
@@ -381,6 +498,8 @@ def main() -> int:
         return 0
     if args.smoke:
         return smoke()
+    if args.make_build:
+        return make_build(args.build, tuple(args.kinds.split(",")))
     if args.preflight_norm:
         return preflight_norm(args.build)
     t0 = time.perf_counter()
@@ -402,6 +521,10 @@ def main() -> int:
     kinds = tuple(args.kinds.split(","))
     lib = open_library(args.build / "sm_90a", relink=True)
     plan = kernel_plan(kinds)
+    absent = sorted({v for v in plan.values() if v != "cublas"} - set(lib.names))
+    if absent:  # build check: every kernel the plan launches is in the linked library
+        stamp(f"error: the build lacks {', '.join(absent[:8])}: run --make-build")
+        return 1
     standin, kgemm, kgemm_res = register_ops(lib, plan)
     pre = subprocess.run(
         [sys.executable, __file__, "--preflight-norm", "--build", str(args.build)],
@@ -409,6 +532,25 @@ def main() -> int:
     )  # fmt: skip
     variants = VARIANTS if pre.returncode == 0 else VARIANTS[:-1]
     stamp(f"wsnorm preflight rc={pre.returncode}: {pre.stdout.strip()} {pre.stderr[-500:]}")
+    vllm_used: dict[str, Any] = {}
+    try:  # baseline (b): vLLM 0.33.0's SM90 plan for the projections
+        vllm_mm, vllm_keep = load_vllm_plan(args.vllm_art, args.vllm_shim, Path("/tmp/layerbench"))
+        vllm_used = vllm_keep["used"]
+        vllm_err = None
+
+        @torch.library.custom_op("layerbench::vgemm", mutates_args=(),
+                                 schema="(Tensor x, Tensor w, str op) -> Tensor")  # fmt: skip
+        def vgemm(x: torch.Tensor, w: torch.Tensor, op: str) -> torch.Tensor:
+            return vllm_mm(x, w)
+
+        @vgemm.register_fake
+        def _(x: torch.Tensor, w: torch.Tensor, op: str) -> torch.Tensor:
+            return x.new_empty((x.shape[0], w.shape[0]))
+
+    except Exception as exc:  # no artifacts, a link error: the run goes on without (b)
+        vllm_err = f"{type(exc).__name__}: {exc}"
+        variants = tuple(v for v in variants if v != "vllm_plan")
+    stamp(f"vLLM plan: {vllm_err or 'linked'}")
     stamp(f"linked {len(lib.names)} kernels; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name()}")  # fmt: skip
 
@@ -428,6 +570,9 @@ def main() -> int:
         return xs[0][:, :width].clone()
 
     def build(kind: str, variant: str) -> Callable[..., Any]:
+        if variant == "vllm_plan":
+            fn = make_layer(kind, vgemm, cublas_mm_res, standin, split_gate=True)
+            return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
                         standin, hfused=variant.endswith("hfused"),
@@ -469,12 +614,15 @@ def main() -> int:
         "torch": torch.__version__,
         "copies": COPIES,
         "tol": TOL,
+        "build": {k: lib.manifest[k] for k in ("source_hash", "dsl_version", "built_at")}
+        | {"kernels": len(lib.names)},
         "norm_preflight": {
             "rc": pre.returncode,
             "out": pre.stdout[-2000:],
             "err": pre.stderr[-2000:],
         },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
+        "vllm_plan": {"error": vllm_err, "used": vllm_used},
         "layers": {},
     }
     out_json = args.out / "layer_h200.json"
