@@ -381,6 +381,60 @@ def preflight_norm(build: Path) -> int:
     return 0 if worst <= 1e-2 and unwritten == 0 else 1
 
 
+GEMM_MARKS = {  # kernel-name fragments -> group, first match wins (inductor's Triton kernel
+    # names carry the ops they fuse, "gemm" included, so Triton is matched first)
+    "triton": ("triton",),
+    "kimictl_gemm": ("kimictl",),
+    "vllm_gemm": ("vllm", "skinny", "fused_a_gemm"),
+    "standin": ("memcpy",),
+    "cublas_gemm": ("gemm", "gemv", "nvjet", "xmma", "cutlass", "splitk"),
+}
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    for group, marks in GEMM_MARKS.items():
+        if any(mark in low for mark in marks):
+            return group
+    return "other"
+
+
+def profile_graph(graph: Any, copies: int, replays: int = 5) -> dict[str, Any]:
+    """CUPTI kernel records of `replays` replays of a graph of `copies` layers: per group and per
+    kernel name, device microseconds per layer, the kernel count per layer, and the span of the
+    records (first start to last end) per layer. Span - busy = time no kernel ran (launch gaps,
+    ramps); busy > span means kernels overlapped (PDL)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"error": "no CUDA kernel records"}
+    per = replays * copies
+    groups: dict[str, float] = {}
+    names: dict[str, list[float]] = {}
+    for e in kernels:
+        us = e.time_range.elapsed_us()
+        groups[kernel_group(e.name)] = groups.get(kernel_group(e.name), 0.0) + us / per
+        names.setdefault(e.name[:90], []).append(us)
+    starts = [e.time_range.start for e in kernels]
+    ends = [e.time_range.end for e in kernels]
+    return {
+        "kernels_per_layer": len(kernels) / per,
+        "busy_us": sum(groups.values()),
+        "span_us": (max(ends) - min(starts)) / per,
+        "groups_us": {g: round(v, 2) for g, v in sorted(groups.items())},
+        "by_name_us": {n: [round(sum(v) / per, 2), len(v) // per]
+                       for n, v in sorted(names.items(), key=lambda kv: -sum(kv[1]))},
+    }  # fmt: skip
+
+
 def count_kernel_nodes(graph: Any) -> dict[str, int] | None:
     """Kernel and other nodes of a captured graph (keep_graph=True), via the driver API."""
     try:
@@ -486,6 +540,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--kinds", default="mla,kda")
+    ap.add_argument("--ms", help="comma-separated Ms (default: 1,2,4,8,16,32,64)")
+    ap.add_argument("--variants", help="comma-separated subset of the variants (stock always)")
+    ap.add_argument("--profile", action="store_true", help="also: per-kernel CUPTI times")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--vllm-art", type=Path, default=KBENCH / "vllm_art")
     ap.add_argument("--vllm-shim", type=Path, default=KBENCH / "drv_shim.cpp")
@@ -551,6 +608,9 @@ def main() -> int:
         vllm_err = f"{type(exc).__name__}: {exc}"
         variants = tuple(v for v in variants if v != "vllm_plan")
     stamp(f"vLLM plan: {vllm_err or 'linked'}")
+    if args.variants:
+        keep = {"stock", *args.variants.split(",")}
+        variants = tuple(v for v in variants if v in keep)
     stamp(f"linked {len(lib.names)} kernels; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name()}")  # fmt: skip
 
@@ -648,7 +708,7 @@ def main() -> int:
 
     doc["dynamo"] = {"graphs": dict(counters["stats"]), "breaks": dict(counters["graph_break"])}
     stamp(f"dynamo: {doc['dynamo']}")
-    for m in MS:
+    for m in MS if args.ms is None else tuple(int(x) for x in args.ms.split(",")):
         for kind in kinds:
             ws, fns = setups[kind]["ws"], setups[kind]["fns"]
             wb = doc["layers"][kind]["weight_bytes"]
@@ -698,6 +758,12 @@ def main() -> int:
                 row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,
                               tbps=wb / us / 1e6, pct_of_copy_ceiling=
                               100 * wb / us / 1e6 / COPY_CEILING_TBPS)  # fmt: skip
+            if args.profile:  # where each variant's layer time goes, kernel by kernel
+                for v in active:
+                    try:
+                        row[v]["profile"] = profile_graph(graphs[v], COPIES)
+                    except Exception as exc:  # the timing above stands without it
+                        row[v]["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
             doc["layers"][kind]["rows"].append(row)
             del graphs
             stamp(f"{kind} M={m:2d} " + "  ".join(
