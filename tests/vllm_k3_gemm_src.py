@@ -27,6 +27,7 @@ from typing import Any
 VLLM_VERSION = "0.33.0"
 LLG = "vllm/models/kimi_k3/nvidia/low_latency_gemm.py"
 LINEAR = "vllm/model_executor/layers/linear.py"
+SKINNY = "vllm/model_executor/kernels/linear/cute_dsl/skinny_gemm.py"
 
 
 def cache_dir() -> Path:
@@ -94,6 +95,12 @@ class FakeTensor(Tensor):
 
     def dim(self) -> int:
         return len(self.shape)
+
+    def element_size(self) -> int:
+        return 4 if self.dtype is float32 else 2
+
+    def data_ptr(self) -> int:
+        return 0  # 16-byte aligned, as vLLM's skinny GEMM checks
 
     def stride(self, i: int | None = None) -> Any:
         return self._stride if i is None else self._stride[i]
@@ -241,7 +248,9 @@ class SkinnyGemmConfig(tuple):
 class World:
     """The loaded sources and the knobs a test turns (batch-invariant mode, the platform)."""
 
-    def __init__(self, root: Path, monkeypatch: Any) -> None:
+    def __init__(self, root: Path, monkeypatch: Any, *, real_skinny: bool = False) -> None:
+        """real_skinny: vLLM's real skinny_gemm.py (SkinnyGemmConfig, ShapeDynamicSkinnyGemm and
+        its singleton) instead of the recording stand-in."""
         self.calls: list[str] = []
         mods = make_torch(self.calls)
         self.torch = mods["torch"]
@@ -322,11 +331,17 @@ class World:
             "vllm.model_executor.determinism.batch_invariant",
             linear_batch_invariant=batch_invariant,
         )
-        stub(
-            "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm",
-            SkinnyGemmConfig=SkinnyGemmConfig,
-            shape_dynamic_skinny_gemm=Skinny(),
-        )
+        if real_skinny:
+            self.skinny_module = self._load(
+                "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm", root / SKINNY,
+                monkeypatch,
+            )  # fmt: skip
+        else:
+            stub(
+                "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm",
+                SkinnyGemmConfig=SkinnyGemmConfig,
+                shape_dynamic_skinny_gemm=Skinny(),
+            )
         stub(
             "vllm.model_executor.layers.vocab_parallel_embedding",
             ParallelLMHead=ParallelLMHead,
@@ -338,6 +353,7 @@ class World:
             "vllm.models.kimi_k3.nvidia.low_latency_gemm", root / LLG, monkeypatch
         )
         self.ParallelLMHead = ParallelLMHead
+        self.KimiK3DeltaAttention = KimiK3DeltaAttention
 
     @staticmethod
     def _load(name: str, path: Path, monkeypatch: Any) -> types.ModuleType:

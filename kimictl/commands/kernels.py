@@ -30,6 +30,13 @@ TABLE_FROM_HELP = (
     "A dispatch table or a `kernels bench --json` report (default: this node's installed table)."
 )
 TABLE_ARCH_HELP = "Which installed table, when this node has several."
+VLLM_HELP = (
+    "Prebuild vLLM 0.33's own CuTe DSL units for this profile (skinny GEMMs, sm_90a) into the "
+    "versioned cache the vLLM plugin loads (KIMICTL_VLLM_PREBUILT)."
+)
+VLLM_ARCH_HELP = "With --vllm: target arch (default: this node's GPU)."
+VLLM_SRC_HELP = "With --vllm: an unpacked vLLM wheel to compile from when vLLM is not importable."
+PLAN_ARCH_HELP = "Also list the skinny GEMM units vLLM compiles on this arch (sm_90a derived)."
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 
 
@@ -77,9 +84,17 @@ def install(
     dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_HELP)] = False,
     source: Annotated[Path | None, typer.Option("--from", help=FROM_HELP)] = None,
     no_bench: Annotated[bool, typer.Option("--no-bench", help=NO_BENCH_HELP)] = False,
+    vllm_profile: Annotated[str | None, typer.Option("--vllm", help=VLLM_HELP)] = None,
+    arch: Annotated[str | None, typer.Option("--arch", help=VLLM_ARCH_HELP)] = None,
+    vllm_src: Annotated[Path | None, typer.Option("--vllm-src", help=VLLM_SRC_HELP)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Install the kernels on this GPU node (link, verify, bench, record the dispatch table)."""
+    if vllm_profile is not None:
+        _install_vllm(vllm_profile, arch, vllm_src, json_out=json_out)
+        return
+    if arch is not None or vllm_src is not None:
+        raise InputError("--arch and --vllm-src apply to --vllm PROFILE only")
     if dry_run and not stack:
         raise InputError(
             "--dry-run applies to --stack only; use `kimictl kernels install --stack --dry-run`"
@@ -104,6 +119,39 @@ def install(
         console.print(
             f"bench: geomean speedup of dispatched vs cuBLAS "
             f"{report.bench_summary['geomean_speedup_dispatched']:.2f}x; table {report.table_path}"
+        )
+
+
+def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out: bool) -> None:
+    from kimictl.kernels.vllm_prebuilt import install_vllm_units
+    from kimictl.runtime.deployment.profiles import load_profile
+
+    spec = load_profile(profile).spec
+    if arch is None:
+        from kimictl.kernels.node import require_gpu
+
+        _, arch = require_gpu("install --vllm (without --arch)")
+    _check_arch(arch)
+
+    def progress(i: int, n: int, name: str) -> None:
+        if not json_out:
+            err_console.print(f"[{i + 1}/{n}] {name}", highlight=False)
+
+    r = install_vllm_units(spec, arch, sources=src, progress=progress)
+    if json_out:
+        emit_json(r)
+    else:
+        console.print(
+            f"{r['units']} vLLM skinny GEMM units ({r['compiled']} compiled, "
+            f"{len(r['failed'])} failed) for {arch}, cutlass-dsl {r['cutlass_dsl']}, "
+            f"vLLM {r['vllm']}: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB -> {r['folder']}",
+            highlight=False,
+        )
+        console.print(f"serve with {next(iter(r['env']))}={r['folder']}", highlight=False)
+    if r["failed"]:
+        raise CheckFailed(
+            f"{len(r['failed'])} unit(s) failed to build: " + ", ".join(r["failed"]),
+            hint="vLLM compiles those at start-up as before",
         )
 
 
@@ -151,13 +199,16 @@ def _render_plan(plan: Any) -> None:
 @app.command("plan")
 def plan_command(
     profile: Annotated[str, typer.Argument(help="Profile name or TOML file.")],
+    arch: Annotated[str | None, typer.Option("--arch", help=PLAN_ARCH_HELP)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The CuTe DSL compile units vLLM 0.33.0 builds at start-up for PROFILE (no vLLM needed)."""
     from kimictl.runtime.deployment.profiles import load_profile
     from kimictl.runtime.kernel_plan import plan_report
 
-    report = plan_report(load_profile(profile).spec)
+    if arch is not None:
+        _check_arch(arch)
+    report = plan_report(load_profile(profile).spec, arch=arch)
     if json_out:
         emit_json(report)
         return
@@ -167,7 +218,7 @@ def plan_command(
 def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
     from rich.table import Table
 
-    if not r["specialized"]:
+    if not r["specialized"] and not r["families"]:
         console.print(
             f"{profile}: decode_backend is not latency_specialized: vLLM builds none of the "
             "specialized decode's CuTe DSL units (stock decode)"
@@ -411,7 +462,7 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from kimictl.kernels.dispatch import BENCH_MS, family_of
+    from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
@@ -458,5 +509,13 @@ def _render_routes(doc: dict[str, Any]) -> None:
     )
     for m, fams in doc["families_ms"].items():
         console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
+    by_plan: dict[str, list[str]] = {}
+    for m, plan in doc.get("chain_ms", {}).items():
+        by_plan.setdefault(plan, []).append(m)
+    for plan, ms_ in by_plan.items():
+        console.print(
+            f"vLLM plugin at M = {', '.join(ms_)}: {CHAIN_WORDS.get(plan, plan)} at every "
+            "projection (that whole layer measured fastest)"
+        )
     for m, reason in doc["guarded_ms"].items():
         console.print(f"M={m}: all cuBLAS ({reason})")

@@ -2,7 +2,8 @@
 measured them faster than vLLM's own plan.
 
 vLLM loads every `vllm.general_plugins` entry point in each of its processes and calls it.
-`register()` does nothing unless KIMICTL_VLLM_KERNELS=1 (a profile renders it from
+`register()` first loads prebuilt CuTe units when KIMICTL_VLLM_PREBUILT names a cache
+(vllm_prebuilt.py), then routes GEMMs only when KIMICTL_VLLM_KERNELS=1 (a profile renders it from
 `[serve] kimictl_kernels = true`). When enabled it wraps vLLM 0.33's
 `enable_kimi_k3_low_latency_gemm`: vLLM installs its own per-module plans first, then each
 module whose local (N, K) this node measured gets, per M, the fastest of {vLLM's plan, a kimictl
@@ -253,7 +254,12 @@ def patch_vllm(
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point, called in every vLLM process."""
+    """The `vllm.general_plugins` entry point, called in every vLLM process. First the prebuilt
+    CuTe units (KIMICTL_VLLM_PREBUILT, vllm_prebuilt.py: before vLLM's warmup compiles), then the
+    GEMM routing (KIMICTL_VLLM_KERNELS)."""
+    from kimictl.kernels.vllm_prebuilt import load_prebuilt
+
+    load_prebuilt()
     if not enabled():
         return
     import importlib

@@ -14,8 +14,9 @@ classes against this module for every shipped profile.
 Scope (what is derived here): the attention half of each layer (input projection, KDA and MLA
 cores, o-projection with its all-reduce) and the AttnRes consumers. NOT derived: the MoE providers
 (front, experts, shared experts, tail, small-batch chain, dense MLP), the embedding gather, the L2
-prefetch kernel and the low-latency GEMM warmups of `low_latency_gemm.py`; they are listed in
-`NOT_DERIVED` and make every total here a lower bound.
+prefetch kernel and the low-latency GEMM warmups of `low_latency_gemm.py` on SM100/SM103 (on
+sm_90a they are the `skinny_gemm` family, runtime/vllm_skinny.py, when an arch is given); they are
+listed in `NOT_DERIVED` and make every total here a lower bound.
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ NOT_DERIVED: tuple[tuple[str, str], ...] = (
     ("dense_mlp", "first-layer dense MLP (cutedsl/moe/dense.py)"),
     ("embedding", "embedding gather (cutedsl/common/embedding.py)"),
     ("prefetch", "L2 weight prefetch (cutedsl/common/prefetch.py)"),
-    ("low_latency_gemm", "skinny GEMM warmups of low_latency_gemm.py and the KDA skinny GEMMs"),
+    (
+        "low_latency_gemm",
+        "skinny GEMM warmups of low_latency_gemm.py on SM100/SM103 (sm_90a: family skinny_gemm "
+        "with --arch) and the KDA skinny GEMMs",
+    ),
     ("attn_res_aux", "AttnRes variants for the aux hidden-state layers a DSpark draft reads"),
 )
 
@@ -224,9 +229,21 @@ def _attn_res_units(layout: K3Layout, tp: int) -> list[CompileUnit]:
     return [CompileUnit("attn_res", k, k) for k in unique]
 
 
-def plan_units(spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT) -> KernelPlan:
+def _skinny_family(plan: KernelPlan, arch: str | None) -> None:
+    """low_latency_gemm.py's ShapeDynamicSkinnyGemm units (runtime/vllm_skinny.py): installed by
+    the model on SM90/SM100/SM103 whatever the decode backend; derived for sm_90a only."""
+    from kimictl.runtime.vllm_skinny import skinny_units
+
+    for unit in (skinny_units(arch, plan.tp) or []) if arch else []:
+        plan.units.append(CompileUnit("skinny_gemm", unit.key, unit.effective))
+
+
+def plan_units(
+    spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT, *, arch: str | None = None
+) -> KernelPlan:
     """The compile units of `spec`'s specialized decode on SM100/SM103 (none when the deployment
-    runs stock decode: decode_backend auto)."""
+    runs stock decode: decode_backend auto), plus, when `arch` is given, the low-latency skinny
+    GEMM units vLLM compiles on that arch (vllm_skinny.py; sm_90a only)."""
     tp, dcp, q = (
         spec.tensor_parallel_size,
         spec.decode_context_parallel_size,
@@ -236,6 +253,7 @@ def plan_units(spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT) -> KernelPlan
     batches = _batches(q, sizes)
     plan = KernelPlan(tp, dcp, q, batches, spec.decode_backend == "latency_specialized")
     if not plan.specialized or tp not in TWOSHOT_RANGE:
+        _skinny_family(plan, arch)
         return plan
     lo, hi = TWOSHOT_RANGE[tp]
     twoshots = {b for b in batches if lo <= b <= hi}
@@ -283,6 +301,7 @@ def plan_units(spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT) -> KernelPlan
     for unit in _attn_res_units(layout, tp):
         add(unit)
     plan.units = list(units.values())
+    _skinny_family(plan, arch)
     return plan
 
 
@@ -329,9 +348,11 @@ def compile_times(plan: KernelPlan, path: Path = TIMES_FILE) -> tuple[list[Famil
     return out, doc.get("provenance", {})
 
 
-def plan_report(spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT) -> dict[str, Any]:
+def plan_report(
+    spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT, *, arch: str | None = None
+) -> dict[str, Any]:
     """Everything `kimictl kernels plan` shows, as JSON-able data."""
-    plan = plan_units(spec, layout)
+    plan = plan_units(spec, layout, arch=arch)
     times, provenance = compile_times(plan)
     by_family = {t.family: t for t in times}
     families = []
@@ -354,6 +375,7 @@ def plan_report(spec: DeploymentSpec, layout: K3Layout = K3_LAYOUT) -> dict[str,
         families.append(row)
     return {
         "specialized": plan.specialized,
+        "arch": arch,
         "tp": plan.tp,
         "dcp": plan.dcp,
         "q": plan.q,

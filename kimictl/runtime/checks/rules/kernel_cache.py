@@ -32,18 +32,26 @@ def kernel_cache_check(
     *,
     live: bool = True,
 ) -> Check | None:
-    """None when there is nothing to say (no deployment, or stock decode)."""
-    if spec is None or spec.decode_backend != "latency_specialized":
+    """None when there is nothing to say (no deployment, or no CuTe units on this arch)."""
+    if spec is None:
         return None
     from kimictl.runtime.kernel_cache import find_cache
     from kimictl.runtime.kernel_plan import compile_times, plan_units
 
-    plan = plan_units(spec)
+    arch = _ARCHES.get(capability) if capability is not None else None
+    # the specialized decode's units, plus the skinny GEMM units vLLM compiles on this arch
+    plan = plan_units(spec, arch=arch)
+    if not plan.units:
+        return None
     times, _ = compile_times(plan)
     cost = f"{len(plan.units)}+ CuTe DSL units"
     if times:
         cost += f" (about {sum(t.vllm_seconds for t in times):.0f}+ s measured on a CPU here)"
-    plan_hint = "`kimictl kernels plan PROFILE` lists them"
+    plan_hint = "`kimictl kernels plan PROFILE` lists them" + (
+        "; `kimictl kernels install --vllm PROFILE` prebuilds the skinny GEMM units"
+        if any(u.family == "skinny_gemm" for u in plan.units)
+        else ""
+    )
     if not live:
         return _check(
             Status.UNKNOWN,
@@ -52,7 +60,6 @@ def kernel_cache_check(
         )
     versions = stack.versions() if stack is not None else {}
     dsl, vllm = versions.get("nvidia-cutlass-dsl"), versions.get("vllm")
-    arch = _ARCHES.get(capability) if capability is not None else None
     missing = [
         n for n, v in (("nvidia-cutlass-dsl", dsl), ("vllm", vllm), ("GPU arch", arch)) if not v
     ]
