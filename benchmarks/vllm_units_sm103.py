@@ -467,7 +467,9 @@ def main() -> int:
             families[fam.family] = row
         print(fam.family, {k: v for k, v in row.items() if k != "units"}, flush=True)
     doc = {
-        "command": "PYTHONPATH=$PWD python benchmarks/vllm_units_sm103.py --profile "
+        "command": "FLASHINFER_SRC=<flashinfer-python 0.7.2.post1 wheel, unpacked> "
+        "PYTHONPATH=$PWD:<quack-kernels 0.6.5 + apache-tvm-ffi 0.1.11> "
+        "python benchmarks/vllm_units_sm103.py --profile "
         + args.profile
         + (f" --families {args.families}" if args.families else "")
         + (f" --smem-per-sm {args.smem_per_sm}" if args.smem_per_sm else ""),
