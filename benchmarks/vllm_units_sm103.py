@@ -46,6 +46,8 @@ K3_HEADS = K3_LAYOUT.heads
 # KV cache blocks in the fake KDA state / MLA page views: a static dimension of the compiled
 # layouts that vLLM sizes from free GPU memory at start-up (an assumption here).
 KV_BLOCKS = 1024
+# family -> [(plan key, the compile function's arguments vLLM's Prepared* class passed)]
+RECORDED: dict[str, list[tuple[Any, tuple[Any, ...]]]] = {}
 
 
 def _text(exc: BaseException) -> str:
@@ -247,6 +249,7 @@ def _vllm_units(family: str, keys: list[list[Any]], tp: int, q: int) -> list[tup
             specs, heads, mode, bias, device, tokens = args
             assert [specs[0][0][0], heads, mode, tokens] == list(key), (key, args)
             units.append((key, lambda a=args: [real(*a)]))
+        RECORDED[family] = list(zip(keys, seen, strict=True))
         return units
     if family == "mla_core":
         mla = importlib.import_module(f"{base}.mla.prepared")
@@ -268,6 +271,7 @@ def _vllm_units(family: str, keys: list[list[Any]], tp: int, q: int) -> list[tup
         )
         prepared.prepare_cache(_Fake((KV_BLOCKS, 64, 656), torch.uint8))  # fp8_ds_mla pages
         by_key = {(a[0], a[1], a[2], a[5], a[7]): a for a in seen}
+        RECORDED[family] = [(k, by_key[tuple(k)]) for k in keys]
         return [(k, lambda a=by_key[tuple(k)]: list(real(*a))) for k in keys]
     raise ValueError(f"no builder for family {family}")
 
