@@ -128,6 +128,10 @@ def main() -> int:
               f"table predicts {c['dispatched_predicted_us']:.1f} us; families "
               f"{c.get('chosen_families', 'all')} of "
               + ", ".join(f"{k} {v:.1f}" for k, v in c.get("candidates", {}).items()))  # fmt: skip
+        if "plans" in c:
+            print(f"  three-way chain M={c['m']}: " + ", ".join(
+                f"{k} {v:.1f} us" for k, v in c["plans"].items())
+                + f"; kept {c['chain_plan']} ({c['shipped_us']:.1f} us)")  # fmt: skip
     print(
         f"geomean per-point rule alone: {s.get('geomean_speedup_per_point', float('nan')):.3f}; "
         f"geomean dispatched speedup (issue grid): {s['geomean_speedup_dispatched']:.3f}; "
@@ -242,6 +246,20 @@ def render_markdown(bj: dict[str, Any]) -> str:
             f"| {c.get('dispatched_predicted_us', float('nan')):.1f} "
             f"| {c.get('chosen_families', 'all')} |"
         )
+    three = [c for c in bj["chains"] if "plans" in c]
+    if three:
+        out += [
+            "",
+            "| three-way chain | M | vLLM plan us | per-cell mix us | kimictl two-way us | kept |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for c in three:
+            p = c["plans"]
+            out.append(
+                f"| layer | {c['m']} | {p.get('vllm', float('nan')):.1f} "
+                f"| {p.get('mix', float('nan')):.1f} | {p.get('kimictl', float('nan')):.1f} "
+                f"| {c['chain_plan']} |"
+            )
     out += [
         "",
         f"Geometric-mean speedup of the dispatched choice over cuBLAS on the issue grid "

@@ -10,6 +10,18 @@ terminal, full rendering every round).
 without and with the monitor's scrapes (full text, filtered, filtered + paced; optionally a plain
 1 Hz curl), side by side (observer_effect.py); `--interval 0.05` amplifies the effect,
 `--server-pid PID` (the `vllm serve` process) first measures the server's CPU per scrape.
+
+`--mode ab` resolves the 1 Hz effect: `--pairs N` ABBA pairs of short blocks (the same fixed load)
+with the monitor's loop on / idle, paired on/off ratios of TTFT, TPOT and throughput with 95 %
+intervals, the server's CPU per block from /proc and the inter-token gaps that overlap a scrape
+(observer_effect.paired_ab). `--start-server` starts the test suite's CPU server with the shipped
+cpu-demo buckets (take /tmp/kimictl-vllm.lock first):
+
+    flock /tmp/kimictl-vllm.lock python benchmarks/monitor_overhead.py --mode ab --start-server \
+        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE]
+    python benchmarks/monitor_overhead.py --mode ab --from-dump FILE [FILE ...]   # pool runs
+
+Figures: benchmarks/RESULTS.md#observer-ab.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -104,7 +117,23 @@ def main() -> None:
     ap.add_argument("--endpoints", type=int, default=4)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--mode", choices=["both", "headless", "tui", "observer"], default="both")
+    ap.add_argument("--mode", choices=["both", "headless", "tui", "observer", "ab"], default="both")
+    ap.add_argument("--pairs", type=int, default=30, help="ab: ABBA pairs of blocks")
+    ap.add_argument("--dump", type=Path, help="ab: append each block's figures here (JSONL)")
+    ap.add_argument(
+        "--watch-mode",
+        choices=["now", "filtered", "full"],
+        default="now",
+        help="ab: the monitor's scrapes: now (filtered + paced, kimictl monitor), filtered "
+        "(never paced: the full rate), full (the whole text, as before filtering)",
+    )
+    ap.add_argument("--max-s", type=float, default=480, help="ab: start no pair after this")
+    ap.add_argument(
+        "--from-dump", type=Path, nargs="+", help="ab: pool these --dump files, measure nothing"
+    )
+    ap.add_argument(
+        "--start-server", action="store_true", help="ab/observer: start a CPU server (flock!)"
+    )
     ap.add_argument("--rounds", type=int, default=5, help="observer: rounds of every mode")
     ap.add_argument("--prompts", type=int, default=12, help="observer: requests per bench")
     ap.add_argument(
@@ -118,6 +147,9 @@ def main() -> None:
     args = ap.parse_args()
     import httpx
 
+    if args.mode == "ab":
+        run_ab(args)
+        return
     if args.mode == "observer":
         from observer_effect import measure, print_table, scrape_cost
 
@@ -147,6 +179,77 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+def direct_cost(result: dict[str, Any], cost: dict[str, Any] | None) -> dict[str, float]:
+    """The 1 Hz cost from CPU accounting: server CPU per second of load with the monitor on and
+    off, and what the measured CPU of one filtered scrape is as a share of it."""
+    out: dict[str, float] = {}
+    for arm, c in result["cpu_totals"].items():
+        out[f"server_cpu_ms_per_s_{arm}"] = 1000 * c["server_all_cpu_s"] / c["wall_s"]
+        out[f"api_server_cpu_ms_per_s_{arm}"] = 1000 * c["server_api_cpu_s"] / c["wall_s"]
+        out[f"monitor_cpu_ms_per_s_{arm}"] = 1000 * c["monitor_cpu_s"] / c["wall_s"]
+    if cost:
+        per = statistics.fmean(r["server_cpu_ms"] for r in cost["filtered"])
+        out["server_cpu_ms_per_filtered_scrape"] = per
+        load = per * result["scrape_rate_hz"]  # ms of server CPU per second of the run
+        out["scrape_share_of_server_cpu"] = load / out["server_cpu_ms_per_s_on"]
+        out["scrape_share_of_api_server_cpu"] = load / out["api_server_cpu_ms_per_s_on"]
+    return out
+
+
+def run_ab(args: argparse.Namespace) -> None:
+    from observer_effect import ab_from_dumps, paired_ab, print_ab, print_ratios, scrape_cost
+
+    if args.from_dump:
+        pooled = ab_from_dumps(args.from_dump)
+        print_ratios(pooled)
+        print(json.dumps(pooled, indent=2))
+        return
+
+    server = None
+    if args.start_server:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from conftest import start_cpu_server_retrying
+
+        from kimictl.runtime.deployment import buckets
+        from kimictl.runtime.deployment.profiles import load_profile
+
+        chb = load_profile("cpu-demo").spec.custom_histogram_buckets
+        run_dir = Path(tempfile.mkdtemp(prefix="kimictl-ab-"))
+        server = start_cpu_server_retrying(
+            run_dir, max_model_len=768, extra=buckets.flag_for(chb or {})
+        )
+        args.url, args.server_pid = server.url, server.process.pid
+    try:
+        import httpx
+
+        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        cost = scrape_cost(args.url, args.server_pid, n=100) if args.server_pid else None
+        result = paired_ab(
+            args.url,
+            model,
+            args.server_pid,
+            args.pairs,
+            args.prompts,
+            args.interval,
+            args.dump,
+            watch_mode=args.watch_mode,
+            max_s=args.max_s,
+        )
+    finally:
+        if server is not None:
+            from conftest import stop_cpu_server
+
+            stop_cpu_server(server)
+    result["scrape_cost"] = cost
+    result["direct"] = direct_cost(result, cost)
+    result["machine"] = (
+        f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print_ab(result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -211,3 +211,288 @@ def scrape_cost(url: str, server_pid: int, n: int = 200) -> dict[str, Any]:
     for mode in (FilterMode.FULL, FilterMode.FILTERED, FilterMode.FULL, FilterMode.FILTERED):
         out.setdefault(mode.value, []).append(asyncio.run(run(mode)))
     return out
+
+
+# --- paired A/B: resolve a ~2 % effect at 1 Hz on a noisy box ------------------------------------
+# Many short blocks of the same fixed load (2 streams x 256-token outputs, `prompts` requests),
+# with one monitor process ("now": filtered + paced, what `kimictl monitor` does) either running
+# at `interval` ("on") or idle ("off"), in pairs whose order alternates (off,on / on,off: ABBA), so
+# that slow drift of the shared box cancels. Each pair gives one on/off ratio per figure; the
+# interval of the mean log-ratio (t and bootstrap) says what the data can exclude. The load runs
+# in this process (kimictl's load generator, started once) so no block pays for start-up imports.
+AB_FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s", "itl_p99_ms", "itl_max_ms")
+
+
+def _tree_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (utime + stime) of `pid` and all its descendants, by pid."""
+    out: dict[int, float] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            out[p] = _proc_cpu_s(p)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
+    """One block of the fixed load, in process; per-request and per-token times on the monotonic
+    clock (time.perf_counter) so they line up with the watcher's scrape spans."""
+    import asyncio
+
+    from kimictl.runtime.load.loadgen import run_load
+    from kimictl.runtime.load.records import LoadPoint, LoadSettings, LoadTarget
+    from kimictl.runtime.load.workloads import RandomWorkload, parse_length
+
+    workload = RandomWorkload(parse_length("32"), parse_length("256"))
+    settings = LoadSettings(points=(LoadPoint(concurrency=2),), num_prompts=prompts)
+    t_run = time.perf_counter()  # run_load's own t_run is taken microseconds later
+    recs = asyncio.run(run_load([LoadTarget("ab", url, model)], workload, settings))
+    ok = [r for r in recs if r.ok and not r.warmup]
+    if len(ok) != prompts:
+        raise RuntimeError(f"{prompts - len(ok)} of {prompts} requests failed: {recs[:1]}")
+    ttft = [1000 * r.ttft for r in ok if r.ttft is not None]
+    tpot = [1000 * t for r in ok if (t := r.tpot) is not None]
+    itl = sorted(1000 * g for r in ok for g in r.itls)
+    first, last = min(r.start for r in ok), max(r.end for r in ok)
+    tokens = [[t_run + r.start + c for c in r.chunk_times] for r in ok]
+    return {
+        "ttft_p50_ms": statistics.median(ttft),
+        "tpot_p50_ms": statistics.median(tpot),
+        "output_tok_s": sum(r.output_tokens for r in ok) / (last - first),
+        "itl_p99_ms": itl[int(0.99 * (len(itl) - 1))],
+        "itl_max_ms": itl[-1],
+        "t0": t_run + first,
+        "t1": t_run + last,
+        "token_times": tokens,
+    }
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5 % quantile (Cornish-Fisher expansion; within 0.3 % for df >= 5)."""
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def ratio_interval(ratios: list[float], *, boot: int = 20000, seed: int = 0) -> dict[str, float]:
+    """Paired on/off ratios: the geometric mean with a 95 % t interval and a bootstrap percentile
+    interval, and the median with a bootstrap interval (all on log ratios, so x1.02 and x0.98
+    weigh alike). The median resists the whole-response stalls that hit single blocks."""
+    import math
+    import random
+
+    logs = [math.log(r) for r in ratios]
+    n, mean = len(logs), statistics.fmean(logs)
+    half = _t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    rng = random.Random(seed)
+    means, medians = [], []
+    for _ in range(boot):
+        sample = rng.choices(logs, k=n)
+        means.append(statistics.fmean(sample))
+        medians.append(statistics.median(sample))
+    means.sort()
+    medians.sort()
+    lo, hi = int(0.025 * boot), int(0.975 * boot)
+    return {
+        "n": n,
+        "ratio": math.exp(mean),
+        "t95_lo": math.exp(mean - half),
+        "t95_hi": math.exp(mean + half),
+        "boot95_lo": math.exp(means[lo]),
+        "boot95_hi": math.exp(means[hi]),
+        "median_ratio": math.exp(statistics.median(logs)),
+        "median_boot95_lo": math.exp(medians[lo]),
+        "median_boot95_hi": math.exp(medians[hi]),
+    }
+
+
+def stalled(block: dict[str, float]) -> bool:
+    """A block where streaming stalled: whole responses at once (TPOT p50 under 0.5 ms) or a
+    TTFT p50 over 0.5 s (the issue's symptom; ~4-10 ms TPOT and ~10-40 ms TTFT otherwise)."""
+    return block["tpot_p50_ms"] < 0.5 or block["ttft_p50_ms"] > 500
+
+
+def ab_summary(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, Any]:
+    """(on, off) block figures -> each figure's on/off interval, over all pairs and over the pairs
+    where neither block stalled, and how many blocks of each arm stalled."""
+    out: dict[str, Any] = {"pairs": len(pairs)}
+    clean = [(a, b) for a, b in pairs if not stalled(a) and not stalled(b)]
+    for name, chosen in (("on_over_off", pairs), ("on_over_off_unstalled_pairs", clean)):
+        out[name] = {
+            key: ratio_interval([a[key] / b[key] for a, b in chosen if a[key] > 0 and b[key] > 0])
+            for key in AB_FIGURES
+            if len(chosen) >= 3
+        }
+    out["stalled_blocks"] = {
+        "on": sum(stalled(a) for a, _ in pairs),
+        "off": sum(stalled(b) for _, b in pairs),
+    }
+    return out
+
+
+def ab_from_dumps(paths: list[Path]) -> dict[str, Any]:
+    """Pool the per-block JSONL of several `--mode ab --dump` runs (pairs stay within a run)."""
+    pairs = []
+    for path in paths:
+        by_pair: dict[int, dict[str, dict[str, float]]] = {}
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            by_pair.setdefault(row["pair"], {})[row["arm"]] = row
+        pairs += [(p["on"], p["off"]) for p in by_pair.values() if len(p) == 2]
+    return {"dumps": [str(p) for p in paths], **ab_summary(pairs)}
+
+
+def _gaps_near(
+    blocks: list[dict[str, Any]], spans: list[tuple[float, float]], interval: float
+) -> dict[str, Any]:
+    """Inter-token gaps of the "on" blocks that overlap a scrape (its start to 5 ms past its end:
+    the server renders while the client waits for the answer), and, as the control, those that
+    overlap the same spans moved half an interval later (between scrapes). A long gap is more
+    likely to overlap any span, so only the difference to the control is the scrape's stall."""
+
+    def overlapping(shift: float) -> list[float]:
+        got = []
+        for b in blocks:
+            mine = [(s0 + shift, s1 + shift) for s0, s1 in spans if b["t0"] - 1 <= s0 <= b["t1"]]
+            for times in b["token_times"]:
+                for a, z in zip(times, times[1:], strict=False):
+                    if any(a < s1 + 0.005 and z > s0 for s0, s1 in mine):
+                        got.append(1000 * (z - a))
+        return got
+
+    near, control = overlapping(0.0), overlapping(interval / 2)
+    out: dict[str, Any] = {
+        "near_scrape": _dist(near),
+        "control_half_interval_later": _dist(control),
+    }
+    if near and control:
+        out["stall_per_scrape_ms"] = statistics.fmean(near) - statistics.fmean(control)
+    return out
+
+
+def _dist(ms: list[float]) -> dict[str, float] | None:
+    if not ms:
+        return None
+    s = sorted(ms)
+    return {"count": len(s), "mean_ms": statistics.fmean(s), "p50_ms": statistics.median(s),
+            "p99_ms": s[int(0.99 * (len(s) - 1))], "max_ms": s[-1]}  # fmt: skip
+
+
+def paired_ab(
+    url: str,
+    model: str,
+    server_pid: int | None,
+    pairs: int,
+    prompts: int,
+    interval: float,
+    dump: Path | None = None,
+    *,
+    watch_mode: str = "now",
+    max_s: float = 480.0,
+) -> dict[str, Any]:
+    """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
+    loop (`watch_mode`, see _observer_watch.py) running or idle."""
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
+        mon = subprocess.Popen(
+            [sys.executable, str(_WATCH), url, watch_mode, str(record), str(out), str(interval)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        blocks: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+        try:
+            # it starts running (a USR signal before its handlers are set would kill it): its
+            # imports (seconds of CPU here) and two rounds settle before it is paused
+            deadline = time.monotonic() + 120
+            while not (record.exists() and len(record.read_text().splitlines()) >= 2):
+                if time.monotonic() > deadline or mon.poll() is not None:
+                    raise RuntimeError("the monitor did not start")
+                time.sleep(0.2)
+            mon.send_signal(signal.SIGUSR1)
+            _block(url, model, prompts)  # warm-up
+            t_end = time.monotonic() + max_s
+            for i in range(pairs):
+                if time.monotonic() > t_end:  # keep the run inside its time budget
+                    break
+                for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                    mon.send_signal(signal.SIGUSR2 if arm == "on" else signal.SIGUSR1)
+                    c0 = _tree_cpu_s(server_pid) if server_pid else {}
+                    m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
+                    blk = _block(url, model, prompts)
+                    wall = time.perf_counter() - w0
+                    c1 = _tree_cpu_s(server_pid) if server_pid else {}
+                    api = (c1.get(server_pid, 0) - c0.get(server_pid, 0)) if server_pid else 0.0
+                    every = sum(v - c0.get(p, 0.0) for p, v in c1.items())
+                    cpu[arm].append({"wall_s": wall, "server_api_cpu_s": api,
+                                     "server_all_cpu_s": every,
+                                     "monitor_cpu_s": _proc_cpu_s(mon.pid) - m0})  # fmt: skip
+                    blocks[arm].append(blk)
+                    if dump is not None:  # a crash later keeps what was measured
+                        row = {k: blk[k] for k in AB_FIGURES}
+                        with dump.open("a") as fh:
+                            fh.write(json.dumps({"pair": i, "arm": arm, **row, **cpu[arm][-1]}))
+                            fh.write("\n")
+        finally:
+            mon.send_signal(signal.SIGTERM)
+            mon.wait(timeout=30)
+        watch = json.loads(out.read_text())
+    spans = [tuple(s) for s in watch["scrape_spans"]]
+    on_spans = [s for s in spans if any(b["t0"] - 1 <= s[0] <= b["t1"] for b in blocks["on"])]
+    stray = [
+        s for s in spans if any(b["t0"] <= s[0] <= b["t1"] for b in blocks["off"])
+    ]  # a scrape inside an "off" block would make the A/B wrong
+    on_wall = sum(c["wall_s"] for c in cpu["on"])
+    sums = {arm: {k: sum(c[k] for c in cs) for k in cs[0]} for arm, cs in cpu.items()}
+    return {
+        "watch_mode": watch_mode,
+        "prompts_per_block": prompts,
+        "interval_s": interval,
+        **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
+        "blocks": {arm: [{k: b[k] for k in AB_FIGURES} for b in bs] for arm, bs in blocks.items()},
+        "cpu_totals": sums,
+        "scrapes_in_on_blocks": len(on_spans),
+        "scrape_rate_hz": len(on_spans) / on_wall,
+        "scrapes_in_off_blocks": len(stray),
+        "scrape_ms": _dist([1000 * (s1 - s0) for s0, s1 in on_spans]),
+        "token_gaps_on_blocks": _gaps_near(blocks["on"], on_spans, interval),
+        "token_gaps_off_blocks": _dist(
+            [
+                1000 * (z - a)
+                for b in blocks["off"]
+                for t in b["token_times"]
+                for a, z in zip(t, t[1:], strict=False)
+            ]
+        ),  # fmt: skip
+        "load_avg_start_end": [load0, os.getloadavg()[0]],
+    }
+
+
+def print_ratios(result: dict[str, Any]) -> None:
+    """The on/off table of ab_summary: mean and median ratios with their 95 % intervals."""
+    stalls = result["stalled_blocks"]
+    print(f"{result['pairs']} pairs; stalled blocks: on {stalls['on']}, off {stalls['off']}")
+    for name in ("on_over_off", "on_over_off_unstalled_pairs"):
+        print(f"{name:<16}{'n':>4}{'geo mean':>10}{'t 95%':>18}{'boot 95%':>18}"
+              f"{'median':>9}{'boot 95%':>18}")  # fmt: skip
+        for key, ci in result[name].items():
+            print(f"  {key:<14}{ci['n']:>4}{ci['ratio']:>10.4f}"
+                  f"  [{ci['t95_lo']:.3f}, {ci['t95_hi']:.3f}]"
+                  f"  [{ci['boot95_lo']:.3f}, {ci['boot95_hi']:.3f}]{ci['median_ratio']:>9.4f}"
+                  f"  [{ci['median_boot95_lo']:.3f}, {ci['median_boot95_hi']:.3f}]")  # fmt: skip
+
+
+def print_ab(result: dict[str, Any]) -> None:
+    print_ratios(result)
+    print(
+        f"scrapes in on blocks: {result['scrapes_in_on_blocks']} "
+        f"({result['scrape_rate_hz']:.2f} Hz), in off blocks: {result['scrapes_in_off_blocks']}"
+    )
+    print(f"scrape latency in on blocks: {result['scrape_ms']}")
+    for arm, c in result["cpu_totals"].items():
+        print(f"cpu {arm}: {c}")
+    print(f"token gaps on: {result['token_gaps_on_blocks']}")
+    print(f"token gaps off: {result['token_gaps_off_blocks']}")

@@ -22,6 +22,7 @@ from kimictl.runtime.load.benchreport import (
 )
 from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, RecordList, RequestRecord
 from kimictl.runtime.load.slo import parse_slo
+from kimictl.runtime.observe.snapshot import snapshot_from_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -202,7 +203,10 @@ def test_server_view_from_real_metrics_captures() -> None:
     assert d_drafts > 0
     result = RecordList()
     result.extend([rec("s", start=0.0), rec("s", start=0.2)])
-    result.metrics[("s", "c=1", 0)] = ((t0, 100.0), (t1, 105.0))
+    result.metrics[("s", "c=1", 0)] = (
+        snapshot_from_text(t0, monotonic=100.0),
+        snapshot_from_text(t1, monotonic=105.0),
+    )
     (s,) = summarize_run(
         result,
         targets={"s": LoadTarget("s", "http://x", "tiny-k2")},

@@ -239,23 +239,13 @@ def test_client_model_checks() -> None:
         Endpoint("127.0.0.1:8000")
 
 
-def test_client_transport_error_and_metrics_counter() -> None:
+def test_client_transport_error() -> None:
+    # finished_requests() reads /metrics through observe.scrape: tests/test_scrape_filter.py
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
     with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1:1/v1/models"):
         _ = _endpoint(down).model
-    assert _endpoint(down).finished_requests() is None
-
-    def metrics(request: httpx.Request) -> httpx.Response:
-        text = (
-            "# TYPE vllm:request_success_total counter\n"
-            'vllm:request_success_total{finished_reason="stop"} 3.0\n'
-            'vllm:request_success_total{finished_reason="length"} 4.0\n'
-        )
-        return httpx.Response(200, text=text)
-
-    assert _endpoint(metrics).finished_requests() == 7.0
 
 
 def test_thresholds_overrides() -> None:

@@ -42,12 +42,26 @@ def _bench(server: Server, tmp_path: Path, prompts: int) -> dict:
     return run
 
 
+def _burst_delivered(client: dict, server: dict) -> bool:
+    """Clients saw tokens at over 3x the rate the server generated them: only a delivery burst
+    does that (a client can receive tokens no faster than they are generated, on average)."""
+    fast, generated = client.get("p90_fast_tail"), server.get("interactivity_p90")
+    return bool(fast and generated and fast > 3 * generated)
+
+
 def test_monitor_agrees_with_bench_clients_with_the_shipped_buckets(
     demo_buckets_server: Server, tmp_path: Path
 ) -> None:
     run = _bench(demo_buckets_server, tmp_path, prompts=16)
     client = run["kimictl"]["interactivity_tok_s_per_user"]
     server = run["kimictl"]["server_view"]
+    if _burst_delivered(client, server):
+        # On a loaded 2-core box the CPU server sometimes flushes whole responses at once: the
+        # clients then time delivery, not generation (issue 15's stall). One rerun, never more.
+        print("\nburst delivery, rerunning once:", client, server.get("interactivity_p90"))
+        run = _bench(demo_buckets_server, tmp_path, prompts=16)
+        client = run["kimictl"]["interactivity_tok_s_per_user"]
+        server = run["kimictl"]["server_view"]
     # `pytest -s` shows the figures (benchmarks/RESULTS.md quotes them)
     print("\nagreement", json.dumps({"server": server, "client": client}, default=str)[:4000])
     assert server["requests_finished"] == 16 and server["unresolved"] == {}
@@ -68,6 +82,13 @@ def test_default_buckets_mark_the_same_window_unresolved(
     run = _bench(cpu_server, tmp_path, prompts=4)
     server = run["kimictl"]["server_view"]
     client = run["kimictl"]["interactivity_tok_s_per_user"]
+    high = (server["unresolved"].get("interactivity_p50") or {}).get("high")
+    if client["p50"] and high and client["p50"] > 3 * high:
+        # a delivery burst (see _burst_delivered): one rerun, never more
+        print("\nburst delivery, rerunning once:", client, high)
+        run = _bench(cpu_server, tmp_path, prompts=4)
+        server = run["kimictl"]["server_view"]
+        client = run["kimictl"]["interactivity_tok_s_per_user"]
     assert client["p50"] is not None, (run["completed"], run["kimictl"]["errors_by_kind"])
     print("\nunresolved", json.dumps({"unresolved": server["unresolved"], "client": client}))
     for key in ("interactivity_p50", "interactivity_p90"):

@@ -162,12 +162,14 @@ def test_only_shipped_families_enter_the_manifest_hash(monkeypatch: pytest.Monke
 
     shipped = kbuild.source_hash()
     assert shipped == kbuild.source_hash()  # deterministic
+    experimental = {c.kernel for c in kbuild._configs(shipped=False)}  # e.g. wsnorm_gemm
+    assert "tcpipe_gemm" not in experimental
     # a family taken out of the default build leaves the shipped hash and the default configs
     monkeypatch.setitem(
         kbuild.FAMILIES, "tcpipe_gemm", replace(kbuild.FAMILIES["tcpipe_gemm"], shipped=False)
     )
     assert kbuild.source_hash() != shipped
-    assert {c.kernel for c in kbuild._configs(shipped=False)} == {"tcpipe_gemm"}
+    assert {c.kernel for c in kbuild._configs(shipped=False)} == experimental | {"tcpipe_gemm"}
     assert "tcpipe_gemm" not in {c.kernel for c in kbuild._configs(shipped=True)}
     # a family's own hash covers the shared compile helper too
     assert "aot.py" in kbuild.FAMILIES["wstream_gemm"].sources
@@ -186,3 +188,17 @@ def test_embedded_sm_reads_the_cubin_and_is_none_without_one(tmp_path: Path):
     plain = tmp_path / "plain.o"
     plain.write_bytes(b"\x7fELF" + b"\0" * 200)
     assert kbuild.embedded_sm(plain) is None
+
+
+def test_wsnorm_is_an_experimental_wstream_with_its_own_names():
+    from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS, WsNormConfig
+
+    assert not kbuild.FAMILIES["wsnorm_gemm"].shipped
+    assert "wsnorm_gemm" not in {c.kernel for c in kbuild.ALL_CONFIGS}
+    names = [c.name for c in NORM_CONFIGS]
+    assert len(set(names)) == len(names) and all(n.startswith("wsnorm_m") for n in names)
+    assert WsNormConfig(2, 64, 7, 2, residual=True, early=True).name == "wsnorm_m2_t64_u7_r2_res_et"
+    # its kernel body extends wstream's: a change there must rebuild wsnorm too
+    assert "wstream_gemm_dsl.py" in kbuild.FAMILIES["wsnorm_gemm"].sources
+    with pytest.raises(ValueError, match="persistent"):
+        WsNormConfig(1, 128, 7, 2, ctas=264)

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
 from kimictl.runtime.errors import EndpointError
-from kimictl.runtime.observe.names import SAMPLE_NAMES
+from kimictl.runtime.observe.names import REQUEST_SUCCESS, SAMPLE_NAMES
 from kimictl.runtime.observe.poller import MAX_BACKOFF_S, SCRAPE_BUDGET, EndpointPoller
 from kimictl.runtime.observe.scrape import FilterMode, MetricsScraper, honours_filter
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
@@ -232,3 +233,75 @@ async def test_slow_answers_slow_the_poller_down_and_fast_ones_restore_it() -> N
         poller.close()
         server.shutdown()
         server.server_close()
+
+
+# --- the other readers of /metrics: validate's finished-request count, bench's server view ------
+_SUCCESS = REQUEST_SUCCESS + "_total"
+
+
+async def test_a_scraper_asks_only_for_the_samples_it_is_given(serve) -> None:  # type: ignore[no-untyped-def]
+    url, paths = serve("honour")
+    scraper = MetricsScraper(url, names=(_SUCCESS,))
+    try:
+        snap = await scraper.scrape(timeout=5)
+    finally:
+        scraper.close()
+    assert scraper.mode is FilterMode.FILTERED
+    assert parse_qs(urlsplit(paths[0]).query)["name[]"] == [_SUCCESS]
+    assert snap.counters == {REQUEST_SUCCESS: snapshot_from_text(FULL).counters[REQUEST_SUCCESS]}
+    assert not snap.histograms and not snap.gauges
+    with pytest.raises(ValueError, match="not samples a snapshot reads"):
+        MetricsScraper(url, names=("python_gc_objects_collected_total",))
+
+
+@pytest.mark.parametrize("behaviour", ["honour", "ignore", "reject"])
+def test_validate_counts_finished_requests_through_the_scraper(serve, behaviour: str) -> None:  # type: ignore[no-untyped-def]
+    from kimictl.runtime.evals.client import Endpoint
+
+    url, paths = serve(behaviour)
+    want = snapshot_from_text(FULL).counters[REQUEST_SUCCESS]
+    assert want > 0
+    assert Endpoint(url, name="cand").finished_requests() == want
+    assert paths[0] == "/metrics/?" + urlencode([("name[]", _SUCCESS)])
+    # a server that ignores the filter answered in full: one GET; one that rejects it: two
+    assert len(paths) == (2 if behaviour == "reject" else 1)
+
+
+def test_validate_finished_requests_is_none_when_metrics_cannot_be_read(serve) -> None:  # type: ignore[no-untyped-def]
+    from kimictl.runtime.evals.client import Endpoint
+
+    url, paths = serve("fail")
+    assert Endpoint(url).finished_requests() is None and len(paths) == 2
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    assert Endpoint(dead).finished_requests() is None
+
+
+@pytest.mark.slow
+async def test_bench_and_validate_read_the_real_server_through_the_scraper(cpu_server) -> None:  # type: ignore[no-untyped-def]
+    from kimictl.runtime.evals.client import Endpoint
+    from kimictl.runtime.load.loadgen import run_load
+    from kimictl.runtime.load.records import LoadPoint, LoadSettings, LoadTarget
+    from kimictl.runtime.load.workloads import RandomWorkload, parse_length
+    from kimictl.runtime.observe.window import compute_window
+
+    ep = Endpoint(cpu_server.url)
+    before = await asyncio.to_thread(ep.finished_requests)
+    assert before is not None
+    records = await run_load(
+        [LoadTarget("t", cpu_server.url, cpu_server.model)],
+        RandomWorkload(parse_length("16"), parse_length("8")),
+        LoadSettings(points=(LoadPoint(concurrency=2),), num_prompts=3, scrape_metrics=True),
+    )
+    assert len(records) == 3 and all(r.ok for r in records)
+    ((old, new),) = records.metrics.values()
+    window = compute_window(old, new)
+    assert window.requests_finished == 3
+    assert window.tokens_per_s and new.histograms and new.gauges  # the monitor's whole view
+    after = before
+    deadline = time.monotonic() + 10  # the engine's last stats reach the API server after a reply
+    while after == before and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        after = await asyncio.to_thread(ep.finished_requests)
+    assert after == before + 3

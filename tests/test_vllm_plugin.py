@@ -8,6 +8,7 @@ forward below records which path served it, so every route and every fall-throug
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import tomllib
@@ -365,3 +366,18 @@ def test_doctor_reports_the_plugin(tmp_path: Path) -> None:
     # enabled here, but either not installed in this environment or without a table: a warning
     assert plugin["status"] == "warn" and plugin["section"] == "Software stack"
     assert "enabled" in plugin["message"] or "not installed" in plugin["message"]
+
+
+def test_layer_chain_plan_routes_cells_vllm_won_alone(world: World) -> None:
+    from kimictl.kernels.dispatch import CHAIN_KIMICTL, CHAIN_VLLM
+
+    node = copy.deepcopy(NODE)
+    node.set_chain(8, CHAIN_KIMICTL)  # kimictl's whole layer measured faster at M=8
+    node.set_chain(1, CHAIN_VLLM)  # vLLM's whole layer measured faster at M=1
+    root = model(world)
+    install(world, root, node)
+    # qkv_a M=8: vLLM's dsv3 kernel won this cell alone, kimictl's chain won the layer
+    assert run(world, root.qkv_a, 8) == "kimictl:wgmma_m8_a"
+    assert run(world, root.qkv_a, 16) == "vllm-dsv3"  # M=16 keeps the per-cell rule
+    assert run(world, root.qkv_a, 1) == "vllm-cute"  # kimictl won this cell, vLLM's layer won
+    assert run(world, root.router, 1) == "cublas"  # vLLM's plan for the router: its fallback

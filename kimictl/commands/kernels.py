@@ -327,10 +327,18 @@ def bench(json_out: JsonOpt = False) -> None:
 
     _torch, arch = require_gpu("bench")
     report = run_bench(open_node_library(arch))
+    # the whole-layer figures beside the per-GEMM ones, when this node has measured them
+    from kimictl.kernels.layer_record import node_layer_record
+
+    layer = node_layer_record(arch)
     if json_out:
-        emit_json(report.to_json())
+        emit_json(report.to_json() | {"layer": layer.to_json() if layer else None})
         return
     _render_bench(report)
+    if layer is not None:
+        _render_layer(layer)
+    else:
+        console.print("no layer record on this node (see `kimictl kernels layer --help`)")
 
 
 def _render_bench(report: Any) -> None:
@@ -370,6 +378,71 @@ def _render_bench(report: Any) -> None:
         )
 
 
+LAYER_FROM_HELP = "A layer JSON from benchmarks/layer_h200.py (default: this node's saved one)."
+LAYER_SAVE_HELP = "With --from: save it as this node's layer record (bench and tune read it)."
+
+
+@app.command("layer")
+def layer_command(
+    from_file: Annotated[Path | None, typer.Option("--from", help=LAYER_FROM_HELP)] = None,
+    save: Annotated[bool, typer.Option("--save", help=LAYER_SAVE_HELP)] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show the measured dense-layer figures: stock, vLLM's plan and fused kimictl per M."""
+    from kimictl.kernels.layer_record import (
+        arch_of_device,
+        node_layer_record,
+        read_layer_record,
+        save_layer_record,
+    )
+
+    if save and from_file is None:
+        raise InputError("--save needs --from FILE (the layer JSON to record for this node).")
+    record = read_layer_record(from_file) if from_file else node_layer_record()
+    if record is None:
+        raise Unsupported(
+            "no layer record on this node.",
+            hint="run benchmarks/layer_h200.py on the GPU, then "
+            "`kimictl kernels layer --from layer_h200.json --save`.",
+        )
+    saved = None
+    if save:
+        arch = arch_of_device(record.device)
+        if arch is None:
+            raise InputError(f"{from_file} was measured on {record.device!r}, not a known GPU.")
+        saved = save_layer_record(record, arch)
+    if json_out:
+        emit_json(record.to_json() | {"saved": str(saved) if saved else None})
+        return
+    _render_layer(record)
+    if saved:
+        console.print(f"saved as this node's layer record: {saved}")
+
+
+def _render_layer(record: Any) -> None:
+    from rich.table import Table
+
+    from kimictl.kernels.layer_record import COPY_CEILING_TBPS
+
+    t = Table(
+        title=f"dense part of one K3 decode layer on {record.device}: us per layer (kernels)",
+        title_justify="left",
+    )
+    for col in ("layer", "M", "stock", "vLLM plan", "kimictl", "variant", "x stock", "x vLLM",
+                "TB/s"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for p in record.points:
+        t.add_row(
+            p.kind.upper(), str(p.m), f"{p.stock_us:.1f} ({p.stock_kernels or '?'})",
+            "-" if p.vllm_us is None else f"{p.vllm_us:.1f}",
+            f"{p.best_us:.1f} ({p.best_kernels or '?'})", p.best.removeprefix("kimictl_"),
+            f"{p.vs_stock:.2f}",
+            "-" if p.vs_vllm is None else f"{p.vs_vllm:.2f}",
+            f"{p.tbps:.2f} ({100 * p.tbps / COPY_CEILING_TBPS:.0f}%)",
+        )  # fmt: skip
+    console.print(t)
+
+
 @app.command("table")
 def show_table(
     from_file: Annotated[Path | None, typer.Option("--from", help=TABLE_FROM_HELP)] = None,
@@ -393,7 +466,7 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from kimictl.kernels.dispatch import BENCH_MS, family_of
+    from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
@@ -440,5 +513,13 @@ def _render_routes(doc: dict[str, Any]) -> None:
     )
     for m, fams in doc["families_ms"].items():
         console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
+    by_plan: dict[str, list[str]] = {}
+    for m, plan in doc.get("chain_ms", {}).items():
+        by_plan.setdefault(plan, []).append(m)
+    for plan, ms_ in by_plan.items():
+        console.print(
+            f"vLLM plugin at M = {', '.join(ms_)}: {CHAIN_WORDS.get(plan, plan)} at every "
+            "projection (that whole layer measured fastest)"
+        )
     for m, reason in doc["guarded_ms"].items():
         console.print(f"M={m}: all cuBLAS ({reason})")

@@ -132,6 +132,11 @@ def tune(
         check_png_target(plot, overwrite=force)
     hw, count, source = service.resolve_system(system, gpus, from_snapshot)
     hw = service.with_comm_curve(hw, comm_curve)
+    overheads, overhead_note = _node_overheads(hw)
+    from kimictl.runtime.tuning.layer_overhead import overheads_applied
+
+    # in force until the command ends, so the written profile and the JSON say what was used
+    ctx.with_resource(overheads_applied(overheads or {}, overhead_note))
     result = service.run_search(
         system=hw,
         gpus=count,
@@ -155,6 +160,8 @@ def tune(
         doc = result.to_json()
         doc["hardware_source"] = source
         doc["communication"] = hw.communication()
+        doc["kernel_overheads"] = {"measured": overheads is not None, "source": overhead_note}
+        doc["kernel_overheads"] |= overheads or {}
         doc["model"] = service.model_card()["published_figures"]
         if written is not None:
             doc["written"] = str(written)
@@ -165,11 +172,29 @@ def tune(
         return
     _render_search(result, source)
     console.print(f"[dim]all-reduce term: {hw.communication()}[/dim]", soft_wrap=True)
+    console.print(f"[dim]per-kernel overheads: {overhead_note}[/dim]", soft_wrap=True)
     if png is not None:
         console.print(f"plot written: {png}")
     if written is not None:
         console.print(f"profile written: {written}")
     _fail_if_nothing_fits(result)
+
+
+def _node_overheads(hw: Any) -> tuple[dict[str, float] | None, str]:
+    """Per-kernel overheads measured on this node's dense layer (kimictl kernels layer --save)
+    when its GPU is the one modelled, else the fitted ones; and a line saying which."""
+    from kimictl.kernels.layer_record import node_layer_record
+    from kimictl.runtime.tuning.layer_overhead import measured_overheads
+
+    record = node_layer_record()
+    values = measured_overheads(record, hw) if record is not None else None
+    if values is None:
+        return None, "fitted to published GB300 layer times (no layer measured on this GPU here)"
+    assert record is not None  # the values came from it
+    shown = ", ".join(
+        f"{k.removeprefix('kernel_overhead_us_')} {v:.2f} us" for k, v in values.items()
+    )
+    return values, f"measured from this node's layer record on {record.device}: {shown}"
 
 
 def _fail_if_nothing_fits(result: SearchResult) -> None:

@@ -21,12 +21,17 @@ from typing import Any
 from kimictl.kernels.dispatch import (
     ALL_FAMILIES,
     BENCH_MS,
+    CHAIN_KIMICTL,
+    CHAIN_MIX,
+    CHAIN_VLLM,
     CUBLAS,
     K3_GEMM_SHAPES,
+    VLLM,
     DispatchTable,
     Measurement,
     family_of,
     geomean,
+    pick_chain_plan,
     pick_family_set,
 )
 
@@ -275,14 +280,15 @@ def bench(
         del ws, order
         torch.cuda.empty_cache()
 
-    chains = [_chain(lib, table, m, shapes) for m in chain_ms if (m, False) in by_m]
+    chains = [_chain(lib, table, m, shapes, vllm_run) for m in chain_ms if (m, False) in by_m]
     settle_chains(table, chains)
     return BenchReport(props.name, table.arch, rows, table, chains, time.perf_counter() - t0)
 
 
 def settle_chains(table: DispatchTable, chains: list[dict[str, Any]]) -> None:
     """Per M, from the measured layer-chain candidates: restrict the table to the family set whose
-    chain won (pick_family_set), record the choices, and guard an M whose chain lost to cuBLAS."""
+    chain won (pick_family_set), record the choices, and guard an M whose chain lost to cuBLAS.
+    Where the three-way chains were timed (`plans`), keep the fastest as that M's chain plan."""
     for chain in chains:
         # per-point winners of different families can lose together (kernel boundaries
         # interact): keep the family set whose measured layer chain was fastest for this M
@@ -305,12 +311,27 @@ def settle_chains(table: DispatchTable, chains: list[dict[str, Any]]) -> None:
                 f"vs cuBLAS {chain['cublas_us']:.1f} us",
             )
             chain["guarded"] = True
+        plans = chain.get("plans")
+        if plans:
+            if chain.get("guarded"):
+                # the two-way picks are now cuBLAS; the mix was timed on the unguarded picks
+                plans = {CHAIN_VLLM: plans[CHAIN_VLLM], CHAIN_KIMICTL: chain["cublas_us"]}
+            plan = pick_chain_plan(plans)
+            table.set_chain(chain["m"], plan)
+            chain["chain_plan"] = plan
+            chain["shipped_us"] = plans[plan]
 
 
 def _chain(
-    lib: Any, table: DispatchTable, m: int, shapes: tuple[tuple[str, int, int], ...]
+    lib: Any,
+    table: DispatchTable,
+    m: int,
+    shapes: tuple[tuple[str, int, int], ...],
+    vllm_run: Callable[[Any, Any], Any] | None = None,
 ) -> dict[str, Any]:
-    """A layer's projections back to back (lm_head excluded): cuBLAS-only vs dispatched."""
+    """A layer's projections back to back (lm_head excluded): cuBLAS-only vs dispatched (two-way,
+    per family set); with `vllm_run` also the three-way plans: vLLM's plan at every projection
+    and the per-cell three-way mix (on the family set the two-way chains kept)."""
     import torch
     import torch.nn.functional as F
 
@@ -356,6 +377,26 @@ def _chain(
         candidates[label] = us * len(layer)
     ours_us = time_graph([ours_only(s, n, k) for _ in range(reps) for s, n, k in layer])
     ours_us *= len(layer)
+    plans: dict[str, float] = {}
+    if vllm_run is not None:
+        kept, allowed_kept = pick_family_set(candidates)  # the set settle_chains will keep
+        t3 = copy.deepcopy(table)
+        t3.restrict(m, allowed_kept)
+        t3.set_chain(m, CHAIN_MIX)
+
+        def mixed(s: str, n: int, k: int) -> Callable[[], Any]:
+            c = t3.choose3(n, k, m)
+            if c.provider == VLLM:
+                return partial(vllm_run, xs[s], ws[s])
+            return dispatched(s, n, k, t3)
+
+        vllm_chain: list[Callable[[], Any]] = [
+            partial(vllm_run, xs[s], ws[s]) for _ in range(reps) for s, _, _ in layer
+        ]
+        plans[CHAIN_VLLM] = time_graph(vllm_chain) * len(layer)
+        mix_chain = [mixed(s, n, k) for _ in range(reps) for s, n, k in layer]
+        plans[CHAIN_MIX] = time_graph(mix_chain) * len(layer)
+        plans[CHAIN_KIMICTL] = candidates[kept]
     torch.cuda.empty_cache()
     return {
         "m": m,
@@ -367,4 +408,5 @@ def _chain(
         "cublas_tbps": total_bytes / cub_us / 1e6,
         "kimictl_only_us": ours_us,
         "candidates": candidates,
+        **({"plans": plans} if plans else {}),
     }

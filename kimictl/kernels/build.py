@@ -72,6 +72,11 @@ FAMILIES: dict[str, Family] = {
         ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
         arches=("sm_90a",),
     ),
+    # issue 17: RMSNorm folded into wstream (benchmarks/layer_h200.py builds it on request)
+    "wsnorm_gemm": Family(
+        "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
+        ("wsnorm_gemm.py", "wsnorm_gemm_dsl.py", "wstream_gemm_dsl.py", "aot.py"), shipped=False,
+    ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent
 

@@ -20,6 +20,9 @@ __all__ = [
     "K3_GEMM_SHAPES",
     "family_of",
     "pick_family_set",
+    "pick_chain_plan",
+    "CHAIN_PLANS",
+    "CHAIN_WORDS",
     "decode_gemm",
     "routes",
     "BENCH_MS",
@@ -54,6 +57,19 @@ ALL_FAMILIES = "all"  # layer-chain candidate: every family (the per-point winne
 CHAIN_MARGIN = 0.02  # a restricted family set must beat "all" by more than run-to-run noise
 VLLM_MARGIN = 0.02  # a kernel replaces vLLM's plan only when faster by more than run-to-run noise
 
+# Three-way layer-chain plans, one kept per M (`chain_ms`): per-cell winners from different
+# providers lose PDL overlap at kernel boundaries, so the fastest cells need not make the fastest
+# layer; the bench times the whole layer under each plan and the table keeps the fastest.
+CHAIN_VLLM = "vllm"  # vLLM's plan at every cell
+CHAIN_MIX = "mix"  # per cell, choose3's cell rule (the default where no chain was measured)
+CHAIN_KIMICTL = "kimictl"  # the two-way picks (kimictl kernel or cuBLAS), never vLLM's plan
+CHAIN_PLANS: tuple[str, ...] = (CHAIN_VLLM, CHAIN_MIX, CHAIN_KIMICTL)  # tie-break order
+CHAIN_WORDS = {
+    CHAIN_VLLM: "vLLM's plan",
+    CHAIN_MIX: "per-projection three-way picks",
+    CHAIN_KIMICTL: "kimictl's picks (kernel or cuBLAS)",
+}
+
 
 def family_of(variant: str) -> str:
     """Kernel family of a variant name (`wgmma_m8_...` -> `wgmma`): names start with it."""
@@ -69,6 +85,20 @@ def pick_family_set(candidates: dict[str, float]) -> tuple[str, tuple[str, ...] 
     if label == ALL_FAMILIES or candidates[label] >= base * (1 - CHAIN_MARGIN):
         return ALL_FAMILIES, None
     return label, tuple(label.split("+"))
+
+
+def pick_chain_plan(chains: dict[str, float]) -> str:
+    """From measured layer-chain times per plan (CHAIN_PLANS keys; unmeasured ones left out): the
+    plan kept for that M. vLLM's chain stays unless another beat it by more than CHAIN_MARGIN;
+    among the others the fastest measured (ties in CHAIN_PLANS order)."""
+    valid = {p: us for p, us in chains.items() if p in CHAIN_PLANS and math.isfinite(us) and us > 0}
+    if not valid:
+        return CHAIN_MIX
+    best = min(valid, key=lambda p: (valid[p], CHAIN_PLANS.index(p)))
+    vllm_us = valid.get(CHAIN_VLLM)
+    if vllm_us is not None and valid[best] >= vllm_us * (1 - CHAIN_MARGIN):
+        return CHAIN_VLLM
+    return best
 
 
 @dataclass(frozen=True)
@@ -115,6 +145,8 @@ class DispatchTable:
     # M -> the kernel families allowed at that M, when a layer chain restricted to them measured
     # faster than the chain of per-point winners (families interact at kernel boundaries)
     families_ms: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # M -> the three-way layer-chain plan (CHAIN_PLANS) whose measured chain was fastest
+    chain_ms: dict[int, str] = field(default_factory=dict)
 
     def add(self, m: Measurement) -> None:
         self.measurements[m.key] = m
@@ -129,6 +161,15 @@ class DispatchTable:
             self.families_ms.pop(m, None)
         else:
             self.families_ms[m] = tuple(sorted(families))
+
+    def set_chain(self, m: int, plan: str) -> None:
+        """choose3 follows `plan` at M (CHAIN_MIX: the per-cell rule, the default)."""
+        if plan not in CHAIN_PLANS:
+            raise ValueError(f"unknown layer-chain plan {plan!r} (one of {', '.join(CHAIN_PLANS)})")
+        if plan == CHAIN_MIX:
+            self.chain_ms.pop(m, None)
+        else:
+            self.chain_ms[m] = plan
 
     def choose(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
         meas = self.measurements.get((n, k, m, residual))
@@ -158,15 +199,23 @@ class DispatchTable:
         )
 
     def choose3(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
-        """Three-way: the fastest of {vLLM's plan, the best kimictl kernel, cuBLAS} where vLLM's
-        plan was timed on this node; provider "vllm" (keep vLLM's plan) everywhere else and
-        wherever the other two were not measured faster by more than VLLM_MARGIN, so the plugin
-        never replaces a plan with something not measured clearly faster."""
+        """Three-way, where vLLM's plan was timed on this node (provider "vllm", keep vLLM's plan,
+        everywhere else). At an M with a layer-chain plan (`chain_ms`) every cell follows it:
+        vLLM's plan, or the two-way pick even where vLLM's plan was faster at that cell, because
+        that whole chain measured faster. Otherwise per cell: the fastest of {vLLM's plan, the
+        best kimictl kernel, cuBLAS}, keeping vLLM's plan unless another was measured faster by
+        more than VLLM_MARGIN."""
         meas = self.measurements.get((n, k, m, residual))
         vllm_us = meas.vllm_us if meas is not None else None
         if meas is None or vllm_us is None or not math.isfinite(vllm_us) or vllm_us <= 0:
             return Choice(VLLM, VLLM, None, None, "vLLM's plan not timed on this node: vLLM's plan")
+        plan = self.chain_ms.get(m, CHAIN_MIX)
+        chain = f"layer chain at M={m}: {plan} measured fastest as a whole"
+        if plan == CHAIN_VLLM:
+            return Choice(VLLM, VLLM, vllm_us, meas.cublas_us, chain)
         two = self.choose(n, k, m, residual=residual)
+        if plan == CHAIN_KIMICTL:
+            return Choice(two.provider, two.name, two.us, two.cublas_us, f"{two.reason}; {chain}")
         if two.us is not None and two.us < vllm_us * (1 - VLLM_MARGIN):
             why = f"{two.reason}; beats vLLM's plan ({vllm_us:.2f} us)"
             return Choice(two.provider, two.name, two.us, two.cublas_us, why)
@@ -187,6 +236,7 @@ class DispatchTable:
             "source": self.source,
             "guarded_ms": {str(m): r for m, r in self.guarded_ms.items()},
             "families_ms": {str(m): list(f) for m, f in self.families_ms.items()},
+            "chain_ms": {str(m): p for m, p in self.chain_ms.items()},
             "entries": [
                 {
                     "n": m.n,
@@ -208,6 +258,8 @@ class DispatchTable:
             table.guard(int(m), str(reason))
         for m, fams in raw.get("families_ms", {}).items():
             table.restrict(int(m), tuple(str(f) for f in fams))
+        for m, plan in raw.get("chain_ms", {}).items():
+            table.set_chain(int(m), str(plan))
         for e in raw["entries"]:
             table.add(
                 Measurement(

@@ -47,7 +47,8 @@ class Endpoint:
             )
         self.base = base
         self.name = name or base
-        headers = bearer_headers(api_key if api_key is not None else env_api_key())
+        self._api_key = api_key if api_key is not None else env_api_key()
+        headers = bearer_headers(self._api_key)
         self._client = httpx.Client(
             base_url=base,
             headers=headers,
@@ -133,19 +134,20 @@ class Endpoint:
 
     def finished_requests(self) -> float | None:
         """vLLM's cumulative finished-request counter from /metrics; None when unavailable."""
-        from kimictl.runtime.observe.metrics import REQUEST_SUCCESS, parse_prometheus_text
+        from kimictl.runtime.observe.names import REQUEST_SUCCESS
+        from kimictl.runtime.observe.scrape import scrape_once
 
         try:
-            response = self._client.get("/metrics")
-        except httpx.HTTPError:
+            snap = scrape_once(
+                self.base,
+                names=(REQUEST_SUCCESS + "_total",),
+                api_key=self._api_key,
+                timeout=30.0,
+                name=self.name,
+            )
+        except EndpointError:
             return None
-        if response.status_code != 200:
-            return None
-        samples, _ = parse_prometheus_text(response.text, prefixes=(REQUEST_SUCCESS,))
-        values = [
-            s.value for s in samples if s.name in (REQUEST_SUCCESS, REQUEST_SUCCESS + "_total")
-        ]
-        return sum(values) if values else None
+        return snap.counters.get(REQUEST_SUCCESS)
 
     def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}

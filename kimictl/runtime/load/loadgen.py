@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -36,6 +36,10 @@ from kimictl.runtime.load.records import LoadTarget as LoadTarget
 from kimictl.runtime.load.records import RecordList as RecordList
 from kimictl.runtime.load.records import RequestRecord as RequestRecord
 from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
+
+if TYPE_CHECKING:
+    from kimictl.runtime.observe.scrape import MetricsScraper
+    from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
     "run_load",
@@ -339,6 +343,7 @@ async def run_load(
     stop = stop or asyncio.Event()
     out = RecordList()
     endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
+    scrapers = _scrapers(targets) if settings.scrape_metrics else {}
     run = _Run(settings, time.perf_counter(), out, stop, on_record)
     probe = LagProbe(run.t_run)  # is the client itself keeping up? (clientlag.py)
     probe.start()
@@ -390,7 +395,8 @@ async def run_load(
             if on_point is not None:
                 on_point(t, point, r)
             key = (t.name, point.label, r)
-            before = await _scrape(t) if settings.scrape_metrics else None
+            scraper = scrapers.get(t.name)
+            before = await _scrape(scraper) if scraper is not None else None
             pr = point_run(
                 t,
                 point,
@@ -405,8 +411,8 @@ async def run_load(
             if pr.first is not None:
                 out.windows[key] = (pr.first, pr.last)
             out.max_concurrent[key] = pr.max_inflight
-            if before is not None:
-                after = await _scrape(t)
+            if before is not None and scraper is not None:
+                after = await _scrape(scraper)
                 if after is not None:
                     out.metrics[key] = (before, after)
             if pr.abort and not out.stop_reason:
@@ -431,6 +437,8 @@ async def run_load(
     finally:
         for ep in endpoints.values():
             ep.close()
+        for scraper in scrapers.values():
+            scraper.close()
         await probe.stop()
         out.client_lag = probe.samples
     return out
@@ -452,9 +460,21 @@ async def _run_point(pr: _PointRun, stop: asyncio.Event) -> None:
             pass
 
 
-async def _scrape(t: LoadTarget) -> tuple[str, float] | None:
+def _scrapers(targets: Sequence[LoadTarget]) -> dict[str, MetricsScraper]:
+    """One /metrics scraper per target (the monitor's: filtered to what a snapshot reads)."""
+    from kimictl.runtime.observe.scrape import MetricsScraper
+
+    return {
+        t.name: MetricsScraper(t.url, name=f"target {t.name}", api_key=t.api_key or "")
+        for t in targets
+    }
+
+
+async def _scrape(scraper: MetricsScraper) -> MetricsSnapshot | None:
+    """A snapshot of the server's counters and histograms; None when /metrics cannot be read."""
+    from kimictl.runtime.errors import EndpointError
+
     try:
-        text = await fetch_text(t.url, "/metrics", api_key=t.api_key)
-    except (OSError, TimeoutError):
+        return await scraper.scrape(timeout=10.0)
+    except EndpointError:
         return None
-    return text, time.monotonic()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
     "ERROR_KINDS",
@@ -128,9 +132,9 @@ class RecordList(list[RequestRecord]):
         self.stop_reason: str | None = None  # None = ran to completion
         # (target, point, repeat) -> (start, end) seconds from the run's start, measured part only
         self.windows: dict[tuple[str, str, int], tuple[float, float]] = {}
-        # (target, point, repeat) -> ((/metrics text, time.monotonic()) before, after); absent when
-        # not scraped or the server has no /metrics
-        self.metrics: dict[tuple[str, str, int], tuple[tuple[str, float], tuple[str, float]]] = {}
+        # (target, point, repeat) -> /metrics snapshots (before, after); absent when not scraped
+        # or the server has no readable /metrics
+        self.metrics: dict[tuple[str, str, int], tuple[MetricsSnapshot, MetricsSnapshot]] = {}
         self.max_concurrent: dict[tuple[str, str, int], int] = {}
         # (seconds from the run's start, ms) event-loop lag of the client during the run
         self.client_lag: list[tuple[float, float]] = []

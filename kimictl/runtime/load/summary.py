@@ -305,12 +305,7 @@ def _server_view(
         return None
     from kimictl.runtime.observe import metrics
 
-    (before, m0), (after, m1) = pair
-    try:
-        old = metrics.snapshot_from_text(before, monotonic=m0)
-        new = metrics.snapshot_from_text(after, monotonic=m1)
-    except Exception:  # a server whose /metrics is not Prometheus text: no server view
-        return None
+    old, new = pair
     view = metrics.compute_window(old, new).to_json()
     view["vllm_spec_decode"] = vllm_compat.spec_decode_fields(old, new)
     return view

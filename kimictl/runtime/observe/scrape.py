@@ -7,11 +7,16 @@ inside vLLM's API-server process (benchmarks/RESULTS.md#observer): the full text
 prometheus-fastapi-instrumentator's handler, which ignores them, and `/metrics/` (the Mount of
 prometheus_client's app) applies them. So the filtered GET is `/metrics/?name[]=...`, and a server
 that rejects or ignores it is scraped in full from then on.
+
+Every reader of /metrics goes through MetricsScraper: the monitor (all of SAMPLE_NAMES), bench's
+before/after view of each run (the same), validate's finished-request count (two samples).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Iterable
 from enum import StrEnum
 from urllib.parse import urlencode
 
@@ -23,12 +28,14 @@ from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
 __all__ = [
     "FILTER_PATH",
+    "filter_path",
     "REFUSED",
     "FilterMode",
     "MetricsScraper",
     "honours_filter",
     "metrics_endpoint",
     "metrics_url",
+    "scrape_once",
     "scrape_timeout",
 ]
 
@@ -36,9 +43,14 @@ __all__ = [
 # The reason of a scrape nothing listens to (refused, or a name that does not resolve).
 REFUSED = "connection refused or host unreachable"
 
-# Appended to the /metrics path: the sample names a snapshot reads, prometheus_client's syntax.
-FILTER_PATH = "/?" + urlencode([("name[]", name) for name in SAMPLE_NAMES])
-_WANTED = frozenset(SAMPLE_NAMES)
+
+def filter_path(names: Iterable[str]) -> str:
+    """Appended to the /metrics path: the sample names wanted, in prometheus_client's syntax."""
+    return "/?" + urlencode([("name[]", name) for name in names])
+
+
+# What the monitor asks for: every sample name a snapshot reads.
+FILTER_PATH = filter_path(SAMPLE_NAMES)
 
 
 class FilterMode(StrEnum):
@@ -57,11 +69,13 @@ def metrics_url(base_url: str) -> str:
     return base if base.endswith("/metrics") else base + "/metrics"
 
 
-def metrics_endpoint(base_url: str, *, name: str = "endpoint") -> Endpoint:
-    """A keep-alive connection pool to `base_url`'s /metrics, sending VLLM_API_KEY if set.
-    InputError when the URL is not http(s)://HOST[:PORT]."""
+def metrics_endpoint(
+    base_url: str, *, name: str = "endpoint", api_key: str | None = None
+) -> Endpoint:
+    """A keep-alive connection pool to `base_url`'s /metrics, sending `api_key` (None: VLLM_API_KEY
+    if set). InputError when the URL is not http(s)://HOST[:PORT]."""
     try:
-        return Endpoint(metrics_url(base_url), env_api_key())
+        return Endpoint(metrics_url(base_url), api_key if api_key is not None else env_api_key())
     except InputError:
         raise InputError(
             f"{name}: {base_url!r} is not an http(s)://HOST[:PORT] URL.",
@@ -69,8 +83,10 @@ def metrics_endpoint(base_url: str, *, name: str = "endpoint") -> Endpoint:
         ) from None
 
 
-def honours_filter(text: str) -> bool:
-    """True when every sample of `text` is one the filter asked for, and there is at least one."""
+def honours_filter(text: str, names: Iterable[str] = SAMPLE_NAMES) -> bool:
+    """True when every sample of `text` is one of `names` (what the filter asked for), and there
+    is at least one."""
+    wanted = frozenset(names)
     seen = False
     for raw in text.splitlines():
         line = raw.lstrip()
@@ -81,7 +97,7 @@ def honours_filter(text: str) -> bool:
             at = line.find(sep)
             if 0 <= at < end:
                 end = at
-        if line[:end] not in _WANTED:
+        if line[:end] not in wanted:
             return False
         seen = True
     return seen
@@ -89,12 +105,25 @@ def honours_filter(text: str) -> bool:
 
 class MetricsScraper:
     """Scrapes one endpoint over a keep-alive connection, filtered when the server allows it.
-    `mode` remembers what the server did with the filter (one probe, then kept)."""
+    `mode` remembers what the server did with the filter (one probe, then kept). `names`: the
+    sample names to ask for (a subset of SAMPLE_NAMES; default all a snapshot reads); `api_key`:
+    sent as a bearer token, None = VLLM_API_KEY from the environment."""
 
-    def __init__(self, base_url: str, *, name: str = "endpoint") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str = "endpoint",
+        names: Iterable[str] = SAMPLE_NAMES,
+        api_key: str | None = None,
+    ) -> None:
         self.url = metrics_url(base_url)
-        self.conn = metrics_endpoint(base_url, name=name)
+        self.names = tuple(names)
+        if unknown := set(self.names) - set(SAMPLE_NAMES):
+            raise ValueError(f"not samples a snapshot reads: {sorted(unknown)}")
+        self.conn = metrics_endpoint(base_url, name=name, api_key=api_key)
         self.mode = FilterMode.UNKNOWN
+        self._path = filter_path(self.names)
 
     def close(self) -> None:
         self.conn.close()
@@ -103,9 +132,9 @@ class MetricsScraper:
         """GET /metrics once and parse it. Raises EndpointError with a one-line reason."""
         if self.mode is FilterMode.FULL:
             return _parse(self.url, *await self._get("", timeout), model)
-        status, text = await self._get(FILTER_PATH, timeout)
+        status, text = await self._get(self._path, timeout)
         if status == 200:
-            if self.mode is FilterMode.FILTERED or honours_filter(text):
+            if self.mode is FilterMode.FILTERED or honours_filter(text, self.names):
                 self.mode = FilterMode.FILTERED
                 return _parse(self.url, status, text, model)
             if _has_vllm_samples(text):  # the filter was ignored: this is the full text
@@ -137,6 +166,27 @@ class MetricsScraper:
                 raise EndpointError(f"{url}: answered something that is not HTTP")
             raise EndpointError(f"{url}: connection lost ({reason})")
         return resp.status, resp.body.decode("utf-8", "replace")
+
+
+def scrape_once(
+    base_url: str,
+    *,
+    names: Iterable[str] = SAMPLE_NAMES,
+    api_key: str | None = None,
+    timeout: float = 10.0,
+    name: str = "endpoint",
+) -> MetricsSnapshot:
+    """One scrape from synchronous code (validate): its own event loop and connection. Raises
+    EndpointError with a one-line reason."""
+
+    async def once() -> MetricsSnapshot:
+        scraper = MetricsScraper(base_url, name=name, names=names, api_key=api_key)
+        try:
+            return await scraper.scrape(timeout=timeout)
+        finally:
+            scraper.close()
+
+    return asyncio.run(once())
 
 
 def _has_vllm_samples(text: str) -> bool:
