@@ -131,34 +131,38 @@ def test_node_capability_reads_the_first_gpu() -> None:
 # ---------------------------------------------------------------- the profile switch
 
 
-def _profile_with(tmp_path: Path, extra: str, name: str = "mine") -> Path:
+def _profile_with(tmp_path: Path, name: str, **lines: str) -> Path:
+    """The shipped profile with `lines[table]` added at the top of each of its tables."""
     text = (shipped_profiles_dir() / f"{PROFILE}.toml").read_text()
+    for table, line in lines.items():
+        assert f"[{table}]\n" in text  # the shipped profile has [serve] and [env]
+        text = text.replace(f"[{table}]\n", f"[{table}]\n{line}\n", 1)
     path = tmp_path / f"{name}.toml"
-    path.write_text(text + extra)
+    path.write_text(text)
     return path
 
 
 def test_prebuilt_units_field(tmp_path: Path) -> None:
     assert load_profile(PROFILE).prebuilt_units == "auto"
-    serve_table = _profile_with(tmp_path, "", "plain")
-    assert "[serve]" in serve_table.read_text()  # the shipped profile has one: append a key to it
-    text = serve_table.read_text().replace("[serve]\n", '[serve]\nprebuilt_units = "off"\n', 1)
-    off = tmp_path / "off.toml"
-    off.write_text(text)
+    off = _profile_with(tmp_path, "off", serve='prebuilt_units = "off"')
     assert load_profile(off).prebuilt_units == "off"
     assert load_profile(off).to_json()["prebuilt_units"] == "off"
-    bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace('"off"', '"always"'))
+    bad = _profile_with(tmp_path, "bad", serve='prebuilt_units = "always"')
     with pytest.raises(InputError) as err:
         load_profile(bad)
-    assert "prebuilt_units" in err.value.message and '"auto" | "off"' in err.value.message
-    both = tmp_path / "both.toml"
-    both.write_text(text + f'\n[env]\n{PREBUILT_ENV_VAR} = "/data/units"\n')
-    if "[env]" in text:  # the shipped profile already has [env]: add the key there instead
-        both.write_text(text.replace("[env]\n", f'[env]\n{PREBUILT_ENV_VAR} = "/data/units"\n'))
+    assert f"{bad}:" in err.value.message and "prebuilt_units" in err.value.message
+    assert '"auto" | "off"' in err.value.message
+    both = _profile_with(
+        tmp_path,
+        "both",
+        serve='prebuilt_units = "off"',
+        env=f'{PREBUILT_ENV_VAR} = "/data/units"',
+    )
     with pytest.raises(InputError) as err:
         load_profile(both)
     assert f"{both}:" in err.value.message and "set one of them" in err.value.message
+    given = _profile_with(tmp_path, "given", env=f'{PREBUILT_ENV_VAR} = "/data/units"')
+    assert load_profile(given).spec.env[PREBUILT_ENV_VAR] == "/data/units"  # auto: allowed
 
 
 # ---------------------------------------------------------------- serve --dry-run on an H200
@@ -198,8 +202,7 @@ def test_serve_passes_the_cache_to_vllm_and_prints_it(h200_node, capsys) -> None
 
 def test_serve_leaves_it_out_when_the_profile_says_off(h200_node, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _build_cache(load_profile(PROFILE).spec)
-    path = _profile_with(tmp_path, "")
-    path.write_text(path.read_text().replace("[serve]\n", '[serve]\nprebuilt_units = "off"\n', 1))
+    path = _profile_with(tmp_path, "off", serve='prebuilt_units = "off"')
     code, out, _ = _dry_run(str(path), capsys, "--json")
     doc = json.loads(out)
     assert code == 0 and PREBUILT_ENV_VAR not in doc["runs"][0]["env"]
