@@ -504,7 +504,7 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
 
 def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm
-    variants into `out` (objects whose source is unchanged are reused); sm_90a."""
+    and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
     from kimictl.kernels.layer_elem import elem_configs
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
