@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
+from kimictl.runtime.outputs import atomic_write, read_json_input
 
 __all__ = [
     "COPY_CEILING_TBPS",
@@ -142,16 +141,11 @@ def layer_record_path(arch: str) -> Path:
 
 def read_layer_record(path: Path) -> LayerRecord:
     """The record in `path`; InputError (one sentence) when it cannot be read or is not one."""
-    try:
-        return LayerRecord.from_json(json.loads(path.read_text()))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}.") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}).") from None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise InputError(
-            f"{path} is not a layer record from benchmarks/layer_h200.py (with checked rows)."
-        ) from None
+    return read_json_input(
+        path,
+        "a layer record from benchmarks/layer_h200.py (with checked rows)",
+        LayerRecord.from_json,
+    )
 
 
 def save_layer_record(record: LayerRecord, arch: str) -> Path:

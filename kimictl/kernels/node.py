@@ -19,6 +19,7 @@ from typing import Any
 from kimictl.kernels.dispatch import DispatchTable
 from kimictl.runtime.checks.stack import CUTLASS_INSTALL
 from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
+from kimictl.runtime.outputs import read_json_input
 
 __all__ = [
     "KERNEL_STACK",
@@ -74,19 +75,15 @@ def read_dispatch_table(path: Path | None, arch: str | None) -> DispatchTable:
             archs = ", ".join(f.parent.name for f in found)
             raise InputError(f"this node has dispatch tables for {archs}: pick one with --arch.")
         path = found[0]
-    try:
-        raw = json.loads(path.read_text())
-        if isinstance(raw, dict) and "dispatch_table" in raw:
-            raw = raw["dispatch_table"]
-        return DispatchTable.from_json(raw)
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}.") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}).") from None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise InputError(
-            f"{path} is not a kimictl dispatch table or `kernels bench --json` report."
-        ) from None
+    return read_json_input(
+        path, "a kimictl dispatch table or `kernels bench --json` report", _table_from_json
+    )
+
+
+def _table_from_json(raw: Any) -> DispatchTable:
+    if isinstance(raw, dict) and "dispatch_table" in raw:
+        raw = raw["dispatch_table"]
+    return DispatchTable.from_json(raw)
 
 
 def require_gpu(action: str) -> tuple[Any, str]:
@@ -206,7 +203,6 @@ def install_kernels(*, source: Path | None = None, run_bench: bool = True) -> In
 
 
 def _dumps(obj: Any) -> str:
-    import json
 
     return json.dumps(obj, indent=1, default=str)
 

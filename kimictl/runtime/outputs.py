@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kimictl.runtime.errors import InputError
+
+T = TypeVar("T")
 
 __all__ = ["atomic_write", "check_new_file", "read_json_object"]
 
@@ -58,6 +61,21 @@ def atomic_write(path: str | Path, data: str | bytes, *, mode: int = 0o644) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def read_json_input(path: Path, what: str, parse: Callable[[Any], T]) -> T:
+    """`parse` of the JSON in `path`, a file the user named; InputError (one sentence) when it
+    cannot be read, is not JSON, or `parse` rejects it (`what` says what it should have been)."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not JSON (line {exc.lineno}: {exc.msg}).") from None
+    try:
+        return parse(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise InputError(f"{path} is not {what}.") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:
