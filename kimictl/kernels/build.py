@@ -77,6 +77,11 @@ FAMILIES: dict[str, Family] = {
         "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
         ("wsnorm_gemm.py", "wsnorm_gemm_dsl.py", "wstream_gemm_dsl.py", "aot.py"), shipped=False,
     ),
+    # issue 17: the layer's elementwise ops with PDL (benchmarks/layer_h200.py builds them)
+    "layer_elem": Family(
+        "layer_elem", "ELEM_CONFIGS", "_compile_elem", ("layer_elem.py", "layer_elem_dsl.py"),
+        shipped=False,
+    ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent
 
