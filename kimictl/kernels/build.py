@@ -72,6 +72,12 @@ FAMILIES: dict[str, Family] = {
         ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
         arches=("sm_90a",),
     ),
+    # issue 16: warp-specialised rival of vLLM's dsv3_fused_a (benchmarks/dsv3_cells_h200.py)
+    "tcws_gemm": Family(
+        "tcws_gemm", "WS_CONFIGS", "_compile_tcws",
+        ("tcws_gemm.py", "tcws_gemm_dsl.py", "tcpipe_gemm_dsl.py", "aot.py", "rowblock_dsl.py"),
+        shipped=False, arches=("sm_90a",),
+    ),
     # issue 17: RMSNorm folded into wstream (benchmarks/layer_h200.py builds it on request)
     "wsnorm_gemm": Family(
         "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
