@@ -1,7 +1,7 @@
 """vLLM's `dsv3_fused_a` cells, side by side in one run on the H200 (issue 16).
 
 Times, on each cell where vLLM 0.33's plan runs `dsv3_fused_a` (M = 8, 16 on K = 7168 / N = 2112,
-1536 and M = 8 on K = 1536 / N = 2304): cuBLAS, `dsv3_fused_a` (= vLLM's plan there, with and
+1536 and M = 4, 8 on K = 1536 / N = 2304): cuBLAS, `dsv3_fused_a` (= vLLM's plan there, with and
 without PDL), kimictl's best shipped variants on these cells (BASELINES) and the experimental tcws
 family, with the shared harness's method (`.kbench/harness/kbench.py`: CUDA graphs of back-to-back
 calls on weights rotated past L2, graphs interleaved round by round). Every variant is checked
@@ -29,6 +29,7 @@ BASELINES: tuple[str, ...] = (
     "tcpipe_m8_r16_w1x8_k256_p16",
     "tcpipe_m8_r16_w1x8_k256_p6",
     "tcstream_m8_w12_u4_g1_et",
+    "tcstream_m4_w12_u4_g1_et",
     "wgmma_m8_g1_k128_st12_s4_ef_ws",
     "tcpipe_m16_r16_w1x8_k256_p8",
     "tcpipe_m16_r16_w1x8_k256_p12",
@@ -37,7 +38,7 @@ BASELINES: tuple[str, ...] = (
 CELLS: tuple[tuple[str, int, int, tuple[int, ...]], ...] = (
     ("fused_qkv_a", 2112, 7168, (8, 16)),
     ("shared_gate_up", 1536, 7168, (8, 16)),
-    ("mla_q_b", 2304, 1536, (8,)),
+    ("mla_q_b", 2304, 1536, (4, 8)),
 )
 TAILS: tuple[tuple[int, int], ...] = ((2100, 1000), (40, 7168), (2304, 1544))
 

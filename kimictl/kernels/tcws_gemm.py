@@ -1,5 +1,5 @@
 """Warp-specialised tensor-core GEMM for the `dsv3_fused_a` cells (issue 16): y[M, N] = x[M, K] @
-w[N, K]^T, M = 8 or 16, aimed at K = 7168 / N = 1536-2112 and K = 1536 / N = 2304.
+w[N, K]^T, M = 4, 8 or 16, aimed at K = 7168 / N = 1536-2112 and K = 1536 / N = 2304.
 
 Why a new family: tcpipe has every thread issue both operands with `cp.async` and track them with
 commit groups. Group completion is cumulative per thread, so the first x tile (issued after the
@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["WS_CONFIGS", "WS_MS", "TcWsConfig"]
 
-WS_MS: tuple[int, ...] = (8, 16)
+WS_MS: tuple[int, ...] = (4, 8, 16)
 VEC = 8  # bf16 per 16-byte chunk
 SMEM_LIMIT = 227 * 1024
 BAR_BYTES = 256  # 2 mbarriers (8 B) per slot, 16 slots at most
@@ -33,7 +33,7 @@ BAR_BYTES = 256  # 2 mbarriers (8 B) per slot, 16 slots at most
 
 @dataclass(frozen=True)
 class TcWsConfig:
-    m: int  # tokens: 8 or 16
+    m: int  # tokens: 4, 8 or 16 (M = 4 runs the 8-token MMA tile, x rows repeated)
     rows: int = 16  # weight rows per CTA (a multiple of 16)
     k_warps: int = 8  # compute warps over each k tile's 32-k groups
     bk: int = 256  # k per ring slot
@@ -64,16 +64,21 @@ class TcWsConfig:
             raise ValueError(f"{self.smem_bytes} B of shared memory (> {SMEM_LIMIT})")
 
     @property
+    def mt(self) -> int:
+        """Tokens of the MMA tile (8-token columns)."""
+        return max(self.m, 8)
+
+    @property
     def warps(self) -> int:
         return self.k_warps + self.w_warps + self.x_warps
 
     @property
     def stage_bytes(self) -> int:
-        return (self.rows + self.m) * self.bk * 2
+        return (self.rows + self.mt) * self.bk * 2
 
     @property
     def red_bytes(self) -> int:
-        return self.k_warps * self.rows * self.m * 4
+        return self.k_warps * self.rows * self.mt * 4
 
     @property
     def smem_bytes(self) -> int:
@@ -99,6 +104,8 @@ def _ws_configs() -> tuple[TcWsConfig, ...]:
                 out.append(TcWsConfig(m, stages=p, x_warps=xw, late=late))
         out.append(TcWsConfig(m, k_warps=4, stages=stage_list[2], x_warps=xw))
         out.append(TcWsConfig(m, stages=stage_list[2], w_warps=4, x_warps=xw))
+    # M = 4 (mla_q_b, K = 1536: 6 k tiles): dsv3 keeps all of K in flight (6 stages)
+    out += [TcWsConfig(4, stages=p, late=late) for p in (4, 6) for late in (False, True)]
     return tuple(out)
 
 

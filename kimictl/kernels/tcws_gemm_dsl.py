@@ -73,6 +73,7 @@ class TcWsGemm(RowBlockGemm):
     def __init__(self, cfg: TcWsConfig) -> None:
         self.cfg = cfg
         self.m = cfg.m
+        self.mt = cfg.mt
         self.rows = cfg.rows
         self.k_warps = cfg.k_warps
         self.w_warps = cfg.w_warps
@@ -89,7 +90,7 @@ class TcWsGemm(RowBlockGemm):
         self.red_off = self.bar_off + BAR_BYTES
         self.smem_bytes = cfg.smem_bytes
         self.groups = cfg.rows // 16
-        self.n_tiles = cfg.m // 8
+        self.n_tiles = cfg.mt // 8
         self.kg_per_warp = cfg.bk // 32 // cfg.k_warps
         self.late = cfg.late
         self.pdl = cfg.pdl
@@ -165,7 +166,7 @@ class TcWsGemm(RowBlockGemm):
                 if const_expr(self.pdl):
                     cute.arch.griddepcontrol_wait()
                 self.produce(
-                    sbase, mX.iterator.toint(), k, 0, self.m, self.m, self.x_off,
+                    sbase, mX.iterator.toint(), k, 0, self.m, self.mt, self.x_off,
                     32 * self.x_warps, ptid - w_threads, nt,
                 )  # fmt: skip
         else:
@@ -219,7 +220,7 @@ class TcWsGemm(RowBlockGemm):
                         rr = r + (e // 2) * 8
                         tt = tok + e % 2
                         st_shared_f32(
-                            red + ((wk * self.m + tt) * self.rows + rr) * 4, acc[e, jt, q]
+                            red + ((wk * self.mt + tt) * self.rows + rr) * 4, acc[e, jt, q]
                         )
         cute.arch.sync_threads()
 
@@ -233,7 +234,7 @@ class TcWsGemm(RowBlockGemm):
                 tot = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
                 for w in cutlass.range_constexpr(self.k_warps):
                     v = ld_shared_v4f32(
-                        sbase + self.red_off + ((w * self.m + tok) * self.rows + r4) * 4
+                        sbase + self.red_off + ((w * self.mt + tok) * self.rows + r4) * 4
                     )
                     for e in cutlass.range_constexpr(4):
                         tot[e] = tot[e] + v[e]
