@@ -10,7 +10,9 @@ eager call (bitwise), and the tcws variants also on shapes with row and k tails.
 
 Device side (from the worktree root, after linking the harness's driver shim to /tmp/libdrv.so):
     python3 benchmarks/dsv3_cells_h200.py --out $OUT
-Build side: the variants in `.kbench/dsv3/sm_90a` (WS_CONFIGS + BASELINES, `kimictl.kernels.build`).
+Build side (CPU, nvidia-cutlass-dsl): `python3 benchmarks/dsv3_cells_h200.py --compile` writes
+WS_CONFIGS + BASELINES to `.kbench/dsv3/sm_90a`; carry `.kbench` (the shared harness, vLLM's
+manifest and the dsv3 cubin: ../shared/tools/kernels-vs-vllm/) and this file.
 """
 
 from __future__ import annotations
@@ -59,7 +61,15 @@ def main() -> int:
     ap.add_argument("--rot-mb", type=float, default=1024.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tails-only", action="store_true", help="the tail checks alone (a probe)")
+    ap.add_argument("--compile", action="store_true", help="build the variants here (no GPU)")
     args = ap.parse_args()
+    if args.compile:
+        from kimictl.kernels.build import ALL_CONFIGS, build
+        from kimictl.kernels.tcws_gemm import WS_CONFIGS
+
+        base = [c for c in ALL_CONFIGS if c.name in BASELINES]
+        print(build("sm_90a", Path(args.build).parent, configs=[*WS_CONFIGS, *base]).to_json())
+        return 0
     kb_dir = Path(args.kbench).resolve()
     sys.path.insert(0, str(kb_dir / "harness"))
     import kbench as kb  # the shared harness: its timing, checks and dsv3 launcher
@@ -67,6 +77,8 @@ def main() -> int:
 
     from kimictl.kernels.harness import open_library
 
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # a context before the driver shim loads dsv3's cubin
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -79,3 +79,31 @@ def test_m4_runs_the_8_token_tile():
     cfg = TcWsConfig(4, stages=6)
     assert cfg.mt == 8 and cfg.stage_bytes == TcWsConfig(8, stages=6).stage_bytes
     assert cfg.name == "tcws_m4_r16_k8_b256_p6_w2x1"
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/dsv3_cells/dsv3_cells.json"
+
+
+def test_candidates_won_and_were_verified_in_the_recorded_run():
+    import json
+
+    from kimictl.kernels.tcws_gemm import DSV3_CANDIDATES
+
+    run = json.loads(RESULTS.read_text())
+    assert run["failures"] == [] and run["env"]["gpu"] == "NVIDIA H200"
+    tails = {t["variant"] for t in run["tails"] if t["ok"]}
+    won: dict[str, float] = {}
+    for cell in run["cells"]:
+        v = cell["variants"]
+        dsv3 = v["dsv3"]["us"]
+        best = min((r["us"], name) for name, r in v.items() if name.startswith("tcws_"))
+        if best[0] < dsv3:
+            rec = v[best[1]]
+            assert rec["fresh"]["ok"] and rec["timed_path"]["ok"] and rec["graph_eq_eager"]
+            won[best[1]] = max(won.get(best[1], 0.0), dsv3 / best[0])
+    names = {c.name for c in DSV3_CANDIDATES}
+    assert names == set(won) and names <= tails
+    assert set(DSV3_CANDIDATES) <= set(WS_CONFIGS)
+    # candidates only extend the shipped set: the shipped hash and verify fixture stay valid
+    assert kbuild.CANDIDATE_CONFIGS[: len(kbuild.ALL_CONFIGS)] == kbuild.ALL_CONFIGS
+    assert {c.name for c in kbuild.CANDIDATE_CONFIGS[len(kbuild.ALL_CONFIGS) :]} == names

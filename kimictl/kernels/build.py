@@ -103,6 +103,20 @@ ALL_CONFIGS: tuple[Any, ...] = _configs(shipped=True)
 EXPERIMENTAL_CONFIGS: tuple[Any, ...] = _configs(shipped=False)
 
 
+def _candidates() -> tuple[Any, ...]:
+    """Experimental variants measured faster than vLLM's own kernel on some cell (issue 16)."""
+    if not _present(FAMILIES["tcws_gemm"]):
+        return ()
+    from kimictl.kernels.tcws_gemm import DSV3_CANDIDATES
+
+    return DSV3_CANDIDATES
+
+
+# What the next full H200 re-bench builds: the shipped set plus the candidates above. Promoting
+# them (shipped build, dispatch table, plugin) needs that run's verify and three-way bench.
+CANDIDATE_CONFIGS: tuple[Any, ...] = ALL_CONFIGS + _candidates()
+
+
 def default_build_dir() -> Path:
     """In-tree folder (git-ignored) so the device call can `carry` it."""
     return Path(__file__).resolve().parent / "_build"

@@ -13,9 +13,9 @@ each thread's copies report to the slot's "full" mbarrier (`cp.async.mbarrier.ar
 mbarrier. The weight warps never wait for the previous kernel: the whole ring (`stages` tiles) is
 in flight before it ends. Partials of the k-warps are reduced through shared memory as in tcpipe.
 
-`late` moves `griddepcontrol.launch_dependents` from the kernel's start to its end (dsv3's place):
-on grids larger than the SM count (N = 2304 / 16 = 144 CTAs) an early release lets the next
-kernel's CTAs take SMs the last CTAs of this one still need.
+`late` moves `griddepcontrol.launch_dependents` from the kernel's start to its end (dsv3's place);
+on the H200 it ran at 0.89-0.95x of the early release on the K = 7168 cells and 0.76-0.79x on
+K = 1536, and won only where a shallow early ring ran slow; no candidate uses it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WS_CONFIGS", "WS_MS", "TcWsConfig"]
+__all__ = ["DSV3_CANDIDATES", "WS_CONFIGS", "WS_MS", "TcWsConfig"]
 
 WS_MS: tuple[int, ...] = (4, 8, 16)
 VEC = 8  # bf16 per 16-byte chunk
@@ -112,6 +112,17 @@ def _ws_configs() -> tuple[TcWsConfig, ...]:
 # Experimental (build.FAMILIES lists it with shipped=False): measured against dsv3_fused_a by
 # benchmarks/dsv3_cells_h200.py before any of it may enter the dispatch table.
 WS_CONFIGS: tuple[TcWsConfig, ...] = _ws_configs()
+
+# The fastest variant of each cell where tcws beat dsv3_fused_a, verified against fp64 and graph
+# replay == eager in the same run (H200, 2026-12-01 05:35 UTC, benchmarks/results/dsv3_cells/):
+# 2112x7168 and 1536x7168 at M = 8 (1.035x, 1.014x) and M = 16 (1.075x, 1.227x). They are the
+# dispatch candidates a full re-bench adds (build.CANDIDATE_CONFIGS); they enter the shipped build
+# only with the H200 re-verify and three-way re-bench that go with a change of the shipped set.
+DSV3_CANDIDATES: tuple[TcWsConfig, ...] = (
+    TcWsConfig(8, stages=12, w_warps=4),
+    TcWsConfig(16, stages=12, x_warps=2),
+    TcWsConfig(16, k_warps=4, stages=10, x_warps=2),
+)
 
 
 def _compile_tcws(cfg: TcWsConfig, arch: str = "sm_90a") -> Any:
