@@ -37,8 +37,10 @@ def start_cpu_server(
     port: int | None = None,
     max_model_len: int = 2048,
     extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Server:
-    """Start a real vLLM CPU server and wait until it answers a one-token completion."""
+    """Start a real vLLM CPU server and wait until it answers a one-token completion; `env` is
+    added to the server's environment."""
     from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
 
     if not cpu_runtime.is_installed():
@@ -47,7 +49,9 @@ def start_cpu_server(
     port = port or free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "vllm.log"
+    base_env = env or {}
     env = cpu_runtime.server_env(run_dir)
+    env.update(base_env)
     # pytest's folders can be too deep for vLLM's unix socket paths: the launcher's rule decides.
     env["TMPDIR"] = str(launcher.run_tmp_dir(run_dir, f"test-{port}"))
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)

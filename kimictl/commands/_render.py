@@ -31,10 +31,12 @@ _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "mag
 
 
 def print_notes(prepared: Prepared) -> None:
+    from rich.markup import escape
+
     from kimictl.commands._output import console
 
-    for note in prepared.notes:
-        console.print(f"[cyan]note:[/] {note}")
+    for note in prepared.notes:  # notes quote profile tables ("[serve]"): not markup
+        console.print(f"[cyan]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def print_gate(prepared: Prepared) -> None:

@@ -147,7 +147,11 @@ def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out:
             f"vLLM {r['vllm']}: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB -> {r['folder']}",
             highlight=False,
         )
-        console.print(f"serve with {next(iter(r['env']))}={r['folder']}", highlight=False)
+        console.print(
+            f"`kimictl serve {profile}` passes it to vLLM ({next(iter(r['env']))}={r['folder']})",
+            highlight=False,
+            soft_wrap=True,
+        )
     if r["failed"]:
         raise CheckFailed(
             f"{len(r['failed'])} unit(s) failed to build: " + ", ".join(r["failed"]),

@@ -36,8 +36,9 @@ class LinkError(RuntimeError):
 
 def arch_of(capability: tuple[int, int]) -> str | None:
     """The build target for a compute capability; None when kimictl ships no build for it."""
-    major, minor = capability
-    return {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}.get((major, minor))
+    from kimictl.runtime.kernel_cache import ARCHES
+
+    return ARCHES.get((capability[0], capability[1]))
 
 
 def _cuda_roots() -> list[Path]:

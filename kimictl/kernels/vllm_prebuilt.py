@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
 from kimictl.runtime.kernel_cache import MANIFEST
 from kimictl.runtime.outputs import atomic_write, read_json_object
 from kimictl.runtime.vllm_skinny import SkinnyUnit
@@ -45,7 +46,7 @@ __all__ = [
     "skinny_from_sources",
 ]
 
-PREBUILT_ENV = "KIMICTL_VLLM_PREBUILT"  # a deployment folder written by `kernels install --vllm`
+PREBUILT_ENV = PREBUILT_ENV_VAR  # a deployment folder written by `kernels install --vllm`
 SKINNY_MODULE = "vllm.model_executor.kernels.linear.cute_dsl.skinny_gemm"
 FAMILY = "skinny_gemm"
 log = logging.getLogger("vllm.kimictl")

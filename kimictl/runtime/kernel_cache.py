@@ -15,16 +15,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kimictl.runtime.kernel_plan import KernelPlan
 from kimictl.runtime.outputs import read_json_object
 from kimictl.runtime.paths import cache_dir
 
+if TYPE_CHECKING:
+    from kimictl.runtime.deployment.spec import DeploymentSpec
+
 __all__ = [
+    "ARCHES",
     "MANIFEST",
     "CacheLookup",
+    "DeploymentCache",
+    "deployment_cache",
     "deployment_hash",
     "find_cache",
     "prebuilt_root",
@@ -32,6 +40,8 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+# compute capability -> the arch a cache is built for (kernels.harness.arch_of's table)
+ARCHES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 
 
 def prebuilt_root() -> Path:
@@ -80,3 +90,54 @@ def find_cache(plan: KernelPlan, *, dsl: str, vllm: str, arch: str) -> CacheLook
         if found.parent != folder:
             others.append(name)
     return CacheLookup(folder, False, tuple(others), problem)
+
+
+@dataclass(frozen=True)
+class DeploymentCache:
+    """The prebuilt cache of one deployment on this node's stack: what doctor and serve report."""
+
+    plan: KernelPlan  # with the arch's skinny GEMM units when the arch is known
+    dsl: str | None
+    vllm: str | None
+    arch: str | None
+    lookup: CacheLookup | None  # None when dsl, vllm or arch is unknown
+
+    @property
+    def missing(self) -> list[str]:
+        """What this machine lacks to tell (package names, "GPU arch")."""
+        pairs = (("nvidia-cutlass-dsl", self.dsl), ("vllm", self.vllm), ("GPU arch", self.arch))
+        return [name for name, value in pairs if not value]
+
+    @property
+    def folder(self) -> Path | None:
+        """The cache folder to hand vLLM (KIMICTL_VLLM_PREBUILT), when one matches."""
+        return self.lookup.folder if self.lookup is not None and self.lookup.found else None
+
+    @property
+    def installable(self) -> bool:
+        """`kimictl kernels install --vllm` builds part of the plan (the skinny GEMM units)."""
+        return any(u.family == "skinny_gemm" for u in self.plan.units)
+
+
+def deployment_cache(
+    spec: DeploymentSpec,
+    *,
+    versions: Mapping[str, str | None],
+    capability: tuple[int, int] | None,
+) -> DeploymentCache | None:
+    """The one lookup of `spec`'s prebuilt cache for the installed stack (`versions`: package ->
+    version, as StackReport.versions(); `capability`: the GPU's). None when vLLM compiles no CuTe
+    DSL unit for this deployment on this arch (nothing to prebuild)."""
+    from kimictl.runtime.kernel_plan import plan_units
+
+    arch = ARCHES.get(capability) if capability is not None else None
+    plan = plan_units(spec, arch=arch)
+    if not plan.units:
+        return None
+    dsl, vllm = versions.get("nvidia-cutlass-dsl"), versions.get("vllm")
+    lookup = (
+        find_cache(plan, dsl=dsl, vllm=vllm, arch=arch)
+        if dsl is not None and vllm is not None and arch is not None
+        else None
+    )
+    return DeploymentCache(plan, dsl, vllm, arch, lookup)

@@ -18,7 +18,10 @@ keys (anything else is an error naming the file, line and key, and the allowed k
                    decode_backend, mla_core, kda_decode_backend, kda_spec_decode_backend,
                    kda_prefill_backend, additional_config (inline table), extra_args (list),
                    kimictl_kernels (bool: render KIMICTL_VLLM_KERNELS=1, which enables kimictl's
-                   vLLM plugin: the node-measured three-way decode-GEMM dispatch)
+                   vLLM plugin: the node-measured three-way decode-GEMM dispatch),
+                   prebuilt_units ("auto" | "off", default "auto": `kimictl serve` hands vLLM the
+                   node's prebuilt CuTe unit cache for this deployment when one matches, as
+                   KIMICTL_VLLM_PREBUILT; runtime.serving.prebuilt)
     [env]          VAR = "value" (strings)
     [provenance]   free-form: who or what produced the profile, for which hardware and vLLM version,
                    predicted or measured figures (tools add keys here with update_provenance)
@@ -45,6 +48,7 @@ from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
     KERNELS_ENV_VAR,
+    PREBUILT_ENV_VAR,
     DeploymentSpec,
     ValueCheck,
     check_field,
@@ -54,6 +58,7 @@ from kimictl.runtime.deployment.spec import (
 from kimictl.runtime.errors import InputError
 
 __all__ = [
+    "PREBUILT_MODES",
     "PROFILE_SECTIONS",
     "Profile",
     "ProfileProblem",
@@ -67,6 +72,7 @@ __all__ = [
 
 
 RUNTIMES = ("gpu", "cpu")
+PREBUILT_MODES = ("auto", "off")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -79,6 +85,7 @@ class Profile:
     stock_twin: str | None = None
     runtime: str = "gpu"
     description: str = ""
+    prebuilt_units: str = "auto"  # one of PREBUILT_MODES
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +94,7 @@ class Profile:
             "description": self.description,
             "runtime": self.runtime,
             "stock_twin": self.stock_twin,
+            "prebuilt_units": self.prebuilt_units,
             "command": self.spec.to_command(),
             "spec": self.spec.to_json(),
             "provenance": self.provenance,
@@ -180,6 +188,7 @@ _PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
         "stock_twin": nonempty_text,
         "additional_config": _table,
         "kimictl_kernels": FIELD_CHECKS["enable_sleep_mode"],  # a plain switch
+        "prebuilt_units": one_of(*PREBUILT_MODES),
     },
     "metrics": {
         "interactivity_range": _speed_range,
@@ -422,6 +431,12 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
                 f'"{env[KERNELS_ENV_VAR]}"; set one of them.'
             )
         env[KERNELS_ENV_VAR] = "1"
+    if serve.get("prebuilt_units") == "off" and PREBUILT_ENV_VAR in env:
+        line = _line_of(text, "serve", "prebuilt_units")
+        raise InputError(
+            f'{path}:{line}: [serve] prebuilt_units = "off" but [env] {PREBUILT_ENV_VAR} names '
+            "a cache; set one of them."
+        )
 
     values: dict[str, Any] = {
         "model": model["name"],
@@ -469,6 +484,7 @@ def _load_path(path: Path) -> Profile:
         provenance=dict(sections.get("provenance", {})),
         stock_twin=serve.get("stock_twin"),
         runtime=serve.get("runtime", "gpu"),
+        prebuilt_units=serve.get("prebuilt_units", "auto"),
         description=sections[""].get("description", ""),
     )
 

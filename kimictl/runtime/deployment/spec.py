@@ -48,12 +48,16 @@ from kimictl.runtime.errors import InputError
 # The switch of kimictl's vLLM plugin (kimictl.kernels.vllm_plugin), rendered by profiles from
 # `[serve] kimictl_kernels = true`
 KERNELS_ENV_VAR = "KIMICTL_VLLM_KERNELS"
+# The plugin's other input: a prebuilt CuTe unit cache folder (kimictl.kernels.vllm_prebuilt), set
+# by `kimictl serve` when the profile's `[serve] prebuilt_units` is "auto" and a cache matches
+PREBUILT_ENV_VAR = "KIMICTL_VLLM_PREBUILT"
 
 __all__ = [
     "DEFAULT_HOST",
     "FIELD_CHECKS",
     "JSON_FLAG_NAME",
     "KERNELS_ENV_VAR",
+    "PREBUILT_ENV_VAR",
     "DeploymentSpec",
     "ValueCheck",
     "check_field",

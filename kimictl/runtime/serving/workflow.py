@@ -174,19 +174,51 @@ def cpu_checks(plan_model: str, host: str, ports: list[int]) -> list[Any]:
     return checks
 
 
+def _probe_node() -> tuple[Any, Any]:
+    """This node's hardware report and software stack (the GPU gate's and the cache's inputs)."""
+    from kimictl.runtime.checks import hardware
+    from kimictl.runtime.checks.stack import probe_stack
+
+    return hardware.probe_local(include_stack=False), probe_stack()
+
+
 def _gate(
-    spec: DeploymentSpec, runtime: str, host: str, ports: list[int], render: bool
+    spec: DeploymentSpec,
+    runtime: str,
+    host: str,
+    ports: list[int],
+    render: bool,
+    probes: tuple[Any, Any] | None,
 ) -> list[Any]:
     from kimictl.runtime.checks.rules import evaluate
 
     if runtime == "cpu":
         return cpu_checks(spec.model, host, ports)
-    if render:  # rendered for other machines: this machine's hardware is beside the point
+    if render or probes is None:  # rendered for other machines: this machine is beside the point
         return evaluate(spec, None, None)
-    from kimictl.runtime.checks import hardware
-    from kimictl.runtime.checks.stack import probe_stack
+    return evaluate(spec, *probes)
 
-    return evaluate(spec, hardware.probe_local(include_stack=False), probe_stack())
+
+def _with_prebuilt(
+    prof: Profile, spec: DeploymentSpec, probes: tuple[Any, Any], role: str | None
+) -> tuple[DeploymentSpec, str]:
+    """`spec` with KIMICTL_VLLM_PREBUILT when this node holds its prebuilt cache, and the line
+    that says so (or why not)."""
+    from kimictl.runtime.checks.rules.kernel_cache import node_capability
+    from kimictl.runtime.serving.prebuilt import prebuilt_choice
+
+    hw, stack = probes
+    choice = prebuilt_choice(
+        spec,
+        profile=prof.name,
+        mode=prof.prebuilt_units,
+        versions=stack.versions() if stack is not None else {},
+        capability=node_capability(hw),
+    )
+    if choice.env:
+        spec = spec.with_(env={**spec.env, **choice.env})
+    note = f"{prof.name} ({role}): {choice.note}" if role and choice.note else choice.note
+    return spec, note
 
 
 def prepare_serve(request: ServeRequest) -> Prepared:
@@ -248,6 +280,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
     checks: list[Any] = []
     plans: list[LaunchPlan] = []
     gpu_offset = 0
+    probes: tuple[Any, Any] | None = None
     for (prof, role), run_port in zip(specs, ports, strict=True):
         spec = prof.spec
         if request.model:  # another model: the profile's served name no longer describes it
@@ -255,7 +288,12 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         prof_runtime = prof.runtime
         if prof_runtime == "cpu" and not any(n == CPU_GATE_NOTE for n in notes):
             notes.append(CPU_GATE_NOTE)
-        found = _gate(spec, prof_runtime, host, [run_port], request.for_render)
+        if prof_runtime == "gpu" and not request.for_render:
+            probes = probes or _probe_node()
+            spec, note = _with_prebuilt(prof, spec, probes, role)
+            if note:
+                notes.append(note)
+        found = _gate(spec, prof_runtime, host, [run_port], request.for_render, probes)
         checks.extend(found)
         try:
             plan = plan_launch(

@@ -139,17 +139,9 @@ def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
 def _kernel_cache_check(
     spec: DeploymentSpec | None, hw: HardwareReport, stack: StackReport | None, *, live: bool
 ) -> Check | None:
-    from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check
+    from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check, node_capability
 
-    capability = next(
-        (
-            (int(g.compute_capability[0]), int(g.compute_capability[1]))
-            for n in hw.nodes
-            for g in n.gpus
-            if isinstance(g.compute_capability, tuple)
-        ),
-        None,
-    )
+    capability = node_capability(hw)
     return kernel_cache_check(spec, stack, capability, live=live)
 
 

@@ -12,17 +12,27 @@ from typing import TYPE_CHECKING
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 
 if TYPE_CHECKING:
+    from kimictl.runtime.checks.hardware import HardwareReport
     from kimictl.runtime.checks.stack import StackReport
     from kimictl.runtime.deployment.spec import DeploymentSpec
 
-__all__ = ["CHECK_ID", "kernel_cache_check"]
+__all__ = ["CHECK_ID", "kernel_cache_check", "node_capability"]
 
 CHECK_ID = "stack.kernel_cache"
-_ARCHES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 
 
 def _check(status: Status, message: str, remedy: str = "") -> Check:
     return Check(CHECK_ID, Section.STACK, status, message, remedy)
+
+
+def node_capability(hw: HardwareReport | None) -> tuple[int, int] | None:
+    """The compute capability a cache is looked up for: the first GPU the report shows."""
+    for node in hw.nodes if hw is not None else []:
+        for gpu in node.gpus:
+            cc = gpu.compute_capability
+            if isinstance(cc, tuple):
+                return int(cc[0]), int(cc[1])
+    return None
 
 
 def kernel_cache_check(
@@ -35,21 +45,22 @@ def kernel_cache_check(
     """None when there is nothing to say (no deployment, or no CuTe units on this arch)."""
     if spec is None:
         return None
-    from kimictl.runtime.kernel_cache import find_cache
-    from kimictl.runtime.kernel_plan import compile_times, plan_units
+    from kimictl.runtime.kernel_cache import deployment_cache
+    from kimictl.runtime.kernel_plan import compile_times
 
-    arch = _ARCHES.get(capability) if capability is not None else None
+    versions = stack.versions() if stack is not None else {}
     # the specialized decode's units, plus the skinny GEMM units vLLM compiles on this arch
-    plan = plan_units(spec, arch=arch)
-    if not plan.units:
+    cache = deployment_cache(spec, versions=versions, capability=capability)
+    if cache is None:
         return None
+    plan = cache.plan
     times, _ = compile_times(plan)
     cost = f"{len(plan.units)}+ CuTe DSL units"
     if times:
         cost += f" (about {sum(t.vllm_seconds for t in times):.0f}+ s measured on a CPU here)"
     plan_hint = "`kimictl kernels plan PROFILE` lists them" + (
         "; `kimictl kernels install --vllm PROFILE` prebuilds the skinny GEMM units"
-        if any(u.family == "skinny_gemm" for u in plan.units)
+        if cache.installable
         else ""
     )
     if not live:
@@ -58,19 +69,14 @@ def kernel_cache_check(
             "Prebuilt kernel cache: not checked from snapshots (it lives on each node's disk).",
             "Run kimictl doctor on the GPU node itself.",
         )
-    versions = stack.versions() if stack is not None else {}
-    dsl, vllm = versions.get("nvidia-cutlass-dsl"), versions.get("vllm")
-    missing = [
-        n for n, v in (("nvidia-cutlass-dsl", dsl), ("vllm", vllm), ("GPU arch", arch)) if not v
-    ]
-    if missing or dsl is None or vllm is None or arch is None:
+    dsl, vllm, arch, found = cache.dsl, cache.vllm, cache.arch, cache.lookup
+    if found is None:
         return _check(
             Status.UNKNOWN,
-            f"Prebuilt kernel cache: cannot tell without {', '.join(missing)} on this machine; "
-            f"vLLM compiles {cost} at each start on each rank.",
+            f"Prebuilt kernel cache: cannot tell without {', '.join(cache.missing)} on this "
+            f"machine; vLLM compiles {cost} at each start on each rank.",
             plan_hint + ".",
         )
-    found = find_cache(plan, dsl=dsl, vllm=vllm, arch=arch)
     if found.found:
         return _check(
             Status.PASS,
