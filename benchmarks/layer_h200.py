@@ -16,6 +16,10 @@ only M dynamic) and replayed as one CUDA graph:
   chosen as the table's pick for the closest measured shape 6288x7168); o_proj adds the residual
   in its epilogue (the post-attention norm then has no add);
 - stock_hfused: the horizontal fusion on cuBLAS, to separate the fusion from the kernels.
+- kimictl_elem: kimictl_hfused with the elementwise ops (add + RMSNorm, RMSNorm, the MLA q/kv
+  norms and sigmoid gate, SiTU * mul with the fp32 router logits) as kimictl PDL kernels
+  (kimictl/kernels/layer_elem.py) instead of inductor's Triton kernels; kimictl_elemnorm (M <= 8):
+  the same on kimictl_norm's folded-norm GEMMs.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -53,10 +57,21 @@ TOL = 2e-2  # relative (Frobenius) error of a bf16 layer vs fp64 through ~10 rou
 COPY_CEILING_TBPS = 4.3
 FRONT = ("router", "latent_down", "shared_gate_up")  # GEMMs that read the post-attention x
 HFUSED_PROXY = (6288, 7168)  # measured shape whose kernel choice the N=6016 front GEMM takes
-VARIANTS = ("stock", "vllm_plan", "kimictl", "kimictl_hfused", "stock_hfused", "kimictl_norm")
+VARIANTS = (
+    "stock",
+    "vllm_plan",
+    "kimictl",
+    "kimictl_hfused",
+    "stock_hfused",
+    "kimictl_norm",
+    "kimictl_elem",
+    "kimictl_elemnorm",
+)
+ELEM = ("kimictl_elem", "kimictl_elemnorm")  # the elementwise ops as kimictl PDL kernels
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
+NORM_VARIANTS = ("kimictl_norm", "kimictl_elemnorm")  # wsnorm GEMMs: M in NORM_MS only
 
 
 def ops_by_name(kind: str) -> dict[str, Any]:
@@ -87,8 +102,12 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
 def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
+               elem: dict[str, Callable[..., Any]] | None = None,
                ) -> Callable[..., Any]:  # fmt: skip
-    """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference)."""
+    """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
+    `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
+    signatures); the shared expert then runs before the routed stand-in, so the kernels from the
+    front GEMM to shared_down form one PDL chain."""
     import torch
 
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
@@ -112,7 +131,10 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         return rms(r, w), r
 
     def layer(h: Any, res: Any, w: dict[str, Any]) -> tuple[Any, Any]:
-        x, res = add_rms(h, res, w["input_norm"])
+        if elem:
+            x, res = elem["addrms"](h, res, w["input_norm"])
+        else:
+            x, res = add_rms(h, res, w["input_norm"])
         if kind == "mla":
             q_a, kv_a = K3_SHAPES["q_lora_rank"], K3_SHAPES["kv_lora_rank"]
             rope = K3_SHAPES["qk_rope_head_dim"]
@@ -124,11 +146,17 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                 y = mm(x, w["qkv_a_g"], "qkv_a_g")
                 q_c, kv_c, k_pe, gate = y.split([q_a, kv_a, rope, core_n], -1)
             # one op in vLLM (fused_q_kv_rmsnorm); one weight per part here
-            q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
-            kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
+            if elem:
+                q_c, kv_c = elem["qkvnorm"](y, w["q_kv_a_norm"])
+            else:
+                q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
+                kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
             q = mm(q_c, w["q_b"], "q_b")
             a = standin([q, kv_c, k_pe], core_n)
-            a = (up(a) * torch.sigmoid(up(gate))).to(a.dtype)
+            if elem:
+                a = elem["gate"](a, y)
+            else:
+                a = (up(a) * torch.sigmoid(up(gate))).to(a.dtype)
         else:
             d = K3_SHAPES["kda_head_dim"]
             heads = core_n // d  # local KDA heads
@@ -139,23 +167,37 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             a = standin([qkv, g1, g2, b], core_n)
         if o_res:  # residual added in the o_proj epilogue; the norm has no add left
             res = mm_res(a, w["o_proj"], res, "o_proj")
-            x2 = res if norm_fold else rms(res, w["post_attention_norm"])
+            if norm_fold:
+                x2 = res
+            elif elem:
+                x2 = elem["rms"](res, w["post_attention_norm"])
+            else:
+                x2 = rms(res, w["post_attention_norm"])
         else:
             x2, res = add_rms(mm(a, w["o_proj"], "o_proj"), res, w["post_attention_norm"])
         if norm_fold:  # the front GEMM normalizes x itself (weights hold the norm weight)
-            logits, latent, gu = mm(x2, w["front_g"], "front_norm").split(front_n, -1)
+            f = mm(x2, w["front_g"], "front_norm")
+            logits, latent, gu = f.split(front_n, -1)
         elif hfused:
-            logits, latent, gu = mm(x2, w["front"], "front").split(front_n, -1)
+            f = mm(x2, w["front"], "front")
+            logits, latent, gu = f.split(front_n, -1)
         else:
             logits = mm(x2, w["router"], "router")
             latent = mm(x2, w["latent_down"], "latent_down")
             gu = mm(x2, w["shared_gate_up"], "shared_gate_up")
-        routed = standin([latent, up(logits)], lat)
-        g, u = up(gu).chunk(2, -1)
-        act = beta * torch.tanh(g / beta) * torch.sigmoid(g) * lbeta * torch.tanh(u / lbeta)
-        s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
+        if elem:  # SiTU * mul and the fp32 logits in one kernel, then shared_down (PDL chain)
+            act, logits32 = elem["situ"](f)
+            s = mm(act, w["shared_down"], "shared_down")
+            routed = standin([latent, logits32], lat)
+        else:
+            routed = standin([latent, up(logits)], lat)
+            g, u = up(gu).chunk(2, -1)
+            act = beta * torch.tanh(g / beta) * torch.sigmoid(g) * lbeta * torch.tanh(u / lbeta)
+            s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
         if norm_fold:
             out = mm_res(routed, w["latent_up_g"], s, "latent_up_norm")
+        elif elem:
+            out = mm_res(elem["rms"](routed, w["latent_norm"]), w["latent_up"], s, "latent_up")
         else:
             out = mm_res(rms(routed, w["latent_norm"]), w["latent_up"], s, "latent_up")
         return out, res
@@ -205,6 +247,130 @@ def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any,
         return x.new_empty((x.shape[0], w.shape[0]))
 
     return standin, gemm, gemm_res
+
+
+def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
+    """The `elem` ops of make_layer in torch (CPU smoke): each variant's fp64 reference
+    (layer_elem.elem_ref) on the same tensors the kernels get, rounded back to bf16."""
+
+    from kimictl.kernels.layer_elem import elem_configs, elem_ref
+
+    proto = {c.op + ("" if c.op != "rms" else str(c.width)): c for c in elem_configs((kind,), (1,))}
+
+    def run(key: str, x: Any, w: Any, r: Any) -> tuple[Any, Any]:
+        cfg = proto[key]
+        y, r2 = elem_ref(cfg, x.double(), None if w is None else w.double(),
+                         None if r is None else r.double())  # fmt: skip
+        return y.to(x.dtype), r2
+
+    def addrms(h: Any, res: Any, w: Any) -> tuple[Any, Any]:
+        y = run("addrms", h, w, res)[0].view(2, *h.shape)
+        return y[0], y[1]
+
+    def rms(x: Any, w: Any) -> Any:
+        return run(f"rms{x.shape[1]}", x, w, None)[0].view(x.shape)
+
+    def qkvnorm(y: Any, w: Any) -> tuple[Any, Any]:
+        c, m = proto["qkvnorm"], y.shape[0]
+        out = run("qkvnorm", y, w, None)[0]
+        return out[: m * c.width].view(m, c.width), out[m * c.width :].view(m, c.seg2)
+
+    def gate(a: Any, y: Any) -> Any:
+        return run("gate", a, None, y)[0].view(a.shape)
+
+    def situ(f: Any) -> tuple[Any, Any]:
+        act, logits = run("situ", f, None, None)
+        return act.view(f.shape[0], -1), logits.float()
+
+    return {"addrms": addrms, "rms": rms, "qkvnorm": qkvnorm, "gate": gate, "situ": situ}
+
+
+def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], device: str = "cuda"
+                      ) -> dict[str, Callable[..., Any]]:  # fmt: skip
+    """Opaque ops launching the layer_elem kernels through `launch(name, x, w, y, r)` (the
+    library's; the variant looked up by op, M and width at launch time, like the GEMMs);
+    returns make_layer's `elem` dict."""
+    import torch
+
+    from kimictl.kernels.layer_elem import elem_configs
+
+    cfgs = elem_configs(kinds)
+    names = {(c.op, c.m, c.width): c.name for c in cfgs}
+    by_op = {c.op: c for c in cfgs}
+    situ_cfg = by_op["situ"]
+    q_w, kv_w = (by_op["qkvnorm"].width, by_op["qkvnorm"].seg2) if "qkvnorm" in by_op else (0, 0)
+    dummy = torch.zeros((1, 8), dtype=torch.bfloat16, device=device)
+
+    def go(op: str, width: int, x: Any, w: Any, y: Any, r: Any) -> None:
+        launch(names[(op, x.shape[0], width)], x.contiguous(), w, y, r)
+
+    @torch.library.custom_op("layerbench::e_addrms", mutates_args=(),
+                             schema="(Tensor h, Tensor r, Tensor w) -> Tensor")  # fmt: skip
+    def e_addrms(h: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = h.new_empty((2 * h.shape[0], h.shape[1]))
+        go("addrms", h.shape[1], h, w.view(1, -1), y, r.contiguous())
+        return y
+
+    @e_addrms.register_fake
+    def _(h: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return h.new_empty((2 * h.shape[0], h.shape[1]))
+
+    @torch.library.custom_op("layerbench::e_rms", mutates_args=(),
+                             schema="(Tensor x, Tensor w) -> Tensor")  # fmt: skip
+    def e_rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x.new_empty(x.shape)
+        go("rms", x.shape[1], x, w.view(1, -1), y, dummy)
+        return y
+
+    @e_rms.register_fake
+    def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+    @torch.library.custom_op("layerbench::e_qkvnorm", mutates_args=(),
+                             schema="(Tensor y, Tensor w) -> Tensor")  # fmt: skip
+    def e_qkvnorm(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = y.new_empty((y.shape[0] * w.shape[0],))
+        go("qkvnorm", q_w, y, w.view(1, -1), out, dummy)
+        return out
+
+    @e_qkvnorm.register_fake
+    def _(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return y.new_empty((y.shape[0] * w.shape[0],))
+
+    @torch.library.custom_op("layerbench::e_gate", mutates_args=(),
+                             schema="(Tensor a, Tensor y) -> Tensor")  # fmt: skip
+    def e_gate(a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = a.new_empty(a.shape)
+        go("gate", a.shape[1], a, dummy, out, y.contiguous())
+        return out
+
+    @e_gate.register_fake
+    def _(a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return a.new_empty(a.shape)
+
+    @torch.library.custom_op("layerbench::e_situ", mutates_args=(),
+                             schema="(Tensor f) -> (Tensor, Tensor)")  # fmt: skip
+    def e_situ(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        act = f.new_empty((f.shape[0], situ_cfg.width))
+        logits = f.new_empty((f.shape[0], situ_cfg.aux_w), dtype=torch.float32)
+        go("situ", situ_cfg.width, f, dummy, act, logits)
+        return act, logits
+
+    @e_situ.register_fake
+    def _(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (f.new_empty((f.shape[0], situ_cfg.width)),
+                f.new_empty((f.shape[0], situ_cfg.aux_w), dtype=torch.float32))  # fmt: skip
+
+    def addrms(h: Any, res: Any, w: Any) -> tuple[Any, Any]:
+        y = e_addrms(h, res, w).unflatten(0, (2, -1))
+        return y[0], y[1]
+
+    def qkvnorm(y: Any, w: Any) -> tuple[Any, Any]:
+        m = y.shape[0]
+        out = e_qkvnorm(y, w)
+        return out[: m * q_w].view(m, q_w), out[m * q_w :].view(m, kv_w)
+
+    return {"addrms": addrms, "rms": e_rms, "qkvnorm": qkvnorm, "gate": e_gate, "situ": e_situ}
 
 
 def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
@@ -338,13 +504,15 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
 
 def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm
-    variants into `out` (objects whose source is unchanged are reused); sm_90a."""
+    and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
+    from kimictl.kernels.layer_elem import elem_configs
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
 
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
-    by_name = {c.name: c for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS)}
+    names |= {c.name for c in elem_configs(kinds)}
+    by_name = {c.name: c for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *elem_configs(kinds))}
     missing = sorted(names - set(by_name))
     if missing:
         print(f"error: no config for {', '.join(missing)}", file=sys.stderr)
@@ -381,9 +549,36 @@ def preflight_norm(build: Path) -> int:
     return 0 if worst <= 1e-2 and unwritten == 0 else 1
 
 
+def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
+    """Child process: every layer_elem variant once vs fp64 (every output element written, the
+    fp32 logits exact), so a faulty new kernel cannot take the main run down. Exit 0: all pass."""
+    import torch
+
+    from kimictl.kernels.harness import open_library
+    from kimictl.kernels.layer_elem import elem_configs, elem_ref, elem_tensors
+
+    lib = open_library(build / "sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    worst, unwritten, logits_exact = 0.0, 0, True
+    cfgs = elem_configs(kinds)
+    for cfg in cfgs:
+        x, w, y, r = elem_tensors(cfg, gen, "cuda")
+        lib.launch(cfg.name, x, w, y, r)
+        torch.cuda.synchronize()
+        ref_y, ref_r = elem_ref(cfg, x.double(), w.double().flatten(), r.double())
+        unwritten += int((~torch.isfinite(y)).sum())
+        worst = max(worst, rel_err(y, ref_y))
+        if ref_r is not None:
+            logits_exact &= bool(torch.equal(r.double(), ref_r))
+    print(json.dumps({"variants": len(cfgs), "worst_rel_err": worst, "unwritten": unwritten,
+                      "logits_exact": logits_exact}))  # fmt: skip
+    return 0 if worst <= 1e-2 and unwritten == 0 and logits_exact else 1
+
+
 GEMM_MARKS = {  # kernel-name fragments -> group, first match wins (inductor's Triton kernel
     # names carry the ops they fuse, "gemm" included, so Triton is matched first)
     "triton": ("triton",),
+    "kimictl_elem": ("layerelem",),
     "kimictl_gemm": ("kimictl",),
     "vllm_gemm": ("vllm", "skinny", "fused_a_gemm"),
     "standin": ("memcpy",),
@@ -491,11 +686,13 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold, split in (("plain", False, False, False), ("vllm", False, False, True),
-                                       ("hfused", True, False, False),
-                                       ("norm", True, True, False)):  # fmt: skip
+        for label, hf, fold, split, el in (
+            ("plain", False, False, False, False), ("vllm", False, False, True, False),
+            ("hfused", True, False, False, False), ("norm", True, True, False, False),
+            ("elem", True, False, False, True), ("elemnorm", True, True, False, True),
+        ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
-                               split_gate=split)  # fmt: skip
+                               split_gate=split, elem=elem_torch(kind) if el else None)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -548,6 +745,7 @@ def main() -> int:
     ap.add_argument("--vllm-shim", type=Path, default=KBENCH / "drv_shim.cpp")
     ap.add_argument("--make-build", action="store_true", help="CPU: AOT-build the kernels it runs")
     ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preflight-elem", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
     if args.report:
@@ -559,6 +757,8 @@ def main() -> int:
         return make_build(args.build, tuple(args.kinds.split(",")))
     if args.preflight_norm:
         return preflight_norm(args.build)
+    if args.preflight_elem:
+        return preflight_elem(args.build, tuple(args.kinds.split(",")))
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -587,8 +787,17 @@ def main() -> int:
         [sys.executable, __file__, "--preflight-norm", "--build", str(args.build)],
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
-    variants = VARIANTS if pre.returncode == 0 else VARIANTS[:-1]
+    variants = tuple(v for v in VARIANTS if pre.returncode == 0 or v not in NORM_VARIANTS)
     stamp(f"wsnorm preflight rc={pre.returncode}: {pre.stdout.strip()} {pre.stderr[-500:]}")
+    pre_e = subprocess.run(
+        [sys.executable, __file__, "--preflight-elem", "--build", str(args.build),
+         "--kinds", args.kinds],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if pre_e.returncode != 0:
+        variants = tuple(v for v in variants if v not in ELEM)
+    stamp(f"elem preflight rc={pre_e.returncode}: {pre_e.stdout.strip()} {pre_e.stderr[-500:]}")
+    elem_ops = register_elem_ops(lib.launch, kinds)
     vllm_used: dict[str, Any] = {}
     try:  # baseline (b): vLLM 0.33.0's SM90 plan for the projections
         vllm_mm, vllm_keep = load_vllm_plan(args.vllm_art, args.vllm_shim, Path("/tmp/layerbench"))
@@ -632,6 +841,10 @@ def main() -> int:
     def build(kind: str, variant: str) -> Callable[..., Any]:
         if variant == "vllm_plan":
             fn = make_layer(kind, vgemm, cublas_mm_res, standin, split_gate=True)
+            return torch.compile(fn)
+        if variant in ELEM:
+            fn = make_layer(kind, kgemm, kgemm_res, standin, hfused=True, o_res=True,
+                            norm_fold=variant == "kimictl_elemnorm", elem=elem_ops)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -681,6 +894,11 @@ def main() -> int:
             "out": pre.stdout[-2000:],
             "err": pre.stderr[-2000:],
         },
+        "elem_preflight": {
+            "rc": pre_e.returncode,
+            "out": pre_e.stdout[-2000:],
+            "err": pre_e.stderr[-2000:],
+        },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
         "vllm_plan": {"error": vllm_err, "used": vllm_used},
         "layers": {},
@@ -717,7 +935,7 @@ def main() -> int:
             ref = setups[kind]["ref"](h.double(), res.double(), setups[kind]["wref"])
             row: dict[str, Any] = {"m": m}
             graphs = {}
-            active = {v: fn for v, fn in fns.items() if v != "kimictl_norm" or m in NORM_MS}
+            active = {v: fn for v, fn in fns.items() if v not in NORM_VARIANTS or m in NORM_MS}
             for v, fn in active.items():
                 eager = run(fn, h, res, ws[0])
                 g1, o1 = capture(fn, h, res, ws[:1], keep=True)

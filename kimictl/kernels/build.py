@@ -72,10 +72,21 @@ FAMILIES: dict[str, Family] = {
         ("wgmma_gemm.py", "wgmma_gemm_dsl.py", "aot.py", "rowblock_dsl.py"), shipped=True,
         arches=("sm_90a",),
     ),
+    # issue 16: warp-specialised rival of vLLM's dsv3_fused_a (benchmarks/dsv3_cells_h200.py)
+    "tcws_gemm": Family(
+        "tcws_gemm", "WS_CONFIGS", "_compile_tcws",
+        ("tcws_gemm.py", "tcws_gemm_dsl.py", "tcpipe_gemm_dsl.py", "aot.py", "rowblock_dsl.py"),
+        shipped=False, arches=("sm_90a",),
+    ),
     # issue 17: RMSNorm folded into wstream (benchmarks/layer_h200.py builds it on request)
     "wsnorm_gemm": Family(
         "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
         ("wsnorm_gemm.py", "wsnorm_gemm_dsl.py", "wstream_gemm_dsl.py", "aot.py"), shipped=False,
+    ),
+    # issue 17: the layer's elementwise ops with PDL (benchmarks/layer_h200.py builds them)
+    "layer_elem": Family(
+        "layer_elem", "ELEM_CONFIGS", "_compile_elem", ("layer_elem.py", "layer_elem_dsl.py"),
+        shipped=False,
     ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent
@@ -95,6 +106,20 @@ def _configs(shipped: bool) -> tuple[Any, ...]:
 
 ALL_CONFIGS: tuple[Any, ...] = _configs(shipped=True)
 EXPERIMENTAL_CONFIGS: tuple[Any, ...] = _configs(shipped=False)
+
+
+def _candidates() -> tuple[Any, ...]:
+    """Experimental variants measured faster than vLLM's own kernel on some cell (issue 16)."""
+    if not _present(FAMILIES["tcws_gemm"]):
+        return ()
+    from kimictl.kernels.tcws_gemm import DSV3_CANDIDATES
+
+    return DSV3_CANDIDATES
+
+
+# What the next full H200 re-bench builds: the shipped set plus the candidates above. Promoting
+# them (shipped build, dispatch table, plugin) needs that run's verify and three-way bench.
+CANDIDATE_CONFIGS: tuple[Any, ...] = ALL_CONFIGS + _candidates()
 
 
 def default_build_dir() -> Path:

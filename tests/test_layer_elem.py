@@ -1,0 +1,60 @@
+"""The layer's elementwise ops as kimictl PDL kernels (issue 17, kimictl/kernels/layer_elem.py):
+the variants follow the layer's op list, stay out of the shipped build, and compile for sm_90a to
+objects whose wrapper entry carries static-shape tensors (no DSL: the build test is skipped)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kimictl.kernels import build as kbuild
+from kimictl.kernels.layer_elem import LAYER_MS, LayerElemConfig, elem_configs
+from kimictl.kernels.layer_ops import dense_layer_ops
+
+
+def test_variants_follow_the_layer_op_list():
+    cfgs = elem_configs()
+    names = [c.name for c in cfgs]
+    assert len(set(names)) == len(names)
+    mla = {op.name: op for op in dense_layer_ops("mla")}
+    for m in LAYER_MS:
+        at_m = {(c.op, c.width) for c in cfgs if c.m == m}
+        assert at_m == {
+            ("addrms", mla["input_norm"].k),
+            ("rms", mla["post_attention_norm"].k),
+            ("rms", mla["latent_norm"].k),
+            ("situ", mla["shared_act"].n),
+            ("qkvnorm", mla["q_b"].k),  # the q_a part; kv_a is the second segment
+            ("gate", mla["out_gate"].n),
+        }
+    situ = next(c for c in cfgs if c.op == "situ")
+    assert situ.x_w == mla["router"].n + mla["latent_down"].n + mla["shared_gate_up"].n
+    assert situ.aux_w == mla["router"].n and situ.off == situ.aux_w + mla["latent_down"].n
+    qkv = next(c for c in cfgs if c.op == "qkvnorm")
+    assert qkv.width + qkv.seg2 == mla["q_kv_a_norm"].k and qkv.x_w == mla["qkv_a_g"].n
+    # KDA has no q/kv norms and no output gate
+    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ"}
+
+
+def test_not_shipped_and_bad_shapes_refused():
+    assert not kbuild.FAMILIES["layer_elem"].shipped
+    assert "layer_elem" not in {c.kernel for c in kbuild.ALL_CONFIGS}
+    with pytest.raises(ValueError, match="multiples of 8"):
+        LayerElemConfig("rms", 1, 7164)
+    with pytest.raises(ValueError, match="op must be"):
+        LayerElemConfig("softmax", 1, 64)
+    assert LayerElemConfig("rms", 4, 3584).name == "elem_rms_m4_w3584"
+
+
+def test_every_op_compiles_for_sm90a(tmp_path: Path):
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    one_each = {c.op: c for c in elem_configs(ms=(2,))}
+    res = kbuild.build("sm_90a", tmp_path, configs=list(one_each.values()))
+    assert {k["name"] for k in res.kernels} == {c.name for c in one_each.values()}
+    wrapper = (res.out_dir / kbuild.WRAPPER).read_text()
+    for cfg in one_each.values():
+        assert kbuild.embedded_sm(res.out_dir / f"{cfg.name}.o") == 90
+        # static shapes: the flat entry passes bare pointers, whatever the ABI's n and k say
+        assert f"k_{cfg.name}_Tensor_mY_t t_mY = {{(void*)y}};" in wrapper
