@@ -3,8 +3,9 @@
 One fresh process per family runs vLLM 0.33.0's REAL compile body (wheel sources via
 tests/vllm_src.py, torch stubbed, CUTE_DSL_ARCH=sm_103a, no GPU, no libcuda) once per distinct
 effective key of the plan, with the arguments vLLM's own code hands it:
-- plain keys: o-projection (`oproj/prepared.py::compile_oproj`), AttnRes
-  (`attn_res/prepared.py::compile_consumer`), split-K input projection
+- plain keys: o-projection (`oproj/prepared.py::compile_oproj`) and AttnRes
+  (`attn_res/prepared.py::compile_consumer`) through the product's build code
+  (kimictl/kernels/vllm_specialized.py: vLLM's argument order, export), split-K input projection
   (`gemm/projection.py::compile_projection`: symbolic fake tensors; its kernel imports FlashInfer's
   `dense_bf16_gemm_sm100_splitk`, taken from an unpacked flashinfer-python wheel named by
   $FLASHINFER_SRC), skinny projection (`ShapeDynamicSkinnyGemm._compile` through
@@ -14,8 +15,9 @@ effective key of the plan, with the arguments vLLM's own code hands it:
   vLLM's own `PreparedKda.prepare_caches` / `PreparedMla.prepare_cache` run here on strided
   tensors without data (`_Fake`) shaped as nvidia/kda.py, nvidia/mla.py and vLLM's state-shape
   code make them; the compile function's arguments are recorded, then each is compiled.
-Each result is exported with `export_to_c` (falling back to `dump_to_object` where the C header
-generator refuses the signature, and to the device fat binary where no host object dumps). Per
+Each result is exported with vllm_specialized.export_object (`export_to_c`, falling back to
+`dump_to_object` where the C header generator refuses the signature), and to the device fat
+binary where no host object dumps. Per
 unit: compile seconds, compile + export seconds, bytes, the embedded SM, or the error. Nothing
 here loads or runs on Blackwell (no GB300 is lent).
 
@@ -38,6 +40,14 @@ import types
 from pathlib import Path
 from typing import Any
 
+from kimictl.kernels.build import embedded_sm
+from kimictl.kernels.vllm_specialized import (
+    COMPILERS,
+    FAMILIES,
+    compile_modules,
+    export_object,
+    vllm_args,
+)
 from kimictl.runtime.kernel_plan import K3_LAYOUT, _kda_pitch, _mla_pitch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,12 +230,11 @@ def _vllm_units(family: str, keys: list[list[Any]], tp: int, q: int) -> list[tup
     if os.environ.get("KIMICTL_SMEM_PER_SM"):  # after the stubs: the DSL imports torch
         _smem_standin(int(os.environ["KIMICTL_SMEM_PER_SM"]))
     base = "vllm.models.kimi_k3.nvidia.specialized_decode.cutedsl"
-    if family.startswith("oproj."):
-        oproj = importlib.import_module(f"{base}.oproj.prepared").compile_oproj
-        return [(k, lambda k=k: [oproj.__wrapped__(*k)]) for k in keys]
-    if family == "attn_res":  # kimictl key (nb, delta, write, final, slots, cap, aux) + arch
-        attn = importlib.import_module(f"{base}.attn_res.prepared").compile_consumer
-        return [(k, lambda k=k: [attn.__wrapped__(*k[:6], ARCH, k[6])]) for k in keys]
+    if family in FAMILIES:  # o-proj, AttnRes: the product's build path (vllm_specialized.py)
+        group = FAMILIES[family]
+        module = compile_modules()[group]  # vllm_src's stubs already made vLLM importable
+        body = getattr(module, COMPILERS[group][1]).__wrapped__
+        return [(k, lambda k=k: [body(*vllm_args(family, k, ARCH))]) for k in keys]
     if family == "splitk_projection":  # gemm/projection.py: plain key (tactic, dtype, arch)
         # vLLM probes for FlashInfer at import (utils/flashinfer.py): let it find none first
         importlib.import_module("vllm.utils.flashinfer")
@@ -308,18 +317,6 @@ def _kernels_binary(compiled: Any) -> bytes | None:
     return found[0] if found else None
 
 
-def _embedded_sm(data: bytes) -> int | None:
-    """SM of the first CUDA ELF (e_machine 190) inside an object or fat binary."""
-    import struct
-
-    i = data.find(b"\x7fELF")
-    while i >= 0:
-        if struct.unpack_from("<H", data, i + 18)[0] == 190:
-            return (struct.unpack_from("<I", data, i + 0x30)[0] >> 8) & 0xFF
-        i = data.find(b"\x7fELF", i + 4)
-    return None
-
-
 def _sources() -> Path:
     import vllm_src
 
@@ -362,26 +359,24 @@ def _child(family: str, keys: list[list[Any]], out: Path, tp: int, q: int) -> No
             obj = out / f"{part}.o"
             try:
                 if "function_prefix" in inspect.signature(compiled.export_to_c).parameters:
-                    compiled.export_to_c(str(out), part, function_prefix=part)
+                    obj, how = export_object(compiled, out, part)  # the product's export
+                    if how != "export_to_c":
+                        row["header_error"] = "the C header generator refused the signature"
                 else:  # the TVM-FFI variant (skinny GEMM): (object path, symbol)
                     compiled.export_to_c(str(obj), part)
-            except Exception as exc:  # the C header generator refuses some signatures
-                row["header_error"] = _text(exc)
-                try:
-                    obj.write_bytes(compiled.dump_to_object(part))  # the object, no header
-                except Exception as exc2:
-                    # cute.experimental.compile (split-K): the host object will not dump; the
-                    # device code is the fat binary held in the module's `kernels_binary`
-                    row["export_error"] = f"{type(exc2).__name__}: {_text(exc2)}"
-                    fatbin = _kernels_binary(compiled)
-                    if fatbin is None:
-                        row["error"] = f"export: {row['export_error']}"
-                        break
-                    obj = out / f"{part}.fatbin"
-                    obj.write_bytes(fatbin)
-                    row["device_only"] = True
+            except Exception as exc:
+                # cute.experimental.compile (split-K): the host object will not dump; the
+                # device code is the fat binary held in the module's `kernels_binary`
+                row["export_error"] = f"{type(exc).__name__}: {_text(exc)}"
+                fatbin = _kernels_binary(compiled)
+                if fatbin is None:
+                    row["error"] = f"export: {row['export_error']}"
+                    break
+                obj = out / f"{part}.fatbin"
+                obj.write_bytes(fatbin)
+                row["device_only"] = True
             row["bytes"] += obj.stat().st_size
-            row["sm"] = _embedded_sm(obj.read_bytes())
+            row["sm"] = embedded_sm(obj)
         row["seconds"] = round(time.perf_counter() - start, 3)
         rows.append(row)
     sys.__stdout__.write(json.dumps(rows) + "\n")  # type: ignore[union-attr]

@@ -315,8 +315,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_install_vllm_refusals_say_one_thing() -> None:
     done = _cli("install", "--arch", "sm_90a")  # --arch without --vllm: bad input
     assert done.returncode == 2 and "apply to --vllm PROFILE only" in done.stderr
-    done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_103a")
-    assert done.returncode == 1 and "sm_90a only" in done.stderr  # not derived: vLLM's JIT stays
+    done = _cli("install", "--vllm", "k3-tp8-latency-stock", "--arch", "sm_103a")
+    assert done.returncode == 1 and "no vLLM 0.33 unit" in done.stderr  # nothing derived there
     done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_80")
     assert done.returncode == 2 and "sm_80" in done.stderr
     done = _cli("install", "--vllm", "k3-tp8-latency", "--arch", "sm_90a", "--vllm-src", "/nope")

@@ -31,8 +31,9 @@ TABLE_FROM_HELP = (
 )
 TABLE_ARCH_HELP = "Which installed table, when this node has several."
 VLLM_HELP = (
-    "Prebuild vLLM 0.33's own CuTe DSL units for this profile (skinny GEMMs, sm_90a) into the "
-    "versioned cache the vLLM plugin loads (KIMICTL_VLLM_PREBUILT)."
+    "Prebuild vLLM 0.33's own CuTe DSL units for this profile (skinny GEMMs on sm_90a; o-proj and "
+    "AttnRes on sm_100a/sm_103a) into the versioned cache the vLLM plugin loads "
+    "(KIMICTL_VLLM_PREBUILT)."
 )
 VLLM_ARCH_HELP = "With --vllm: target arch (default: this node's GPU)."
 VLLM_SRC_HELP = "With --vllm: an unpacked vLLM wheel to compile from when vLLM is not importable."
@@ -141,12 +142,17 @@ def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out:
     if json_out:
         emit_json(r)
     else:
+        fams = ", ".join(f"{f} {v['units']}/{v['objects']}" for f, v in r["families"].items())
         console.print(
-            f"{r['units']} vLLM skinny GEMM units ({r['compiled']} compiled, "
-            f"{len(r['failed'])} failed) for {arch}, cutlass-dsl {r['cutlass_dsl']}, "
+            f"{r['units']} vLLM units ({r['compiled']} objects, {len(r['failed'])} failed; "
+            f"units/objects: {fams or 'none'}) for {arch}, cutlass-dsl {r['cutlass_dsl']}, "
             f"vLLM {r['vllm']}: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB -> {r['folder']}",
             highlight=False,
+            soft_wrap=True,
         )
+        console.print(f"loading: {r['loading']}", highlight=False, soft_wrap=True)
+        for fam, why in r["jit"].items():
+            console.print(f"stays JIT: {fam}: {why}", highlight=False, soft_wrap=True)
         console.print(
             f"`kimictl serve {profile}` passes it to vLLM ({next(iter(r['env']))}={r['folder']})",
             highlight=False,

@@ -14,6 +14,9 @@ singleton's `_compiled` dict under vLLM's own key, and the instance's `_compile`
 vLLM's warmup (which calls every requested unit's compile unconditionally,
 model_executor/warmup/cutedsl_warmup.py) skips the injected keys. Anything else runs vLLM's JIT:
 no cache, a manifest for another stack, a unit not in the cache, an object that fails to load.
+
+On SM100/SM103 the same command and plugin step handle the specialized decode's o-proj and
+AttnRes units instead (vllm_specialized.py); the cache folder and manifest stack fields are shared.
 """
 
 from __future__ import annotations
@@ -55,6 +58,27 @@ log = logging.getLogger("vllm.kimictl")
 # ---------------------------------------------------------------- build
 
 
+def torch_standin() -> types.ModuleType:
+    """A stand-in `torch` (registered in sys.modules) holding the dtypes vLLM's compile bodies
+    compare, for a build machine without torch; marked `__kimictl_standin__`."""
+
+    torch = types.ModuleType("torch")
+
+    class dtype:  # torch's name
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __repr__(self) -> str:
+            return f"torch.{self.name}"
+
+    torch.dtype = dtype  # type: ignore[attr-defined]
+    torch.bfloat16, torch.float16 = dtype("bfloat16"), dtype("float16")  # type: ignore[attr-defined]
+    torch.Tensor = object  # type: ignore[attr-defined]
+    torch.__kimictl_standin__ = True  # type: ignore[attr-defined]
+    sys.modules["torch"] = torch
+    return torch
+
+
 def skinny_from_sources(root: Path) -> types.ModuleType:
     """vLLM's skinny_gemm.py (and _skinny_gemm.py) from an unpacked vLLM wheel at `root`, for a
     build machine without vLLM or torch: torch is then a stand-in holding the two dtypes the
@@ -70,19 +94,7 @@ def skinny_from_sources(root: Path) -> types.ModuleType:
     except ImportError:
         pass
     if importlib.util.find_spec("torch") is None and "torch" not in sys.modules:
-        torch = types.ModuleType("torch")
-
-        class dtype:  # torch's name
-            def __init__(self, name: str) -> None:
-                self.name = name
-
-            def __repr__(self) -> str:
-                return f"torch.{self.name}"
-
-        torch.dtype = dtype  # type: ignore[attr-defined]
-        torch.bfloat16, torch.float16 = dtype("bfloat16"), dtype("float16")  # type: ignore[attr-defined]
-        torch.Tensor = object  # type: ignore[attr-defined]
-        sys.modules["torch"] = torch
+        torch_standin()
     if "quack.compile_utils" not in sys.modules:
         spec = importlib.util.find_spec("quack")
         if spec is not None and spec.submodule_search_locations:
@@ -230,6 +242,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)  # in the manifest, object file absent
     failed: list[str] = field(default_factory=list)  # object present, load raised
     skipped: str = ""  # why nothing was injected
+    specialized: Any = None  # vllm_specialized.WrapReport when the manifest was accepted
 
     def line(self) -> str:
         if self.skipped:
@@ -256,6 +269,16 @@ def _default_loader() -> Callable[[Path, str], Any]:
     return load
 
 
+def stack_problem(manifest: Mapping[str, Any], installed: Mapping[str, str | None]) -> str:
+    """Why a manifest does not fit this process's stack ("" when it does)."""
+    wrong = [
+        f"{k} {manifest.get(k)!r} (this process: {v!r})"
+        for k, v in installed.items()
+        if manifest.get(k) != v
+    ]
+    return "cache built for another stack: " + ", ".join(wrong) if wrong else ""
+
+
 def inject_prebuilt(
     skinny: Any,
     folder: Path | None,
@@ -276,13 +299,9 @@ def inject_prebuilt(
     if manifest is None:
         report.skipped = f"no readable {MANIFEST} in {folder}"
         return report
-    wrong = [
-        f"{k} {manifest.get(k)!r} (this process: {v!r})"
-        for k, v in installed.items()
-        if manifest.get(k) != v
-    ]
+    wrong = stack_problem(manifest, installed)
     if wrong:
-        report.skipped = "cache built for another stack: " + ", ".join(wrong)
+        report.skipped = wrong
         return report
     units = [u for u in manifest.get("units", []) if u.get("family") == FAMILY]
     report.cached_units = len(units)
@@ -377,6 +396,35 @@ def load_prebuilt(
         )
     except Exception as exc:  # a broken cache or module must not take the server down
         report = LoadReport(skipped=f"{type(exc).__name__}: {exc}")
+    if report.skipped or report.cached_units:
+        log.info("%s", report.line())
+    if not report.skipped.startswith(("cache built for another stack", "no readable")):
+        report.specialized = _load_specialized(Path(value), installed, loader)
+    return report
+
+
+def _load_specialized(
+    folder: Path,
+    installed: Mapping[str, str | None] | None,
+    loader: Callable[[Path, str], Any] | None,
+) -> Any:
+    """The specialized decode families (vllm_specialized.py) of an accepted cache: wrap vLLM's
+    compile functions. Never raises."""
+    from kimictl.kernels.vllm_specialized import WrapReport, install_wrappers
+
+    try:
+        manifest = read_json_object(folder / MANIFEST)
+        if manifest is None:
+            return None
+        wrong = stack_problem(manifest, _installed_stack() if installed is None else installed)
+        if wrong:
+            report = WrapReport(skipped=wrong)
+        else:
+            report = install_wrappers(manifest, folder, loader=loader)
+            if report.skipped == "none in the cache":
+                return report
+    except Exception as exc:  # vLLM's JIT is the fall-back
+        report = WrapReport(skipped=f"{type(exc).__name__}: {exc}")
     log.info("%s", report.line())
     return report
 
@@ -402,57 +450,86 @@ def install_vllm_units(
     sources: Path | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
-    """`kimictl kernels install --vllm`: prebuild `spec`'s skinny GEMM units for `arch` into the
-    versioned cache doctor looks in. `sources`: an unpacked vLLM wheel to take the compile body
-    from when vLLM itself is not importable (a build machine without torch)."""
+    """`kimictl kernels install --vllm`: prebuild `spec`'s units for `arch` into the versioned
+    cache doctor looks in: the skinny GEMM units on sm_90a, the specialized decode units whose
+    keys vLLM does not size at start (vllm_specialized.py) on SM100/SM103. `sources`: an
+    unpacked vLLM wheel to take the compile bodies from when vLLM itself is not importable (a
+    build machine without torch)."""
     from importlib.metadata import PackageNotFoundError, version
 
     from kimictl.kernels.build import dsl_version
+    from kimictl.kernels.vllm_specialized import FAMILIES, JIT_FAMILIES, compile_modules
     from kimictl.runtime.errors import InputError, Unsupported
     from kimictl.runtime.kernel_cache import deployment_hash, find_cache
     from kimictl.runtime.kernel_plan import plan_units
     from kimictl.runtime.vllm_skinny import skinny_units
 
     units = skinny_units(arch, spec.tensor_parallel_size)
-    if units is None:
+    plan = plan_units(spec, arch=arch)
+    specialized = [u for u in plan.units if u.family in FAMILIES]
+    if units is None and not specialized:
         raise Unsupported(
-            f"vLLM 0.33's skinny GEMM units are derived for sm_90a only, not {arch}",
-            hint="on this arch vLLM keeps compiling them at start-up",
+            f"no vLLM 0.33 unit of this profile is prebuilt for {arch} (skinny GEMM units are "
+            "derived for sm_90a, the specialized decode units for latency_specialized profiles)",
+            hint="vLLM keeps compiling them at start-up",
         )
     dsl = dsl_version()
     if dsl is None:
         raise Unsupported(
             "nvidia-cutlass-dsl is not installed", hint="kimictl kernels install --stack"
         )
-    if sources is not None:
-        if not sources.is_dir():
-            raise InputError(f"--vllm-src {sources}: no such folder")
-        module = skinny_from_sources(sources)
-        vllm = _sources_version(sources)
-    else:
-        try:
-            module = importlib.import_module(SKINNY_MODULE)
-            vllm = version("vllm")
-        except (ImportError, PackageNotFoundError) as exc:
-            raise Unsupported(
-                f"vLLM is not importable here ({exc})",
-                hint="run it in vLLM's environment, or pass --vllm-src with an unpacked wheel",
-            ) from exc
+    if sources is not None and not sources.is_dir():
+        raise InputError(f"--vllm-src {sources}: no such folder")
+    os.environ["CUTE_DSL_ARCH"] = arch  # before the DSL is imported: no GPU to ask
+    module: Any = None
+    try:
+        if units is not None:
+            module = (
+                skinny_from_sources(sources)
+                if sources is not None
+                else importlib.import_module(SKINNY_MODULE)
+            )
+        else:
+            module = compile_modules(sources)
+        vllm = _sources_version(sources) if sources is not None else version("vllm")
+    except (ImportError, PackageNotFoundError) as exc:
+        raise Unsupported(
+            f"vLLM is not importable here ({exc})",
+            hint="run it in vLLM's environment, or pass --vllm-src with an unpacked wheel",
+        ) from exc
     if vllm is None:
         raise InputError("cannot tell the vLLM version of the sources (no vllm/_version.py)")
-    plan = plan_units(spec, arch=arch)
     folder = find_cache(plan, dsl=dsl, vllm=vllm, arch=arch).folder
     stack = {"cutlass_dsl": dsl, "vllm": vllm, "deployment": deployment_hash(plan)}
-    report = build_skinny(units, folder, module=module, arch=arch, stack=stack, progress=progress)
-    return {
-        "folder": str(report.folder),
-        "arch": arch,
-        "cutlass_dsl": dsl,
-        "vllm": vllm,
-        "units": report.units,
-        "compiled": report.distinct,
-        "failed": report.failed,
-        "seconds": round(report.seconds, 2),
-        "bytes": report.bytes,
-        "env": {PREBUILT_ENV: str(report.folder)},
-    }
+    result: dict[str, Any] = {"arch": arch, "cutlass_dsl": dsl, "vllm": vllm}
+    if units is not None:
+        report = build_skinny(
+            units, folder, module=module, arch=arch, stack=stack, progress=progress
+        )
+        result["families"] = {FAMILY: {"units": report.units, "objects": report.distinct}}
+        result["jit"] = {}
+        result["loading"] = "run on the H200 (sm_90a)"
+    else:
+        from kimictl.kernels.vllm_specialized import build_specialized
+
+        built = build_specialized(
+            specialized, folder, modules=module, arch=arch, stack=stack, progress=progress
+        )
+        report = BuildReport(
+            built.folder, built.units, built.distinct, built.seconds, built.bytes, built.failed
+        )
+        result["families"] = built.families
+        left = sorted({u.family for u in plan.units} - set(FAMILIES))
+        result["jit"] = {f: JIT_FAMILIES.get(f, "not prebuilt") for f in left}
+        result["jit"]["not derived"] = JIT_FAMILIES["not derived"]
+        result["loading"] = f"never run on {arch} here (no such GPU lent): built and exported only"
+    result.update(
+        folder=str(report.folder),
+        units=report.units,
+        compiled=report.distinct,
+        failed=report.failed,
+        seconds=round(report.seconds, 2),
+        bytes=report.bytes,
+        env={PREBUILT_ENV: str(report.folder)},
+    )
+    return result

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ARCHES",
     "MANIFEST",
+    "PREBUILT_FAMILIES",
     "CacheLookup",
     "DeploymentCache",
     "deployment_cache",
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+# the plan families `kimictl kernels install --vllm` builds (vllm_prebuilt.py, vllm_specialized.py)
+PREBUILT_FAMILIES = frozenset(
+    {"skinny_gemm", "oproj.producer", "oproj.consumer", "oproj.fused", "attn_res"}
+)
 # compute capability -> the arch a cache is built for (kernels.harness.arch_of's table)
 ARCHES = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 
@@ -115,8 +120,9 @@ class DeploymentCache:
 
     @property
     def installable(self) -> bool:
-        """`kimictl kernels install --vllm` builds part of the plan (the skinny GEMM units)."""
-        return any(u.family == "skinny_gemm" for u in self.plan.units)
+        """`kimictl kernels install --vllm` builds part of the plan: the skinny GEMM units
+        (sm_90a) or the o-proj and AttnRes units (SM100/SM103; kernels/vllm_specialized.py)."""
+        return any(u.family in PREBUILT_FAMILIES for u in self.plan.units)
 
 
 def deployment_cache(

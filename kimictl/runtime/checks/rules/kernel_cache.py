@@ -59,7 +59,7 @@ def kernel_cache_check(
     if times:
         cost += f" (about {sum(t.vllm_seconds for t in times):.0f}+ s measured on a CPU here)"
     plan_hint = "`kimictl kernels plan PROFILE` lists them" + (
-        "; `kimictl kernels install --vllm PROFILE` prebuilds the skinny GEMM units"
+        "; `kimictl kernels install --vllm PROFILE` prebuilds part of them"
         if cache.installable
         else ""
     )
