@@ -1,5 +1,6 @@
 """tcws_gemm (warp-specialised rival of vLLM's dsv3_fused_a, issue 16): config validation and
-naming, its place as an experimental Hopper-only family, the AOT build for sm_90a (no GPU)."""
+naming, its place as a shipped Hopper-only family (its winners only), the AOT build for sm_90a (no
+GPU), and the recorded H200 runs that put it in the dispatch table."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from kimictl.kernels import build as kbuild
 from kimictl.kernels.build import embedded_sm
-from kimictl.kernels.tcws_gemm import BAR_BYTES, SMEM_LIMIT, WS_CONFIGS, TcWsConfig
+from kimictl.kernels.dispatch import K3_GEMM_SHAPES, VLLM_MARGIN, DispatchTable
+from kimictl.kernels.tcws_gemm import BAR_BYTES, SMEM_LIMIT, WS_CONFIGS, WS_SHIPPED, TcWsConfig
 
 
 def test_name_spells_every_knob():
@@ -48,15 +50,17 @@ def test_smem_is_ring_barriers_and_a_separate_reduction():
     assert BAR_BYTES >= 16 * 16  # two 8-byte mbarriers per slot, 16 slots at most
 
 
-def test_sweep_targets_the_dsv3_cells_and_is_experimental():
+def test_sweep_targets_the_dsv3_cells_and_only_the_winners_ship():
     names = [c.name for c in WS_CONFIGS]
     assert len(set(names)) == len(names)
     assert {c.m for c in WS_CONFIGS} == {4, 8, 16}
     # x producers: one warp per 8 tokens, so each producer thread issues the same chunk count
     assert all(c.x_warps == c.mt // 8 for c in WS_CONFIGS)
     fam = kbuild.FAMILIES["tcws_gemm"]
-    assert not fam.shipped and fam.arches == ("sm_90a",)
-    assert "tcws_gemm" not in {c.kernel for c in kbuild.ALL_CONFIGS}
+    assert fam.shipped and fam.arches == ("sm_90a",)
+    shipped = [c for c in kbuild.ALL_CONFIGS if c.kernel == "tcws_gemm"]
+    assert shipped == list(WS_SHIPPED) and set(WS_SHIPPED) < set(WS_CONFIGS)
+    assert "tcws_gemm" not in {c.kernel for c in kbuild.EXPERIMENTAL_CONFIGS}
     # it reuses tcpipe's fragment helpers: a change there must rebuild tcws
     assert "tcpipe_gemm_dsl.py" in fam.sources
 
@@ -84,10 +88,8 @@ def test_m4_runs_the_8_token_tile():
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/dsv3_cells/dsv3_cells.json"
 
 
-def test_candidates_won_and_were_verified_in_the_recorded_run():
+def test_shipped_variants_won_and_were_verified_in_the_recorded_run():
     import json
-
-    from kimictl.kernels.tcws_gemm import DSV3_CANDIDATES
 
     run = json.loads(RESULTS.read_text())
     assert run["failures"] == [] and run["env"]["gpu"] == "NVIDIA H200"
@@ -101,9 +103,52 @@ def test_candidates_won_and_were_verified_in_the_recorded_run():
             rec = v[best[1]]
             assert rec["fresh"]["ok"] and rec["timed_path"]["ok"] and rec["graph_eq_eager"]
             won[best[1]] = max(won.get(best[1], 0.0), dsv3 / best[0])
-    names = {c.name for c in DSV3_CANDIDATES}
+    names = {c.name for c in WS_SHIPPED}
     assert names == set(won) and names <= tails
-    assert set(DSV3_CANDIDATES) <= set(WS_CONFIGS)
-    # candidates only extend the shipped set: the shipped hash and verify fixture stay valid
-    assert kbuild.CANDIDATE_CONFIGS[: len(kbuild.ALL_CONFIGS)] == kbuild.ALL_CONFIGS
-    assert {c.name for c in kbuild.CANDIDATE_CONFIGS[len(kbuild.ALL_CONFIGS) :]} == names
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TCWS_TABLE = ROOT / "tests/fixtures/kernels/bench_h200_table_3way_tcws.json"
+TCWS_RUN = ROOT / "benchmarks/results/kernels_vs_vllm_tcws"
+DSV3_CELLS = {(2112, 7168), (1536, 7168), (2304, 1536)}  # vLLM runs dsv3_fused_a at M = 4..16
+
+
+def test_recorded_table_routes_dsv3_cells_to_tcws_only_where_it_measured_faster():
+    # H200 2026-12-01 05:50 UTC: kernels_h200.py --vllm-harness on the shipped build with tcws
+    table = DispatchTable.load(TCWS_TABLE)
+    names = {c.name for c in WS_SHIPPED}
+    routed = {}
+    for shape, n, k in K3_GEMM_SHAPES:
+        for m in (8, 16):
+            meas = table.measurements[(n, k, m, False)]
+            assert names & set(meas.kernels) == {c.name for c in WS_SHIPPED if c.m == m}
+            c = table.choose3(n, k, m)
+            if c.name in names:
+                routed[(shape, m)] = c.name
+                assert (n, k) in DSV3_CELLS and c.us is not None and meas.vllm_us is not None
+                if table.chain_ms.get(m, "mix") == "mix":  # the per-cell rule's margin
+                    assert c.us < meas.vllm_us * (1 - VLLM_MARGIN)
+    # fused_qkv_a and shared_gate_up at M = 8 and 16; mla_q_b (K = 1536) keeps another kernel
+    assert {s for s, _ in routed} == {"fused_qkv_a", "shared_gate_up"} and len(routed) == 4
+
+
+def test_recorded_harness_timed_tcws_as_shipped_ahead_of_dsv3_fused_a():
+    # the same run's shared harness (independent timing, weights rotated past L2) shipped
+    # choose3 on that table: where it picked tcws, vLLM's plan there is its dsv3_fused_a kernel
+    import json
+
+    table = DispatchTable.load(TCWS_TABLE)
+    run = json.loads((TCWS_RUN / "harness_s1.json").read_text())
+    assert not run["failures"]
+    assert run["kimi_manifest"]["source_hash"] == kbuild.source_hash()
+    seen = 0
+    for cell in run["cells"]:
+        c = table.choose3(cell["n"], cell["k"], cell["m"])
+        if not c.name.startswith("tcws_"):
+            continue
+        v = cell["variants"]
+        assert cell["ship_variant"] == "kimi" and cell["kimi_choice"] == c.name
+        assert cell["vllm_disp_variant"] == "vllm_dsv3"
+        assert v["kimi"]["timed_path"]["ok"] and v["kimi"]["us"] < v["vllm_dsv3"]["us"]
+        seen += 1
+    assert seen == 4

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DSV3_CANDIDATES", "WS_CONFIGS", "WS_MS", "TcWsConfig"]
+__all__ = ["WS_CONFIGS", "WS_MS", "WS_SHIPPED", "TcWsConfig"]
 
 WS_MS: tuple[int, ...] = (4, 8, 16)
 VEC = 8  # bf16 per 16-byte chunk
@@ -109,16 +109,15 @@ def _ws_configs() -> tuple[TcWsConfig, ...]:
     return tuple(out)
 
 
-# Experimental (build.FAMILIES lists it with shipped=False): measured against dsv3_fused_a by
-# benchmarks/dsv3_cells_h200.py before any of it may enter the dispatch table.
+# The sweep measured against dsv3_fused_a by benchmarks/dsv3_cells_h200.py (built on request).
 WS_CONFIGS: tuple[TcWsConfig, ...] = _ws_configs()
 
-# The fastest variant of each cell where tcws beat dsv3_fused_a, verified against fp64 and graph
-# replay == eager in the same run (H200, 2026-12-01 05:35 UTC, benchmarks/results/dsv3_cells/):
-# 2112x7168 and 1536x7168 at M = 8 (1.035x, 1.014x) and M = 16 (1.075x, 1.227x). They are the
-# dispatch candidates a full re-bench adds (build.CANDIDATE_CONFIGS); they enter the shipped build
-# only with the H200 re-verify and three-way re-bench that go with a change of the shipped set.
-DSV3_CANDIDATES: tuple[TcWsConfig, ...] = (
+# The shipped variants (build.FAMILIES): the fastest of each cell where tcws beat dsv3_fused_a,
+# verified against fp64 and graph replay == eager in the same run (H200, 2026-12-01 05:35 UTC,
+# benchmarks/results/dsv3_cells/): 2112x7168 and 1536x7168 at M = 8 (1.035x, 1.014x) and M = 16
+# (1.075x, 1.227x). The dispatch table routes a cell to one only where its bench measured it
+# faster (benchmarks/RESULTS.md, "tcws in the shipped build").
+WS_SHIPPED: tuple[TcWsConfig, ...] = (
     TcWsConfig(8, stages=12, w_warps=4),
     TcWsConfig(16, stages=12, x_warps=2),
     TcWsConfig(16, k_warps=4, stages=10, x_warps=2),
