@@ -2,9 +2,10 @@
 
 Times, on each cell where vLLM 0.33's plan runs `dsv3_fused_a` (M = 8, 16 on K = 7168 / N = 2112,
 1536 and M = 4, 8 on K = 1536 / N = 2304): cuBLAS, `dsv3_fused_a` (= vLLM's plan there, with and
-without PDL), kimictl's best shipped variants on these cells (BASELINES) and the experimental tcws
-family, with the shared harness's method (`.kbench/harness/kbench.py`: CUDA graphs of back-to-back
-calls on weights rotated past L2, graphs interleaved round by round). Every variant is checked
+without PDL), kimictl's best pre-tcws variants on these cells (BASELINES) and the tcws sweep
+(`WS_CONFIGS`; its three winners ship as `WS_SHIPPED`), with the shared harness's method
+(`.kbench/harness/kbench.py`: CUDA graphs of back-to-back calls on weights rotated past L2, graphs
+interleaved round by round). Every variant is checked
 against fp64 on fresh inputs (eager), on the timed graph's last output, graph replay against an
 eager call (bitwise), and the tcws variants also on shapes with row and k tails.
 
