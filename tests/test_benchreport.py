@@ -13,6 +13,7 @@ import pytest
 
 from kimictl.runtime.load.benchreport import (
     HEADLINE,
+    NOT_MEASURED,
     compare,
     percentile,
     summarize,
@@ -184,6 +185,16 @@ def test_ab_ratio_ci_and_verdict(ratio: float, verdict: str | None) -> None:
         assert head["verdict"] == verdict
     tpot = next(r for r in rows if r["metric"] == "TPOT mean ms")
     assert tpot["ratio"] == pytest.approx(1 / ratio, rel=0.1)
+
+
+def test_ab_headline_says_not_measured_when_every_response_came_in_one_read() -> None:
+    # a stalled server flushes each whole response in one chunk: TTFT = latency, no TPOT
+    records = [rec(t, start=i, gap=0.01, tokens_per_chunk=10) for i in range(8) for t in "ab"]
+    rows = compare(_summaries(records), records, a="a", b="b", seed=3)
+    head = next(r for r in rows if r["metric"] == HEADLINE)
+    assert head["verdict"] == NOT_MEASURED
+    assert head["a"] is None and head["b"] is None and head["ratio"] is None
+    assert any(r["metric"] == "output tokens/s" and r["ratio"] for r in rows)
 
 
 def test_server_view_from_real_metrics_captures() -> None:

@@ -234,6 +234,7 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
+    from kimictl.runtime.load.benchreport import NOT_MEASURED
 
     assert outcome.ab is not None
     a = outcome.summaries[0]["kimictl"]["target"]
@@ -264,5 +265,6 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
                 verdict = r["verdict"]
         console.print(table)
         if verdict and show_verdict:
-            said = verdict if verdict == "no significant difference" else f"{a} is {verdict}"
+            plain = verdict in ("no significant difference", NOT_MEASURED)
+            said = verdict if plain else f"{a} is {verdict}"
             console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")

@@ -13,6 +13,7 @@ from kimictl.runtime.load.summary import interactivity_of, percentile
 __all__ = [
     "AB_METRICS",
     "HEADLINE",
+    "NOT_MEASURED",
     "compare",
 ]
 
@@ -62,6 +63,9 @@ AB_METRICS: tuple[tuple[str, Any, bool, Any, Any], ...] = (
     ("spec acceptance length", _k("spec_decode_acceptance_length"), True, None, None),
 )
 HEADLINE = "interactivity p50 tok/s/user"
+# The headline's verdict when neither side has a per-request TPOT: every response was one token, or
+# arrived in one read (a stalled server flushing whole responses), so no time per token exists.
+NOT_MEASURED = "not measured (no request had a time per output token)"
 
 
 def _stat(values: Sequence[float], how: Any) -> float | None:
@@ -95,6 +99,20 @@ def _bootstrap_ratio(
 def _mean_of(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return statistics.fmean(xs) if xs else None
+
+
+def _unmeasured_headline(point: str, higher: bool, a: str, b: str) -> dict[str, Any]:
+    return {
+        "point": point,
+        "metric": HEADLINE,
+        "higher_is_better": higher,
+        a: None,
+        b: None,
+        "ratio": None,
+        "ci95": None,
+        "better": None,
+        "verdict": NOT_MEASURED,
+    }
 
 
 def compare(
@@ -135,6 +153,8 @@ def compare(
             vb_list = [getter(s) for s in sb]
             va, vb = _mean_of(va_list), _mean_of(vb_list)
             if va is None and vb is None:
+                if label == HEADLINE:  # the point's verdict row is always there
+                    rows.append(_unmeasured_headline(point, higher, a, b))
                 continue
             ratio = va / vb if va is not None and vb else None
             ci = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kimictl.runtime.load.ab import AB_METRICS as AB_METRICS
 from kimictl.runtime.load.ab import HEADLINE as HEADLINE
+from kimictl.runtime.load.ab import NOT_MEASURED as NOT_MEASURED
 from kimictl.runtime.load.ab import compare as compare
 from kimictl.runtime.load.bench import BenchConfig as BenchConfig
 from kimictl.runtime.load.bench import BenchOutcome as BenchOutcome
