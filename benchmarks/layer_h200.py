@@ -19,7 +19,10 @@ only M dynamic) and replayed as one CUDA graph:
 - kimictl_elem: kimictl_hfused with the elementwise ops (add + RMSNorm, RMSNorm, the MLA q/kv
   norms and sigmoid gate, SiTU * mul with the fp32 router logits) as kimictl PDL kernels
   (kimictl/kernels/layer_elem.py) instead of inductor's Triton kernels; kimictl_elemnorm (M <= 8):
-  the same on kimictl_norm's folded-norm GEMMs.
+  the same on kimictl_norm's folded-norm GEMMs; kimictl_elem_all: kimictl_elem with a kimictl
+  kernel for every measured projection (all_variant), o_proj and latent_up in their faster
+  non-residual form (o_proj's add in the add + RMSNorm kernel, latent_up's output shared_down's
+  residual).
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
