@@ -101,13 +101,9 @@ def skinny_from_sources(root: Path) -> types.ModuleType:
             quack = types.ModuleType("quack")
             quack.__path__ = list(spec.submodule_search_locations)
             sys.modules.setdefault("quack", quack)
-    parts = SKINNY_MODULE.split(".")
-    for i in range(1, len(parts)):
-        name = ".".join(parts[:i])
-        if name not in sys.modules:
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(root.joinpath(*parts[:i]))]
-            sys.modules[name] = pkg
+    from kimictl.kernels.vllm_specialized import bare_parents
+
+    bare_parents(root, SKINNY_MODULE)
     spec = importlib.util.spec_from_file_location(SKINNY_MODULE, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

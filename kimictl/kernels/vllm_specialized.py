@@ -127,7 +127,7 @@ def _torch_standin() -> None:
     torch.distributed._symmetric_memory = sys.modules["torch.distributed._symmetric_memory"]  # type: ignore[attr-defined]
 
 
-def _bare_parents(root: Path, dotted: str) -> None:
+def bare_parents(root: Path, dotted: str) -> None:
     """Register the packages above `dotted` from the sources at `root` without running their
     __init__ (vllm's imports torch and its whole runtime)."""
     parts = dotted.split(".")
@@ -154,7 +154,7 @@ def compile_modules(sources: Path | None = None) -> dict[str, Any]:
             _torch_standin()
         primitives = "vllm.models.kimi_k3.nvidia.ops.cute_dsl.latent_moe_tail.primitives"
         for name in (*(m for m, _ in COMPILERS.values()), primitives):
-            _bare_parents(sources, name)
+            bare_parents(sources, name)
     return {group: importlib.import_module(mod) for group, (mod, _) in COMPILERS.items()}
 
 
