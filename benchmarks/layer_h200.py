@@ -19,7 +19,10 @@ only M dynamic) and replayed as one CUDA graph:
 - kimictl_elem: kimictl_hfused with the elementwise ops (add + RMSNorm, RMSNorm, the MLA q/kv
   norms and sigmoid gate, SiTU * mul with the fp32 router logits) as kimictl PDL kernels
   (kimictl/kernels/layer_elem.py) instead of inductor's Triton kernels; kimictl_elemnorm (M <= 8):
-  the same on kimictl_norm's folded-norm GEMMs.
+  the same on kimictl_norm's folded-norm GEMMs; kimictl_elem_all: kimictl_elem with a kimictl
+  kernel for every measured projection (all_variant), o_proj and latent_up in their faster
+  non-residual form (o_proj's add in the add + RMSNorm kernel, latent_up's output shared_down's
+  residual).
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -66,8 +69,10 @@ VARIANTS = (
     "kimictl_norm",
     "kimictl_elem",
     "kimictl_elemnorm",
+    "kimictl_elem_all",
 )
-ELEM = ("kimictl_elem", "kimictl_elemnorm")  # the elementwise ops as kimictl PDL kernels
+ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all")  # elementwise ops: kimictl kernels
+ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
@@ -102,7 +107,7 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
 def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
-               elem: dict[str, Callable[..., Any]] | None = None,
+               elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
                ) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
@@ -116,6 +121,10 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
     front_n = [ops[n].n for n in FRONT]
+    tag = ALL if all_k else ""  # all_k (with elem, hfused): o_proj and latent_up without a
+    # residual (their non-residual kimictl kernels measured faster at every M), the o_proj add
+    # moves into the post-attention add + RMSNorm kernel, the latent_up output is shared_down's
+    # residual; every GEMM's kernel from all_plan
     core_n = ops["attention_core"].n
     lat = ops["routed_experts"].n
 
@@ -143,7 +152,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                 q_c, kv_c, k_pe = mm(x, w["qkv_a_g"][:rows], "qkv_a").split([q_a, kv_a, rope], -1)
                 gate = mm(x, w["qkv_a_g"][rows:], "mla_g")
             else:
-                y = mm(x, w["qkv_a_g"], "qkv_a_g")
+                y = mm(x, w["qkv_a_g"], "qkv_a_g" + tag)
                 q_c, kv_c, k_pe, gate = y.split([q_a, kv_a, rope, core_n], -1)
             # one op in vLLM (fused_q_kv_rmsnorm); one weight per part here
             if elem:
@@ -151,7 +160,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             else:
                 q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
                 kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
-            q = mm(q_c, w["q_b"], "q_b")
+            q = mm(q_c, w["q_b"], "q_b" + tag)
             a = standin([q, kv_c, k_pe], core_n)
             if elem:
                 a = elem["gate"](a, y)
@@ -160,12 +169,15 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         else:
             d = K3_SHAPES["kda_head_dim"]
             heads = core_n // d  # local KDA heads
-            y = mm(x, w["kda_in"], "kda_in")
+            y = mm(x, w["kda_in"], "kda_in" + tag)
             qkv, g2, f_a, b = y.split([3 * core_n, core_n, d, heads, y.shape[-1]
                                        - 4 * core_n - d - heads], -1)[:4]  # fmt: skip
-            g1 = mm(f_a, w["f_b"], "f_b")
+            g1 = mm(f_a, w["f_b"], "f_b" + tag)
             a = standin([qkv, g1, g2, b], core_n)
-        if o_res:  # residual added in the o_proj epilogue; the norm has no add left
+        if all_k and elem:  # o_proj plain, its add in the norm kernel (same launch count)
+            x2, res = elem["addrms"](mm(a, w["o_proj"], "o_proj" + tag), res,
+                                     w["post_attention_norm"])  # fmt: skip
+        elif o_res:  # residual added in the o_proj epilogue; the norm has no add left
             res = mm_res(a, w["o_proj"], res, "o_proj")
             if norm_fold:
                 x2 = res
@@ -179,7 +191,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             f = mm(x2, w["front_g"], "front_norm")
             logits, latent, gu = f.split(front_n, -1)
         elif hfused:
-            f = mm(x2, w["front"], "front")
+            f = mm(x2, w["front"], "front" + tag)
             logits, latent, gu = f.split(front_n, -1)
         else:
             logits = mm(x2, w["router"], "router")
@@ -187,13 +199,16 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             gu = mm(x2, w["shared_gate_up"], "shared_gate_up")
         if elem:  # SiTU * mul and the fp32 logits in one kernel, then shared_down (PDL chain)
             act, logits32 = elem["situ"](f)
-            s = mm(act, w["shared_down"], "shared_down")
+            s = None if all_k else mm(act, w["shared_down"], "shared_down")
             routed = standin([latent, logits32], lat)
         else:
             routed = standin([latent, up(logits)], lat)
             g, u = up(gu).chunk(2, -1)
             act = beta * torch.tanh(g / beta) * torch.sigmoid(g) * lbeta * torch.tanh(u / lbeta)
             s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
+        if all_k and elem:  # latent_up first (plain), then shared_down adds it in its epilogue
+            lo = mm(elem["rms"](routed, w["latent_norm"]), w["latent_up"], "latent_up" + tag)
+            return mm_res(act, w["shared_down"], lo, "shared_down" + tag), res
         if norm_fold:
             out = mm_res(routed, w["latent_up_g"], s, "latent_up_norm")
         elif elem:
@@ -477,7 +492,27 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
         for m in NORM_MS:
             plan[("front_norm", m, False)] = norm_variant(table, *HFUSED_PROXY, m, False)
             plan[("latent_up_norm", m, True)] = norm_variant(table, 7168, 3584, m, True)
+        for name, (n, k) in shapes.items():  # kimictl_elem_all: one residual form per GEMM
+            res = name == "shared_down"
+            for m in MS:
+                plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
     return plan
+
+
+def all_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
+    """kimictl_elem_all's kernel at a point: the table's pick where it is a kimictl kernel, else
+    the fastest kimictl kernel measured there (within the table's families at that M) even
+    though cuBLAS measured faster; cuBLAS only where no kimictl kernel was measured."""
+    from kimictl.kernels.dispatch import family_of
+
+    pick = table.choose(n, k, m, residual=residual).name
+    meas = table.measurements.get((n, k, m, residual))
+    if pick != "cublas" or meas is None:
+        return str(pick)
+    allowed = table.families_ms.get(m)
+    timed = {v: us for v, us in meas.kernels.items()
+             if us > 0 and (allowed is None or family_of(v) in allowed)}  # fmt: skip
+    return min(timed, key=lambda v: (timed[v], v)) if timed else "cublas"
 
 
 def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
@@ -686,13 +721,18 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold, split, el in (
-            ("plain", False, False, False, False), ("vllm", False, False, True, False),
-            ("hfused", True, False, False, False), ("norm", True, True, False, False),
-            ("elem", True, False, False, True), ("elemnorm", True, True, False, True),
+        for label, hf, fold, split, el, al in (
+            ("plain", False, False, False, False, False),
+            ("vllm", False, False, True, False, False),
+            ("hfused", True, False, False, False, False),
+            ("norm", True, True, False, False, False),
+            ("elem", True, False, False, True, False),
+            ("elemnorm", True, True, False, True, False),
+            ("elem_all", True, False, False, True, True),
         ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
-                               split_gate=split, elem=elem_torch(kind) if el else None)  # fmt: skip
+                               split_gate=split, elem=elem_torch(kind) if el else None,
+                               all_k=al)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -844,7 +884,8 @@ def main() -> int:
             return torch.compile(fn)
         if variant in ELEM:
             fn = make_layer(kind, kgemm, kgemm_res, standin, hfused=True, o_res=True,
-                            norm_fold=variant == "kimictl_elemnorm", elem=elem_ops)  # fmt: skip
+                            norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
+                            all_k=variant == "kimictl_elem_all")  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,

@@ -29,7 +29,14 @@ __all__ = [
     "save_layer_record",
 ]
 
-KIMICTL_VARIANTS = ("kimictl", "kimictl_hfused", "kimictl_norm", "kimictl_elem", "kimictl_elemnorm")
+KIMICTL_VARIANTS = (
+    "kimictl",
+    "kimictl_hfused",
+    "kimictl_norm",
+    "kimictl_elem",
+    "kimictl_elemnorm",
+    "kimictl_elem_all",
+)
 COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (../shared/notes/cutedsl-aot.md)
 RECORD = "layer.json"
 
