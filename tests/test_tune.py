@@ -384,6 +384,28 @@ def test_measure_finds_the_slo_limit_and_writes_it(capsys, cpu_server, tmp_path:
     assert written.provenance["measured_url"] == cpu_server.url
 
 
+def test_measured_write_keeps_each_profiles_prebuilt_units(tmp_path: Path) -> None:
+    from kimictl.runtime.tuning.measure import MeasureResult, write_measured
+
+    repo_profiles = Path(__file__).parent.parent / "profiles"
+    for name in ("cpu-demo", "cpu-demo-stock"):
+        text = (repo_profiles / f"{name}.toml").read_text()
+        if name == "cpu-demo":  # the tuned one opts out; its stock twin keeps the default
+            text = text.replace("[serve]\n", '[serve]\nprebuilt_units = "off"\n', 1)
+        (tmp_path / f"{name}.toml").write_text(text)
+    assert load_profile(str(tmp_path / "cpu-demo.toml")).prebuilt_units == "off"
+    result = MeasureResult(
+        target="t", url="http://127.0.0.1:1", model="m", run_id=None, profile=None,
+        slo="interactivity_p10>=1", context=32, output_len=8, points=[], best=3,
+        limit_reason="r",
+    )  # fmt: skip
+    base = str(tmp_path / "cpu-demo.toml")
+    out = write_measured(result, tmp_path / "out.toml", base_profile=base)
+    written, twin = load_profile(str(out)), load_profile(str(tmp_path / "out-stock.toml"))
+    assert (written.prebuilt_units, written.spec.max_num_seqs) == ("off", 3)
+    assert (twin.prebuilt_units, twin.spec.max_num_seqs) == ("auto", 3)
+
+
 @pytest.mark.slow
 def test_measure_with_an_slo_nothing_meets_exits_1(capsys, cpu_server) -> None:
     code, out, err = run(

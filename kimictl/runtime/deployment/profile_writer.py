@@ -15,6 +15,7 @@ from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.deployment.profiles import (
     _ADDITIONAL_KEYS,
     _COMPILE_KEYS,
+    PREBUILT_MODES,
     PROFILE_SECTIONS,
     RUNTIMES,
     _parse_document,
@@ -44,10 +45,15 @@ def profile_from_spec(
     description: str = "",
     runtime: str = "gpu",
     stock_twin: str | None = None,
+    prebuilt_units: str = "auto",
 ) -> tomlkit.TOMLDocument:
     """A TOML document for `spec` (the exact inverse of loading it)."""
     if runtime not in RUNTIMES:
         raise InputError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}.")
+    if prebuilt_units not in PREBUILT_MODES:
+        raise InputError(
+            f"prebuilt_units must be one of {', '.join(PREBUILT_MODES)}, got {prebuilt_units!r}."
+        )
     doc = tomlkit.document()
     if description:
         doc.add("description", description)
@@ -126,6 +132,7 @@ def profile_from_spec(
             ("host", spec.host),
             ("port", spec.port),
             ("stock_twin", stock_twin),
+            ("prebuilt_units", _nondefault(prebuilt_units, "auto")),
             ("enable_sleep_mode", spec.enable_sleep_mode or None),
             *listed_ac,
             ("additional_config", other_ac or None),
@@ -170,6 +177,7 @@ def write_profile(
     description: str = "",
     runtime: str = "gpu",
     stock_twin: str | None = None,
+    prebuilt_units: str = "auto",
     overwrite: bool = False,
 ) -> Path:
     """Write a new profile atomically. An existing file is never replaced unless `overwrite`."""
@@ -187,6 +195,7 @@ def write_profile(
         description=description,
         runtime=runtime,
         stock_twin=stock_twin,
+        prebuilt_units=prebuilt_units,
     )
     atomic_write(target, text)
     return target

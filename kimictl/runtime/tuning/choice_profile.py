@@ -93,8 +93,10 @@ def write_spec_pair(
     description: str,
     overwrite: bool = False,
     runtime: str = "gpu",
+    prebuilt_units: tuple[str, str] = ("auto", "auto"),
 ) -> Path:
-    """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`)."""
+    """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`);
+    `prebuilt_units` is each one's `[serve] prebuilt_units` (tuned, stock)."""
     from kimictl.runtime.deployment.profile_writer import write_profile
 
     target = check_write_target(path, overwrite=overwrite, with_twin=stock is not None)
@@ -108,6 +110,7 @@ def write_spec_pair(
             {**provenance, "role": "stock twin of " + target.stem},
             description=f"Stock-decode twin of {target.stem} (decode_backend auto): A/B baseline",
             runtime=runtime,
+            prebuilt_units=prebuilt_units[1],
             overwrite=overwrite,
         )
     return write_profile(
@@ -117,6 +120,7 @@ def write_spec_pair(
         description=description,
         runtime=runtime,
         stock_twin=twin.stem if stock is not None else None,
+        prebuilt_units=prebuilt_units[0],
         overwrite=overwrite,
     )
 

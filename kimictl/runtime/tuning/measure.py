@@ -273,11 +273,15 @@ def write_measured(
         ],
     }
     stock = None
+    stock_prebuilt = "auto"
     if base.stock_twin is not None:
         try:
-            stock = load_profile(base.stock_twin).spec.with_(max_num_seqs=result.best)
+            twin = load_profile(base.stock_twin)
         except InputError:
-            stock = None
+            pass
+        else:
+            stock = twin.spec.with_(max_num_seqs=result.best)
+            stock_prebuilt = twin.prebuilt_units
     from kimictl.runtime.tuning.choice_profile import write_spec_pair
 
     return write_spec_pair(
@@ -289,4 +293,5 @@ def write_measured(
         f"against the SLO '{result.slo}'",
         overwrite=overwrite,
         runtime=base.runtime,
+        prebuilt_units=(base.prebuilt_units, stock_prebuilt),
     )
