@@ -123,6 +123,57 @@ def test_nothing_to_say_without_cute_units_and_a_line_without_a_gpu() -> None:
     assert "cannot look without nvidia-cutlass-dsl, vllm, GPU arch" in blind.note
 
 
+def test_a_matching_cache_is_not_handed_to_a_vllm_without_the_plugin(homes: Path) -> None:
+    spec = load_profile(PROFILE).spec
+    folder = _build_cache(spec)
+    python = "/opt/vllm-env/bin/python"
+    choice = prebuilt_choice(
+        spec, profile=PROFILE, mode="auto", versions=VERSIONS, capability=H200,
+        plugin_check=lambda: (False, python),
+    )  # fmt: skip
+    assert choice.env == {}
+    assert str(folder) in choice.note and f"({python})" in choice.note
+    assert f"`{python} -m pip install kimictl`" in choice.note
+    for answer in ((True, python), (None, "vllm")):  # has it, or cannot tell: hand it over
+        kept = prebuilt_choice(
+            spec, profile=PROFILE, mode="auto", versions=VERSIONS, capability=H200,
+            plugin_check=lambda answer=answer: answer,
+        )  # fmt: skip
+        assert kept.env == {PREBUILT_ENV_VAR: str(folder)}
+
+
+def test_plugin_in_env_of_asks_the_python_behind_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `vllm` script's own interpreter answers: this test's Python (kimictl installed, or
+    not when run from a source tree) and a bare venv (never); non-Python scripts: unknown."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    from kimictl.kernels.vllm_plugin import ENTRY_POINT, GROUP
+    from kimictl.runtime.serving.prebuilt import plugin_in_env_of
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    here = any(e.name == ENTRY_POINT for e in entry_points(group=GROUP))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    script = bin_dir / "vllm"
+    for shebang, expected in (
+        (f"#!{sys.executable}", (here, sys.executable)),
+        (f"#!{bare / 'bin' / 'python'}", (False, str(bare / "bin" / "python"))),
+        (f"#!/usr/bin/env {bare / 'bin' / 'python'}", (False, str(bare / "bin" / "python"))),
+        ("#!/bin/sh", (None, str(script))),
+    ):
+        script.write_text(f"{shebang}\nprint('vllm')\n")
+        script.chmod(0o755)
+        assert plugin_in_env_of() == expected, shebang
+    script.unlink()
+    assert plugin_in_env_of() == (None, "vllm")  # no vllm on PATH
+
+
 def test_node_capability_reads_the_first_gpu() -> None:
     assert node_capability(hardware.load_snapshots([H200_SNAPSHOT])) == H200
     assert node_capability(None) is None

@@ -5,13 +5,18 @@ prebuilt_units` is "auto" (the default) and a cache matches this deployment and 
 cutlass-dsl, vLLM and GPU arch, vLLM's process gets `KIMICTL_VLLM_PREBUILT=<folder>`; kimictl's
 vLLM plugin (kernels.vllm_plugin, installed in vLLM's environment) loads the units before vLLM's
 warmup and falls back to vLLM's JIT on any miss. Either way the operator gets one line saying what
-happened, with the command that builds a missing cache.
+happened, with the command that builds a missing cache. The units only load where the plugin is
+installed in the environment of the `vllm` that serve launches, which can differ from kimictl's own:
+serve asks that environment's Python and, when the plugin is absent there, says so and sets nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
@@ -19,7 +24,7 @@ from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
 if TYPE_CHECKING:
     from kimictl.runtime.deployment.spec import DeploymentSpec
 
-__all__ = ["PrebuiltChoice", "prebuilt_choice"]
+__all__ = ["PrebuiltChoice", "plugin_in_env_of", "prebuilt_choice"]
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,11 @@ def prebuilt_choice(
     mode: str,
     versions: Mapping[str, str | None],
     capability: tuple[int, int] | None,
+    plugin_check: Callable[[], tuple[bool | None, str]] | None = None,
 ) -> PrebuiltChoice:
     """What serve adds for `spec` (profile `profile`, `[serve] prebuilt_units = mode`) on a node
-    with `versions` (StackReport.versions()) and a GPU of `capability`."""
+    with `versions` (StackReport.versions()) and a GPU of `capability`; `plugin_check` (run only
+    when a cache matches) answers whether vLLM's environment has kimictl's plugin, and where."""
     from kimictl.runtime.kernel_cache import deployment_cache
 
     given = spec.env.get(PREBUILT_ENV_VAR)
@@ -68,8 +75,52 @@ def prebuilt_choice(
             note=f"prebuilt CuTe units: none for this deployment and stack at "
             f"{cache.lookup.folder}; vLLM compiles {units}+ units at start-up; {build}."
         )
+    has_plugin, where = plugin_check() if plugin_check is not None else (None, "")
+    if has_plugin is False:
+        return PrebuiltChoice(
+            note=f"prebuilt CuTe units: {folder} matches, but kimictl's vLLM plugin is not "
+            f"installed in vLLM's environment ({where}), so vLLM would not load them and compiles "
+            f"{units}+ units at start-up; `{where} -m pip install kimictl` installs it there."
+        )
     return PrebuiltChoice(
         env={PREBUILT_ENV_VAR: str(folder)},
         note=f"prebuilt CuTe units: {folder} ({PREBUILT_ENV_VAR}; kimictl's vLLM plugin loads "
         "them, vLLM compiles any other).",
     )
+
+
+def plugin_in_env_of(executable: str = "vllm", timeout: float = 30.0) -> tuple[bool | None, str]:
+    """Whether the Python behind the `executable` console script (on PATH) has kimictl's vLLM
+    plugin entry point, and that Python's path; None when it cannot be told (no such script, not
+    a Python script, the interpreter failed or hung)."""
+    from kimictl.kernels.vllm_plugin import ENTRY_POINT, GROUP
+
+    found = shutil.which(executable)
+    if found is None:
+        return None, executable
+    try:
+        with open(found, "rb") as fh:
+            first = fh.readline(4096).decode(errors="replace").strip()
+    except OSError:
+        return None, found
+    if not first.startswith("#!"):
+        return None, found
+    words = first[2:].split()
+    python = words[-1] if words and Path(words[0]).name == "env" else (words[0] if words else "")
+    if not python or "python" not in Path(python).name:
+        return None, found
+    code = (
+        "import importlib.metadata as m, sys\n"
+        f"sys.exit(0 if any(e.name == {ENTRY_POINT!r} for e in m.entry_points(group={GROUP!r}))"
+        " else 3)"
+    )
+    try:
+        # cwd "/": `-c` puts the cwd on sys.path, and a source tree's egg-info would answer
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, timeout=timeout, cwd=Path("/")
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, python
+    if done.returncode in (0, 3):
+        return done.returncode == 0, python
+    return None, python

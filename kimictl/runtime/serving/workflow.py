@@ -205,7 +205,7 @@ def _with_prebuilt(
     """`spec` with KIMICTL_VLLM_PREBUILT when this node holds its prebuilt cache, and the line
     that says so (or why not)."""
     from kimictl.runtime.checks.rules.kernel_cache import node_capability
-    from kimictl.runtime.serving.prebuilt import prebuilt_choice
+    from kimictl.runtime.serving.prebuilt import plugin_in_env_of, prebuilt_choice
 
     hw, stack = probes
     choice = prebuilt_choice(
@@ -214,6 +214,7 @@ def _with_prebuilt(
         mode=prof.prebuilt_units,
         versions=stack.versions() if stack is not None else {},
         capability=node_capability(hw),
+        plugin_check=plugin_in_env_of,
     )
     if choice.env:
         spec = spec.with_(env={**spec.env, **choice.env})
