@@ -221,10 +221,14 @@ def test_prebuilt_units_field(tmp_path: Path) -> None:
 
 @pytest.fixture
 def h200_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    """serve's probes answer with the recorded H200 and a stack with vLLM 0.33.0 + DSL 4.8.0."""
+    """serve's probes answer with the recorded H200 and a stack with vLLM 0.33.0 + DSL 4.8.0,
+    whose environment has kimictl's plugin (whatever `vllm` this machine's PATH may hold)."""
+    from kimictl.runtime.serving import prebuilt
+
     monkeypatch.setattr(
         workflow, "_probe_node", lambda: (hardware.load_snapshots([H200_SNAPSHOT]), _stack())
     )
+    monkeypatch.setattr(prebuilt, "plugin_in_env_of", lambda: (True, "/opt/vllm/bin/python"))
 
 
 def _dry_run(profile: str, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
@@ -249,6 +253,17 @@ def test_serve_passes_the_cache_to_vllm_and_prints_it(h200_node, capsys) -> None
     (run,) = doc["runs"]
     assert run["env"][PREBUILT_ENV_VAR] == str(folder)
     assert sum(PREBUILT_ENV_VAR in n for n in doc["notes"]) == 1
+
+
+def test_serve_leaves_it_out_if_vllms_env_lacks_the_plugin(h200_node, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kimictl.runtime.serving import prebuilt
+
+    _build_cache(load_profile(PROFILE).spec)
+    monkeypatch.setattr(prebuilt, "plugin_in_env_of", lambda: (False, "/opt/other/bin/python"))
+    code, out, _ = _dry_run(PROFILE, capsys, "--json")
+    doc = json.loads(out)
+    assert code == 0 and PREBUILT_ENV_VAR not in doc["runs"][0]["env"]
+    assert any("/opt/other/bin/python -m pip install kimictl" in n for n in doc["notes"])
 
 
 def test_serve_leaves_it_out_when_the_profile_says_off(h200_node, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
