@@ -119,6 +119,11 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--mode", choices=["both", "headless", "tui", "observer", "ab"], default="both")
     ap.add_argument("--pairs", type=int, default=30, help="ab: ABBA pairs of blocks")
+    ap.add_argument(
+        "--null",
+        action="store_true",
+        help="ab: A/A control, the monitor idle in both arms (the method's own spread)",
+    )
     ap.add_argument("--dump", type=Path, help="ab: append each block's figures here (JSONL)")
     ap.add_argument(
         "--watch-mode",
@@ -236,6 +241,7 @@ def run_ab(args: argparse.Namespace) -> None:
             args.dump,
             watch_mode=args.watch_mode,
             max_s=args.max_s,
+            null=args.null,
         )
     finally:
         if server is not None:

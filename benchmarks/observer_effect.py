@@ -392,9 +392,11 @@ def paired_ab(
     *,
     watch_mode: str = "now",
     max_s: float = 480.0,
+    null: bool = False,
 ) -> dict[str, Any]:
     """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
-    loop (`watch_mode`, see _observer_watch.py) running or idle."""
+    loop (`watch_mode`, see _observer_watch.py) running or idle; `null`: idle in both arms (an
+    A/A control: the spread the method shows when nothing differs)."""
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
@@ -419,7 +421,8 @@ def paired_ab(
                 if time.monotonic() > t_end:  # keep the run inside its time budget
                     break
                 for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
-                    mon.send_signal(signal.SIGUSR2 if arm == "on" else signal.SIGUSR1)
+                    on = arm == "on" and not null
+                    mon.send_signal(signal.SIGUSR2 if on else signal.SIGUSR1)
                     c0 = _tree_cpu_s(server_pid) if server_pid else {}
                     m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
                     blk = _block(url, model, prompts)
@@ -449,6 +452,7 @@ def paired_ab(
     sums = {arm: {k: sum(c[k] for c in cs) for k in cs[0]} for arm, cs in cpu.items()}
     return {
         "watch_mode": watch_mode,
+        "null": null,
         "prompts_per_block": prompts,
         "interval_s": interval,
         **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
