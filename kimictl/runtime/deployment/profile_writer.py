@@ -22,6 +22,7 @@ from kimictl.runtime.deployment.profiles import (
     _validate,
 )
 from kimictl.runtime.deployment.spec import (
+    PREBUILT_DEFAULT,
     DeploymentSpec,
 )
 from kimictl.runtime.errors import InputError
@@ -45,7 +46,7 @@ def profile_from_spec(
     description: str = "",
     runtime: str = "gpu",
     stock_twin: str | None = None,
-    prebuilt_units: str = "auto",
+    prebuilt_units: str = PREBUILT_DEFAULT,
 ) -> tomlkit.TOMLDocument:
     """A TOML document for `spec` (the exact inverse of loading it)."""
     if runtime not in RUNTIMES:
@@ -132,7 +133,7 @@ def profile_from_spec(
             ("host", spec.host),
             ("port", spec.port),
             ("stock_twin", stock_twin),
-            ("prebuilt_units", _nondefault(prebuilt_units, "auto")),
+            ("prebuilt_units", _nondefault(prebuilt_units, PREBUILT_DEFAULT)),
             ("enable_sleep_mode", spec.enable_sleep_mode or None),
             *listed_ac,
             ("additional_config", other_ac or None),
@@ -177,7 +178,7 @@ def write_profile(
     description: str = "",
     runtime: str = "gpu",
     stock_twin: str | None = None,
-    prebuilt_units: str = "auto",
+    prebuilt_units: str = PREBUILT_DEFAULT,
     overwrite: bool = False,
 ) -> Path:
     """Write a new profile atomically. An existing file is never replaced unless `overwrite`."""

@@ -48,6 +48,7 @@ from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
     KERNELS_ENV_VAR,
+    PREBUILT_DEFAULT,
     PREBUILT_ENV_VAR,
     DeploymentSpec,
     ValueCheck,
@@ -72,7 +73,7 @@ __all__ = [
 
 
 RUNTIMES = ("gpu", "cpu")
-PREBUILT_MODES = ("auto", "off")
+PREBUILT_MODES = (PREBUILT_DEFAULT, "off")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -85,7 +86,7 @@ class Profile:
     stock_twin: str | None = None
     runtime: str = "gpu"
     description: str = ""
-    prebuilt_units: str = "auto"  # one of PREBUILT_MODES
+    prebuilt_units: str = PREBUILT_DEFAULT  # one of PREBUILT_MODES
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -484,7 +485,7 @@ def _load_path(path: Path) -> Profile:
         provenance=dict(sections.get("provenance", {})),
         stock_twin=serve.get("stock_twin"),
         runtime=serve.get("runtime", "gpu"),
-        prebuilt_units=serve.get("prebuilt_units", "auto"),
+        prebuilt_units=serve.get("prebuilt_units", PREBUILT_DEFAULT),
         description=sections[""].get("description", ""),
     )
 

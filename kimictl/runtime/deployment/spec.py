@@ -51,12 +51,15 @@ KERNELS_ENV_VAR = "KIMICTL_VLLM_KERNELS"
 # The plugin's other input: a prebuilt CuTe unit cache folder (kimictl.kernels.vllm_prebuilt), set
 # by `kimictl serve` when the profile's `[serve] prebuilt_units` is "auto" and a cache matches
 PREBUILT_ENV_VAR = "KIMICTL_VLLM_PREBUILT"
+# `[serve] prebuilt_units` when a profile does not set it (profiles.PREBUILT_MODES lists the rest)
+PREBUILT_DEFAULT = "auto"
 
 __all__ = [
     "DEFAULT_HOST",
     "FIELD_CHECKS",
     "JSON_FLAG_NAME",
     "KERNELS_ENV_VAR",
+    "PREBUILT_DEFAULT",
     "PREBUILT_ENV_VAR",
     "DeploymentSpec",
     "ValueCheck",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.checks.stack import VLLM_VERSION
-from kimictl.runtime.deployment.spec import DeploymentSpec, k3
+from kimictl.runtime.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec, k3
 from kimictl.runtime.errors import CheckFailed, InputError
 from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
 from kimictl.runtime.tuning.search import SearchResult
@@ -93,7 +93,7 @@ def write_spec_pair(
     description: str,
     overwrite: bool = False,
     runtime: str = "gpu",
-    prebuilt_units: tuple[str, str] = ("auto", "auto"),
+    prebuilt_units: tuple[str, str] = (PREBUILT_DEFAULT, PREBUILT_DEFAULT),
 ) -> Path:
     """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`);
     `prebuilt_units` is each one's `[serve] prebuilt_units` (tuned, stock)."""

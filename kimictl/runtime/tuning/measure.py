@@ -244,6 +244,7 @@ def write_measured(
 ) -> Path:
     """Write the measured limit as max-num-seqs into a copy of the run's (or given) profile."""
     from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.runtime.deployment.spec import PREBUILT_DEFAULT
 
     name = base_profile or result.profile
     if name is None:
@@ -273,7 +274,7 @@ def write_measured(
         ],
     }
     stock = None
-    stock_prebuilt = "auto"
+    stock_prebuilt = PREBUILT_DEFAULT
     if base.stock_twin is not None:
         try:
             twin = load_profile(base.stock_twin)
