@@ -20,6 +20,7 @@ cpu-demo buckets (take /tmp/kimictl-vllm.lock first):
     flock /tmp/kimictl-vllm.lock python benchmarks/monitor_overhead.py --mode ab --start-server \
         --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE]
     python benchmarks/monitor_overhead.py --mode ab --from-dump FILE [FILE ...]   # pool runs
+        [--null-dump NULL [NULL ...]]   # and take out an A/A control's spread
 
 Figures: benchmarks/RESULTS.md#observer-ab.
 """
@@ -137,6 +138,12 @@ def main() -> None:
         "--from-dump", type=Path, nargs="+", help="ab: pool these --dump files, measure nothing"
     )
     ap.add_argument(
+        "--null-dump",
+        type=Path,
+        nargs="+",
+        help="ab: with --from-dump, A/A (--null) dumps: the effect net of the method's spread",
+    )
+    ap.add_argument(
         "--start-server", action="store_true", help="ab/observer: start a CPU server (flock!)"
     )
     ap.add_argument("--rounds", type=int, default=5, help="observer: rounds of every mode")
@@ -204,11 +211,19 @@ def direct_cost(result: dict[str, Any], cost: dict[str, Any] | None) -> dict[str
 
 
 def run_ab(args: argparse.Namespace) -> None:
-    from observer_effect import ab_from_dumps, paired_ab, print_ab, print_ratios, scrape_cost
+    from observer_effect import (
+        ab_from_dumps,
+        paired_ab,
+        print_ab,
+        print_net,
+        print_ratios,
+        scrape_cost,
+    )
 
     if args.from_dump:
-        pooled = ab_from_dumps(args.from_dump)
+        pooled = ab_from_dumps(args.from_dump, args.null_dump)
         print_ratios(pooled)
+        print_net(pooled)
         print(json.dumps(pooled, indent=2))
         return
 

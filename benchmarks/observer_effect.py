@@ -333,8 +333,9 @@ def ab_summary(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[s
     return out
 
 
-def ab_from_dumps(paths: list[Path]) -> dict[str, Any]:
-    """Pool the per-block JSONL of several `--mode ab --dump` runs (pairs stay within a run)."""
+def _dumped_pairs(paths: list[Path]) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """(on, off) blocks from the per-block JSONL of `--mode ab --dump` runs (pairs stay within a
+    run)."""
     pairs = []
     for path in paths:
         by_pair: dict[int, dict[str, dict[str, float]]] = {}
@@ -342,7 +343,62 @@ def ab_from_dumps(paths: list[Path]) -> dict[str, Any]:
             row = json.loads(line)
             by_pair.setdefault(row["pair"], {})[row["arm"]] = row
         pairs += [(p["on"], p["off"]) for p in by_pair.values() if len(p) == 2]
-    return {"dumps": [str(p) for p in paths], **ab_summary(pairs)}
+    return pairs
+
+
+def ab_from_dumps(paths: list[Path], null_paths: list[Path] | None = None) -> dict[str, Any]:
+    """Pool `--mode ab --dump` runs; with `null_paths` (A/A runs, `--null`) also the effect net
+    of the method's own spread (effect_vs_null)."""
+    pairs = _dumped_pairs(paths)
+    out = {"dumps": [str(p) for p in paths], **ab_summary(pairs)}
+    if null_paths:
+        out["null_dumps"] = [str(p) for p in null_paths]
+        out["net_of_null"] = effect_vs_null(pairs, _dumped_pairs(null_paths))
+    return out
+
+
+def effect_vs_null(
+    ab: list[tuple[dict[str, float], dict[str, float]]],
+    null: list[tuple[dict[str, float], dict[str, float]]],
+    *,
+    boot: int = 20000,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """The A/B's on/off ratio divided by the A/A control's, per figure: the ratio of their median
+    (and mean) log ratios with 95 % bootstrap intervals, resampling the pairs of each run on its
+    own. What the A/A shows with nothing different (drift, order, noise) is taken out, and its
+    spread widens the interval, as it should."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    out: dict[str, dict[str, float]] = {}
+    for key in AB_FIGURES:
+        logs = [
+            [math.log(a[key] / b[key]) for a, b in pairs if a[key] > 0 and b[key] > 0]
+            for pairs in (ab, null)
+        ]
+        if min(len(x) for x in logs) < 3:
+            continue
+        medians, means = [], []
+        for _ in range(boot):
+            s_ab, s_null = (rng.choices(x, k=len(x)) for x in logs)
+            medians.append(statistics.median(s_ab) - statistics.median(s_null))
+            means.append(statistics.fmean(s_ab) - statistics.fmean(s_null))
+        medians.sort()
+        means.sort()
+        lo, hi = int(0.025 * boot), int(0.975 * boot)
+        out[key] = {
+            "n_ab": len(logs[0]),
+            "n_null": len(logs[1]),
+            "median_ratio": math.exp(statistics.median(logs[0]) - statistics.median(logs[1])),
+            "median_boot95_lo": math.exp(medians[lo]),
+            "median_boot95_hi": math.exp(medians[hi]),
+            "mean_ratio": math.exp(statistics.fmean(logs[0]) - statistics.fmean(logs[1])),
+            "mean_boot95_lo": math.exp(means[lo]),
+            "mean_boot95_hi": math.exp(means[hi]),
+        }
+    return out
 
 
 def _gaps_near(
@@ -487,6 +543,18 @@ def print_ratios(result: dict[str, Any]) -> None:
                   f"  [{ci['t95_lo']:.3f}, {ci['t95_hi']:.3f}]"
                   f"  [{ci['boot95_lo']:.3f}, {ci['boot95_hi']:.3f}]{ci['median_ratio']:>9.4f}"
                   f"  [{ci['median_boot95_lo']:.3f}, {ci['median_boot95_hi']:.3f}]")  # fmt: skip
+
+
+def print_net(result: dict[str, Any]) -> None:
+    """effect_vs_null's table, when the pooled result has one."""
+    if "net_of_null" not in result:
+        return
+    print(f"{'net of A/A':<16}{'n':>9}{'median':>9}{'boot 95%':>18}{'mean':>9}{'boot 95%':>18}")
+    for key, ci in result["net_of_null"].items():
+        print(f"  {key:<14}{ci['n_ab']:>4}/{ci['n_null']:<4}{ci['median_ratio']:>9.4f}"
+              f"  [{ci['median_boot95_lo']:.3f}, {ci['median_boot95_hi']:.3f}]"
+              f"{ci['mean_ratio']:>9.4f}"
+              f"  [{ci['mean_boot95_lo']:.3f}, {ci['mean_boot95_hi']:.3f}]")  # fmt: skip
 
 
 def print_ab(result: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ session, shared by every slow test (2 cores cannot run several at once)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -28,6 +29,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def niceness(pid: int) -> int:
+    """The CPU niceness of a running process (field 19 of /proc/PID/stat)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
 def start_cpu_server(
@@ -62,6 +68,7 @@ def start_cpu_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lambda: launcher.lower_priority(cpu_runtime.SERVER_NICE),  # as serve does
         )
     server = Server(f"http://127.0.0.1:{port}", "tiny-k2", proc, log_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -88,7 +95,6 @@ def start_cpu_server(
 
 
 def stop_cpu_server(server: Server) -> None:
-    import os
     import signal
 
     if server.process.poll() is None:
@@ -116,7 +122,6 @@ def run_cli_diagnosed(
 ) -> subprocess.CompletedProcess[str]:
     """`python -m kimictl ARGS` in its own process. If it outlives `timeout`, fail with where it
     was (faulthandler's stacks), what the machine was running and the server log's tail."""
-    import os
     import signal
     import sys
 

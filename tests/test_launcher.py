@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import niceness
 
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.serving import launcher, runs, workflow
@@ -178,6 +179,22 @@ def test_ready_then_stop_cleans_group_and_sockets():
     assert group_gone(record.pgid)
     assert sockets_under(plan.run_dir) == [] and not tmp.exists()
     assert runs.list_runs() == []
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_server_runs_at_the_plansniceness(detach):
+    plan = LaunchPlan(**{**fake_plan("ok").__dict__, "nice": 7})
+    launch = launcher.start(plan, detach=detach)
+    try:
+        launcher.wait_ready([launch], timeout=30)
+        pid = launch.record.pids[0]
+        assert niceness(pid) == os.nice(0) + 7
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():  # its own session, so its own autogroup, niced too
+            assert autogroup.read_text().split()[-2:] == ["nice", "7"]
+            assert autogroup.read_text() != Path("/proc/self/autogroup").read_text()
+    finally:
+        launcher.stop_run(launch.record, process=launch.process, grace=5)
 
 
 def test_exit_during_startup_reports_code_tail_and_cause():

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import niceness
 
 from kimictl.cli import main
+from kimictl.runtime.serving import cpu_runtime
 
 STARTUP_S = 600  # a loaded 2-core CI machine; an idle one takes 25-35 s per server
 
@@ -117,6 +119,7 @@ def test_cpu_profile_skips_the_k3_rules_and_says_so(capsys):
     assert {c["id"] for c in doc["checks"]} <= {"cpu.runtime", "cpu.model", "cpu.port"}
     (run,) = doc["runs"]
     assert "--enforce-eager" in run["argv"] and run["env"]["VLLM_TARGET_DEVICE"] == "cpu"
+    assert run["nice"] == cpu_runtime.SERVER_NICE > 0  # clients on the box keep their CPU
     assert run["env"]["TMPDIR"].endswith("/tmp") or "kimictl-" in run["env"]["TMPDIR"]
 
 
@@ -182,6 +185,7 @@ def test_multinode_flags(capsys):
     (run,) = json.loads(out)["runs"]
     i = run["argv"].index("--distributed-executor-backend")
     assert run["argv"][i + 1] == "ray"
+    assert run["nice"] == 0  # a GPU server keeps its priority
 
 
 def test_dry_run_fails_when_the_gate_would_refuse(capsys):
@@ -291,6 +295,8 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
     assert sorted(r["role"] for r in live) == ["stock", "tuned"]
     assert {r["state"] for r in live} == {"ready"} and {r["health"] for r in live} == {200}
     assert live[0]["ab_group"] == live[1]["ab_group"]
+    for record in live:  # the whole server tree runs niced
+        assert niceness(record["pids"][0]) == os.nice(0) + cpu_runtime.SERVER_NICE
     for record in live:  # both answer a real completion on their own port
         reply = httpx.post(
             f"{record['url']}/v1/completions",

@@ -67,6 +67,9 @@ def print_plan(plan: LaunchPlan, *, with_env: bool = True) -> None:
     for key, value in plan.redacted_env().items() if with_env else ():
         console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
     console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
+    if plan.nice:
+        note = f"  at nice {plan.nice}: clients on this machine keep their CPU"
+        console.print(note, highlight=False)
     for argv in plan.other_nodes:
         console.print("  other node: " + shlex.join(argv), highlight=False, soft_wrap=True)
 

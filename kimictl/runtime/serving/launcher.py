@@ -78,12 +78,31 @@ class StopRequested(Exception):
 # ---------------------------------------------------------------- start
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    def preexec() -> None:  # runs in the child between fork and exec
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by `nice`, also across sessions: with the kernel's
+    autogroup on (the common default), a process that started a new session is weighed against
+    other sessions by its autogroup's nice alone, not by its own."""
+    os.nice(nice)
+    try:
+        Path("/proc/self/autogroup").write_text(f"{nice}\n")
+    except OSError:  # no autogroup in this kernel
+        pass
+
+
+def _child_setup(parent: int | None, nice: int) -> Callable[[], None] | None:
+    """What the child does between fork and exec: lower its priority by `nice`, and unless
+    `parent` is None (a detached run) die with that parent."""
+    if parent is None and not nice:
+        return None
+
+    def preexec() -> None:
+        if nice:  # after setsid: the new session is an autogroup of its own
+            lower_priority(nice)
+        if parent is not None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
 
     return preexec
 
@@ -123,7 +142,7 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
                 stderr=subprocess.STDOUT,
                 cwd=plan.run_dir,
                 start_new_session=True,
-                preexec_fn=None if detach else _die_with_parent(os.getpid()),
+                preexec_fn=_child_setup(None if detach else os.getpid(), plan.nice),
             )
         except OSError as error:
             raise LaunchError(

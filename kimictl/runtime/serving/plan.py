@@ -50,6 +50,7 @@ class LaunchPlan:
     run_dir: Path
     role: str | None = None
     ab_group: str | None = None
+    nice: int = 0  # the server's CPU niceness (see cpu_runtime.SERVER_NICE)
     # Commands other nodes run (multi-node mp backend): printed, never executed by kimictl.
     other_nodes: list[list[str]] = field(default_factory=list)
 
@@ -87,6 +88,7 @@ class LaunchPlan:
             "url": self.url,
             "model": self.model,
             "gpus": self.gpus,
+            "nice": self.nice,
             "argv": self.redacted_argv(),
             "env": self.redacted_env(),
             "log_path": str(self.log_path),
@@ -197,6 +199,7 @@ def plan_launch(
         run_dir=run_dir,
         role=role,
         ab_group=ab_group,
+        nice=cpu_runtime.SERVER_NICE if runtime == "cpu" else 0,
         other_nodes=other_nodes,
     )
 
