@@ -18,7 +18,8 @@ intervals, the server's CPU per block from /proc and the inter-token gaps that o
 cpu-demo buckets (take /tmp/kimictl-vllm.lock first):
 
     flock /tmp/kimictl-vllm.lock python benchmarks/monitor_overhead.py --mode ab --start-server \
-        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE]
+        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE] \
+        [--settle 2] [--null]
     python benchmarks/monitor_overhead.py --mode ab --from-dump FILE [FILE ...]   # pool runs
         [--null-dump NULL [NULL ...]]   # and take out an A/A control's spread
 
@@ -124,6 +125,12 @@ def main() -> None:
         "--null",
         action="store_true",
         help="ab: A/A control, the monitor idle in both arms (the method's own spread)",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="ab: seconds between switching the monitor and the block, both arms",
     )
     ap.add_argument("--dump", type=Path, help="ab: append each block's figures here (JSONL)")
     ap.add_argument(
@@ -257,6 +264,7 @@ def run_ab(args: argparse.Namespace) -> None:
             watch_mode=args.watch_mode,
             max_s=args.max_s,
             null=args.null,
+            settle_s=args.settle,
         )
     finally:
         if server is not None:

@@ -449,10 +449,13 @@ def paired_ab(
     watch_mode: str = "now",
     max_s: float = 480.0,
     null: bool = False,
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
     loop (`watch_mode`, see _observer_watch.py) running or idle; `null`: idle in both arms (an
-    A/A control: the spread the method shows when nothing differs)."""
+    A/A control: the spread the method shows when nothing differs). `settle_s`: wait this long
+    after switching the monitor, in both arms, so that a block meets a monitor in its steady
+    1 Hz rhythm rather than the scrape it makes on resuming."""
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
@@ -479,6 +482,7 @@ def paired_ab(
                 for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
                     on = arm == "on" and not null
                     mon.send_signal(signal.SIGUSR2 if on else signal.SIGUSR1)
+                    time.sleep(settle_s)
                     c0 = _tree_cpu_s(server_pid) if server_pid else {}
                     m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
                     blk = _block(url, model, prompts)
@@ -509,6 +513,7 @@ def paired_ab(
     return {
         "watch_mode": watch_mode,
         "null": null,
+        "settle_s": settle_s,
         "prompts_per_block": prompts,
         "interval_s": interval,
         **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
