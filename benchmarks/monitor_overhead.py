@@ -130,7 +130,8 @@ def main() -> None:
         "--settle",
         type=float,
         default=0.0,
-        help="ab: seconds between switching the monitor and the block, both arms",
+        help="ab: seconds (plus a random part of one interval) between switching the monitor "
+        "and the block, both arms",
     )
     ap.add_argument("--dump", type=Path, help="ab: append each block's figures here (JSONL)")
     ap.add_argument(

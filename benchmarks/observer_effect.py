@@ -454,8 +454,12 @@ def paired_ab(
     """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
     loop (`watch_mode`, see _observer_watch.py) running or idle; `null`: idle in both arms (an
     A/A control: the spread the method shows when nothing differs). `settle_s`: wait this long
-    after switching the monitor, in both arms, so that a block meets a monitor in its steady
-    1 Hz rhythm rather than the scrape it makes on resuming."""
+    plus a random part of one interval after switching the monitor, in both arms, so that a block
+    meets a monitor in its steady rhythm at a random phase, not the scrape it makes on resuming
+    (nor, with a whole-second wait, one of its ticks)."""
+    import random
+
+    phase = random.Random(0)
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
@@ -482,7 +486,8 @@ def paired_ab(
                 for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
                     on = arm == "on" and not null
                     mon.send_signal(signal.SIGUSR2 if on else signal.SIGUSR1)
-                    time.sleep(settle_s)
+                    if settle_s:
+                        time.sleep(settle_s + phase.random() * interval)
                     c0 = _tree_cpu_s(server_pid) if server_pid else {}
                     m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
                     blk = _block(url, model, prompts)
