@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -30,33 +29,20 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import start_cpu_server_retrying, stop_cpu_server
-from observer_effect import _block, ab_summary, stalled
+from observer_effect import _block, ab_summary, stalled, tree_threads
 
 from kimictl.runtime.deployment import buckets
 from kimictl.runtime.deployment.profiles import load_profile
+from kimictl.runtime.observe.prometheus import parse_prometheus_text
 from kimictl.runtime.serving.cpu_runtime import SERVER_NICE
 
-_TTFT = re.compile(r"^vllm:time_to_first_token_seconds_(sum|count)\{[^}]*\} (\S+)$", re.M)
-
-
-def _threads(pid: int) -> list[int]:
-    """Every thread of `pid` and of its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                out.append(int(task.name))
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return out
+_TTFT = "vllm:time_to_first_token_seconds"
 
 
 def _renice(pid: int, nice: int) -> None:
     """Every thread's nice, and the nice of the server's autogroup (its own session), which is
     what weighs it against the client's session when the kernel's autogroup is on."""
-    for tid in _threads(pid):
+    for tid in (t for tids in tree_threads(pid).values() for t in tids):
         try:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
         except ProcessLookupError:
@@ -75,11 +61,14 @@ def _runq_wait_ms() -> float:
 
 
 def _server_ttft(url: str) -> tuple[float, float]:
+    """The server's TTFT histogram sum and count, over all label sets."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    got = {"sum": 0.0, "count": 0.0}
-    for kind, value in _TTFT.findall(text):
-        got[kind] += float(value)
-    return got["sum"], got["count"]
+    samples, _ = parse_prometheus_text(text, prefixes=(_TTFT,))
+    got = {f"{_TTFT}_sum": 0.0, f"{_TTFT}_count": 0.0}
+    for sample in samples:
+        if sample.name in got:
+            got[sample.name] += sample.value
+    return got[f"{_TTFT}_sum"], got[f"{_TTFT}_count"]
 
 
 def main() -> None:

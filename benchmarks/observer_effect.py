@@ -13,6 +13,7 @@ and the median of the per-round ratios (each mode vs that round's off).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -223,18 +224,28 @@ def scrape_cost(url: str, server_pid: int, n: int = 200) -> dict[str, Any]:
 AB_FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s", "itl_p99_ms", "itl_max_ms")
 
 
-def _tree_cpu_s(pid: int) -> dict[int, float]:
-    """CPU seconds (utime + stime) of `pid` and all its descendants, by pid."""
-    out: dict[int, float] = {}
+def tree_threads(pid: int) -> dict[int, list[int]]:
+    """`pid` and all its live descendants, each with its thread ids."""
+    out: dict[int, list[int]] = {}
     todo = [pid]
     while todo:
         p = todo.pop()
         try:
-            out[p] = _proc_cpu_s(p)
-            for task in Path(f"/proc/{p}/task").iterdir():
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+            for task in tasks:
                 todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
+        except FileNotFoundError:
             continue
+        out[p] = [int(t.name) for t in tasks]
+    return out
+
+
+def _tree_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (utime + stime) of `pid` and all its descendants, by pid."""
+    out: dict[int, float] = {}
+    for p in tree_threads(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            out[p] = _proc_cpu_s(p)
     return out
 
 
