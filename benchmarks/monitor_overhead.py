@@ -229,6 +229,9 @@ def run_ab(args: argparse.Namespace) -> None:
     )
 
     if args.from_dump:
+        missing = [str(f) for f in (*args.from_dump, *(args.null_dump or ())) if not f.is_file()]
+        if missing:
+            sys.exit(f"monitor_overhead: no such dump file: {', '.join(missing)}.")
         pooled = ab_from_dumps(args.from_dump, args.null_dump)
         print_ratios(pooled)
         print_net(pooled)
