@@ -25,18 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import start_cpu_server_retrying, stop_cpu_server
-from observer_effect import _block, ab_summary, stalled, tree_threads
+from observer_effect import _block, ab_summary, server_means, server_sums, stalled, tree_threads
 
 from kimictl.runtime.deployment import buckets
 from kimictl.runtime.deployment.profiles import load_profile
-from kimictl.runtime.observe.prometheus import parse_prometheus_text
 from kimictl.runtime.serving.cpu_runtime import SERVER_NICE
-
-_TTFT = "vllm:time_to_first_token_seconds"
 
 
 def _renice(pid: int, nice: int) -> None:
@@ -58,17 +53,6 @@ def _runq_wait_ms() -> float:
         with contextlib.suppress(FileNotFoundError):
             total += int((task / "schedstat").read_text().split()[1])
     return total / 1e6
-
-
-def _server_ttft(url: str) -> tuple[float, float]:
-    """The server's TTFT histogram sum and count, over all label sets."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    samples, _ = parse_prometheus_text(text, prefixes=(_TTFT,))
-    got = {f"{_TTFT}_sum": 0.0, f"{_TTFT}_count": 0.0}
-    for sample in samples:
-        if sample.name in got:
-            got[sample.name] += sample.value
-    return got[f"{_TTFT}_sum"], got[f"{_TTFT}_count"]
 
 
 def main() -> None:
@@ -94,13 +78,14 @@ def main() -> None:
         for i in range(args.pairs):
             for arm in ("plain", "niced") if i % 2 == 0 else ("niced", "plain"):
                 _renice(pid, SERVER_NICE if arm == "niced" else 0)
-                s0, c0 = _server_ttft(server.url)
+                before = server_sums(server.url)
                 q0 = _runq_wait_ms()
                 blk = _block(server.url, server.model, args.prompts)
                 blk["client_runq_wait_ms"] = _runq_wait_ms() - q0
-                s1, c1 = _server_ttft(server.url)
-                blk["server_ttft_mean_ms"] = 1000 * (s1 - s0) / max(c1 - c0, 1)
-                blocks[arm].append({k: v for k, v in blk.items() if k != "token_times"})
+                blk |= server_means(before, server_sums(server.url))
+                blocks[arm].append(
+                    {k: v for k, v in blk.items() if k not in ("token_times", "ttft_windows")}
+                )
     finally:
         stop_cpu_server(server)
 

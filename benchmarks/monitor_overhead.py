@@ -18,8 +18,8 @@ intervals, the server's CPU per block from /proc and the inter-token gaps that o
 cpu-demo buckets (take /tmp/kimictl-vllm.lock first):
 
     flock /tmp/kimictl-vllm.lock python benchmarks/monitor_overhead.py --mode ab --start-server \
-        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full] [--dump FILE] \
-        [--settle 2] [--null]
+        --pairs 200 --max-s 470 --prompts 4 [--watch-mode now|filtered|full|ping] [--dump FILE] \
+        [--settle 2] [--null | --placebo] [--background 1]
     python benchmarks/monitor_overhead.py --mode ab --from-dump FILE [FILE ...]   # pool runs
         [--null-dump NULL [NULL ...]]   # and take out an A/A control's spread
 
@@ -127,6 +127,17 @@ def main() -> None:
         help="ab: A/A control, the monitor idle in both arms (the method's own spread)",
     )
     ap.add_argument(
+        "--placebo",
+        action="store_true",
+        help="ab: the off arm runs the monitor on a canned copy of the text (server untouched)",
+    )
+    ap.add_argument(
+        "--background",
+        type=int,
+        default=0,
+        help="ab: streams of extra load through the whole run (the server never idles)",
+    )
+    ap.add_argument(
         "--settle",
         type=float,
         default=0.0,
@@ -136,10 +147,11 @@ def main() -> None:
     ap.add_argument("--dump", type=Path, help="ab: append each block's figures here (JSONL)")
     ap.add_argument(
         "--watch-mode",
-        choices=["now", "filtered", "full"],
+        choices=["now", "filtered", "full", "ping"],
         default="now",
         help="ab: the monitor's scrapes: now (filtered + paced, kimictl monitor), filtered "
-        "(never paced: the full rate), full (the whole text, as before filtering)",
+        "(never paced: the full rate), full (the whole text, as before filtering), ping (the "
+        "text from a stub, GET /health of the server instead: with --placebo)",
     )
     ap.add_argument("--max-s", type=float, default=480, help="ab: start no pair after this")
     ap.add_argument(
@@ -269,6 +281,8 @@ def run_ab(args: argparse.Namespace) -> None:
             max_s=args.max_s,
             null=args.null,
             settle_s=args.settle,
+            placebo=args.placebo,
+            background=args.background,
         )
     finally:
         if server is not None:

@@ -221,7 +221,22 @@ def scrape_cost(url: str, server_pid: int, n: int = 200) -> dict[str, Any]:
 # that slow drift of the shared box cancels. Each pair gives one on/off ratio per figure; the
 # interval of the mean log-ratio (t and bootstrap) says what the data can exclude. The load runs
 # in this process (kimictl's load generator, started once) so no block pays for start-up imports.
-AB_FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s", "itl_p99_ms", "itl_max_ms")
+AB_FIGURES = (
+    "ttft_p50_ms",
+    "tpot_p50_ms",
+    "output_tok_s",
+    "itl_p99_ms",
+    "itl_max_ms",
+    "ttft_mean_ms",
+    "server_ttft_mean_ms",
+    "server_queue_mean_ms",
+    "server_prefill_mean_ms",
+)
+
+
+def _figures(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[str]:
+    """The AB_FIGURES every block of `pairs` has (dumps written before a figure existed lack it)."""
+    return [k for k in AB_FIGURES if all(k in a and k in b for a, b in pairs)]
 
 
 def tree_threads(pid: int) -> dict[int, list[int]]:
@@ -266,12 +281,14 @@ def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
     if len(ok) != prompts:
         raise RuntimeError(f"{prompts - len(ok)} of {prompts} requests failed: {recs[:1]}")
     ttft = [1000 * r.ttft for r in ok if r.ttft is not None]
+    windows = [(t_run + r.start, t_run + r.start + r.ttft) for r in ok if r.ttft is not None]
     tpot = [1000 * t for r in ok if (t := r.tpot) is not None]
     itl = sorted(1000 * g for r in ok for g in r.itls)
     first, last = min(r.start for r in ok), max(r.end for r in ok)
     tokens = [[t_run + r.start + c for c in r.chunk_times] for r in ok]
     return {
         "ttft_p50_ms": statistics.median(ttft),
+        "ttft_mean_ms": statistics.fmean(ttft),
         "tpot_p50_ms": statistics.median(tpot),
         "output_tok_s": sum(r.output_tokens for r in ok) / (last - first),
         "itl_p99_ms": itl[int(0.99 * (len(itl) - 1))],
@@ -279,7 +296,47 @@ def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
         "t0": t_run + first,
         "t1": t_run + last,
         "token_times": tokens,
+        "ttft_windows": windows,
     }
+
+
+# The server's own view of a block: histogram sums and counts read just before and just after it
+# (the same two small scrapes in both arms), so a block's client TTFT can be split into the part
+# the server measured (arrival to first token: queue + prefill + the rest) and the part outside it.
+SERVER_HISTOGRAMS = {
+    "server_ttft": "vllm:time_to_first_token_seconds",
+    "server_queue": "vllm:request_queue_time_seconds",
+    "server_prefill": "vllm:request_prefill_time_seconds",
+}
+
+
+def server_sums(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of SERVER_HISTOGRAMS over all label sets: the filtered scrape the
+    monitor uses (a few lines), the full text where the server ignores the filter."""
+    import httpx
+
+    from kimictl.runtime.observe.prometheus import parse_prometheus_text
+
+    names = [f"{f}_{part}" for f in SERVER_HISTOGRAMS.values() for part in ("sum", "count")]
+    text = httpx.get(f"{url}/metrics/", params=[("name[]", n) for n in names], timeout=30).text
+    if f"{SERVER_HISTOGRAMS['server_ttft']}_count" not in text:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+    samples, _ = parse_prometheus_text(text, prefixes=tuple(SERVER_HISTOGRAMS.values()))
+    got = dict.fromkeys(names, 0.0)
+    for sample in samples:
+        if sample.name in got:
+            got[sample.name] += sample.value
+    return {k: (got[f"{f}_sum"], got[f"{f}_count"]) for k, f in SERVER_HISTOGRAMS.items()}
+
+
+def server_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+                 ) -> dict[str, float]:  # fmt: skip
+    """Mean of each histogram over the requests between two server_sums, in ms."""
+    out = {}
+    for key, (s1, c1) in after.items():
+        s0, c0 = before[key]
+        out[f"{key}_mean_ms"] = 1000 * (s1 - s0) / max(c1 - c0, 1)
+    return out
 
 
 def _t975(df: int) -> float:
@@ -334,7 +391,7 @@ def ab_summary(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> dict[s
     for name, chosen in (("on_over_off", pairs), ("on_over_off_unstalled_pairs", clean)):
         out[name] = {
             key: ratio_interval([a[key] / b[key] for a, b in chosen if a[key] > 0 and b[key] > 0])
-            for key in AB_FIGURES
+            for key in _figures(chosen)
             if len(chosen) >= 3
         }
     out["stalled_blocks"] = {
@@ -384,7 +441,7 @@ def effect_vs_null(
 
     rng = random.Random(seed)
     out: dict[str, dict[str, float]] = {}
-    for key in AB_FIGURES:
+    for key in (k for k in _figures(ab) if k in _figures(null)):
         logs = [
             [math.log(a[key] / b[key]) for a, b in pairs if a[key] > 0 and b[key] > 0]
             for pairs in (ab, null)
@@ -440,6 +497,27 @@ def _gaps_near(
     return out
 
 
+def _ttft_near(
+    blocks: dict[str, list[dict[str, Any]]], spans: list[tuple[float, float]], interval: float
+) -> dict[str, Any]:
+    """Client TTFTs of the "on" blocks' requests whose send-to-first-token window overlaps a
+    scrape (to 5 ms past its end), of those that overlap none, the control (overlapping the same
+    spans moved half an interval later), and all of the "off" blocks'. A TTFT effect confined to
+    the overlapping requests is the scrape's own stall; one spread over every request is not."""
+
+    def hits(window: tuple[float, float], shift: float) -> bool:
+        a, z = window
+        return any(a < s1 + shift + 0.005 and z > s0 + shift for s0, s1 in spans)
+
+    on = [(1000 * (z - a), (a, z)) for b in blocks["on"] for a, z in b["ttft_windows"]]
+    return {
+        "on_overlapping_scrape": _dist([t for t, w in on if hits(w, 0.0)]),
+        "on_clear_of_scrapes": _dist([t for t, w in on if not hits(w, 0.0)]),
+        "control_half_interval_later": _dist([t for t, w in on if hits(w, interval / 2)]),
+        "off": _dist([1000 * (z - a) for b in blocks["off"] for a, z in b["ttft_windows"]]),
+    }
+
+
 def _dist(ms: list[float]) -> dict[str, float] | None:
     if not ms:
         return None
@@ -461,13 +539,21 @@ def paired_ab(
     max_s: float = 480.0,
     null: bool = False,
     settle_s: float = 0.0,
+    placebo: bool = False,
+    background: int = 0,
 ) -> dict[str, Any]:
     """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
     loop (`watch_mode`, see _observer_watch.py) running or idle; `null`: idle in both arms (an
     A/A control: the spread the method shows when nothing differs). `settle_s`: wait this long
     plus a random part of one interval after switching the monitor, in both arms, so that a block
     meets a monitor in its steady rhythm at a random phase, not the scrape it makes on resuming
-    (nor, with a whole-second wait, one of its ticks)."""
+    (nor, with a whole-second wait, one of its ticks). `placebo`: the "off" arm runs a second
+    monitor process in `placebo` mode (the same loop on a canned copy of the text, see
+    _observer_watch.py) instead of no monitor, so "on"/"off" is what scraping the server costs
+    it, with the monitor's own presence on the client's CPUs the same in both arms.
+    `background`: that many more streams (a `kimictl bench` process) run through the whole A/B, so
+    the server never idles between blocks (an idle vLLM CPU engine stops spinning after 1 s and
+    the box's cores go idle; the first tokens after that are slower)."""
     import random
 
     phase = random.Random(0)
@@ -478,17 +564,68 @@ def paired_ab(
             [sys.executable, str(_WATCH), url, watch_mode, str(record), str(out), str(interval)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+        plc = (
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_WATCH),
+                    url,
+                    "placebo",
+                    str(record) + ".placebo",
+                    str(out) + ".placebo",
+                    str(interval),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            if placebo
+            else None
+        )
+        bg = (
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kimictl",
+                    "bench",
+                    "-t",
+                    url,
+                    "--input-len",
+                    "32",
+                    "--output-len",
+                    "256",
+                    "--concurrency",
+                    str(background),
+                    "--warmup",
+                    "0",
+                    "--duration",
+                    str(max_s + 3600),
+                    "--no-metrics",
+                    "--json",
+                    os.devnull,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            if background
+            else None
+        )
         blocks: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
         cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
         try:
             # it starts running (a USR signal before its handlers are set would kill it): its
             # imports (seconds of CPU here) and two rounds settle before it is paused
             deadline = time.monotonic() + 120
-            while not (record.exists() and len(record.read_text().splitlines()) >= 2):
-                if time.monotonic() > deadline or mon.poll() is not None:
-                    raise RuntimeError("the monitor did not start")
-                time.sleep(0.2)
-            mon.send_signal(signal.SIGUSR1)
+            for proc, rec in ((mon, record), (plc, Path(str(record) + ".placebo"))):
+                while proc is not None and not (
+                    rec.exists() and len(rec.read_text().splitlines()) >= 2
+                ):
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("the monitor did not start")
+                    time.sleep(0.2)
+            for proc in (mon, plc):
+                if proc is not None:
+                    proc.send_signal(signal.SIGUSR1)
             _block(url, model, prompts)  # warm-up
             t_end = time.monotonic() + max_s
             for i in range(pairs):
@@ -497,12 +634,16 @@ def paired_ab(
                 for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
                     on = arm == "on" and not null
                     mon.send_signal(signal.SIGUSR2 if on else signal.SIGUSR1)
+                    if plc is not None:
+                        plc.send_signal(signal.SIGUSR1 if on else signal.SIGUSR2)
                     if settle_s:
                         time.sleep(settle_s + phase.random() * interval)
                     c0 = _tree_cpu_s(server_pid) if server_pid else {}
                     m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
+                    before = server_sums(url)
                     blk = _block(url, model, prompts)
                     wall = time.perf_counter() - w0
+                    blk.update(server_means(before, server_sums(url)))
                     c1 = _tree_cpu_s(server_pid) if server_pid else {}
                     api = (c1.get(server_pid, 0) - c0.get(server_pid, 0)) if server_pid else 0.0
                     every = sum(v - c0.get(p, 0.0) for p, v in c1.items())
@@ -516,9 +657,16 @@ def paired_ab(
                             fh.write(json.dumps({"pair": i, "arm": arm, **row, **cpu[arm][-1]}))
                             fh.write("\n")
         finally:
-            mon.send_signal(signal.SIGTERM)
-            mon.wait(timeout=30)
+            for proc in (mon, plc, bg):
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=30)
         watch = json.loads(out.read_text())
+        placebo_scrapes = (
+            len(json.loads(Path(str(out) + ".placebo").read_text())["scrape_spans"])
+            if placebo
+            else 0
+        )
     spans = [tuple(s) for s in watch["scrape_spans"]]
     on_spans = [s for s in spans if any(b["t0"] - 1 <= s[0] <= b["t1"] for b in blocks["on"])]
     stray = [
@@ -529,11 +677,15 @@ def paired_ab(
     return {
         "watch_mode": watch_mode,
         "null": null,
+        "placebo": placebo,
+        "placebo_scrapes": placebo_scrapes,
+        "background_streams": background,
         "settle_s": settle_s,
         "prompts_per_block": prompts,
         "interval_s": interval,
         **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
         "blocks": {arm: [{k: b[k] for k in AB_FIGURES} for b in bs] for arm, bs in blocks.items()},
+        "ttft_near_scrape": _ttft_near(blocks, on_spans, interval),
         "cpu_totals": sums,
         "scrapes_in_on_blocks": len(on_spans),
         "scrape_rate_hz": len(on_spans) / on_wall,
@@ -589,3 +741,5 @@ def print_ab(result: dict[str, Any]) -> None:
         print(f"cpu {arm}: {c}")
     print(f"token gaps on: {result['token_gaps_on_blocks']}")
     print(f"token gaps off: {result['token_gaps_off_blocks']}")
+    for name, dist in result["ttft_near_scrape"].items():
+        print(f"TTFT {name}: {dist}")
