@@ -228,6 +228,8 @@ AB_FIGURES = (
     "itl_p99_ms",
     "itl_max_ms",
     "ttft_mean_ms",
+    "ttft_first_ms",
+    "ttft_later_ms",
     "server_ttft_mean_ms",
     "server_queue_mean_ms",
     "server_prefill_mean_ms",
@@ -264,6 +266,9 @@ def _tree_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+CONCURRENCY = 2  # streams of the fixed load
+
+
 def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
     """One block of the fixed load, in process; per-request and per-token times on the monotonic
     clock (time.perf_counter) so they line up with the watcher's scrape spans."""
@@ -274,7 +279,7 @@ def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
     from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 
     workload = RandomWorkload(parse_length("32"), parse_length("256"))
-    settings = LoadSettings(points=(LoadPoint(concurrency=2),), num_prompts=prompts)
+    settings = LoadSettings(points=(LoadPoint(concurrency=CONCURRENCY),), num_prompts=prompts)
     t_run = time.perf_counter()  # run_load's own t_run is taken microseconds later
     recs = asyncio.run(run_load([LoadTarget("ab", url, model)], workload, settings))
     ok = [r for r in recs if r.ok and not r.warmup]
@@ -282,6 +287,7 @@ def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
         raise RuntimeError(f"{prompts - len(ok)} of {prompts} requests failed: {recs[:1]}")
     ttft = [1000 * r.ttft for r in ok if r.ttft is not None]
     windows = [(t_run + r.start, t_run + r.start + r.ttft) for r in ok if r.ttft is not None]
+    by_start = [1000 * (z - a) for a, z in sorted(windows)]
     tpot = [1000 * t for r in ok if (t := r.tpot) is not None]
     itl = sorted(1000 * g for r in ok for g in r.itls)
     first, last = min(r.start for r in ok), max(r.end for r in ok)
@@ -289,6 +295,10 @@ def _block(url: str, model: str, prompts: int) -> dict[str, Any]:
     return {
         "ttft_p50_ms": statistics.median(ttft),
         "ttft_mean_ms": statistics.fmean(ttft),
+        # the first requests of the block (one per stream) meet a server that ran no block just
+        # before; the later ones arrive as earlier ones finish
+        "ttft_first_ms": statistics.fmean(by_start[:CONCURRENCY]),
+        "ttft_later_ms": statistics.fmean(by_start[CONCURRENCY:] or by_start),
         "tpot_p50_ms": statistics.median(tpot),
         "output_tok_s": sum(r.output_tokens for r in ok) / (last - first),
         "itl_p99_ms": itl[int(0.99 * (len(itl) - 1))],
