@@ -68,7 +68,8 @@ def start_cpu_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=lambda: launcher.lower_priority(cpu_runtime.SERVER_NICE),  # as serve does
+            # as serve does: niced, and gone with this process (a killed benchmark leaves no server)
+            preexec_fn=launcher.child_setup(os.getpid(), cpu_runtime.SERVER_NICE),
         )
     server = Server(f"http://127.0.0.1:{port}", "tiny-k2", proc, log_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -56,6 +56,7 @@ __all__ = [
     "STOP_GRACE_S",
     "Launch",
     "StopRequested",
+    "child_setup",
     "hand_over",
     "health",
     "start",
@@ -89,7 +90,7 @@ def lower_priority(nice: int) -> None:
         pass
 
 
-def _child_setup(parent: int | None, nice: int) -> Callable[[], None] | None:
+def child_setup(parent: int | None, nice: int) -> Callable[[], None] | None:
     """What the child does between fork and exec: lower its priority by `nice`, and unless
     `parent` is None (a detached run) die with that parent."""
     if parent is None and not nice:
@@ -142,7 +143,7 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
                 stderr=subprocess.STDOUT,
                 cwd=plan.run_dir,
                 start_new_session=True,
-                preexec_fn=_child_setup(None if detach else os.getpid(), plan.nice),
+                preexec_fn=child_setup(None if detach else os.getpid(), plan.nice),
             )
         except OSError as error:
             raise LaunchError(
