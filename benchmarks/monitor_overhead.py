@@ -138,6 +138,11 @@ def main() -> None:
         help="ab: streams of extra load through the whole run (the server never idles)",
     )
     ap.add_argument(
+        "--no-server-view",
+        action="store_true",
+        help="ab: no scrapes around each block (no server-side figures; the design before them)",
+    )
+    ap.add_argument(
         "--settle",
         type=float,
         default=0.0,
@@ -283,6 +288,7 @@ def run_ab(args: argparse.Namespace) -> None:
             settle_s=args.settle,
             placebo=args.placebo,
             background=args.background,
+            server_view=not args.no_server_view,
         )
     finally:
         if server is not None:

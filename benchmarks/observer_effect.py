@@ -551,6 +551,7 @@ def paired_ab(
     settle_s: float = 0.0,
     placebo: bool = False,
     background: int = 0,
+    server_view: bool = True,
 ) -> dict[str, Any]:
     """Up to `pairs` ABBA pairs of blocks (after one warm-up block) within `max_s`, the monitor's
     loop (`watch_mode`, see _observer_watch.py) running or idle; `null`: idle in both arms (an
@@ -563,7 +564,9 @@ def paired_ab(
     it, with the monitor's own presence on the client's CPUs the same in both arms.
     `background`: that many more streams (a `kimictl bench` process) run through the whole A/B, so
     the server never idles between blocks (an idle vLLM CPU engine stops spinning after 1 s and
-    the box's cores go idle; the first tokens after that are slower)."""
+    the box's cores go idle; the first tokens after that are slower). `server_view=False` leaves
+    out the two small scrapes around each block (and with them the server's own figures), as the
+    design was before they existed."""
     import random
 
     phase = random.Random(0)
@@ -650,10 +653,11 @@ def paired_ab(
                         time.sleep(settle_s + phase.random() * interval)
                     c0 = _tree_cpu_s(server_pid) if server_pid else {}
                     m0, w0 = _proc_cpu_s(mon.pid), time.perf_counter()
-                    before = server_sums(url)
+                    before = server_sums(url) if server_view else None
                     blk = _block(url, model, prompts)
                     wall = time.perf_counter() - w0
-                    blk.update(server_means(before, server_sums(url)))
+                    if before is not None:
+                        blk.update(server_means(before, server_sums(url)))
                     c1 = _tree_cpu_s(server_pid) if server_pid else {}
                     api = (c1.get(server_pid, 0) - c0.get(server_pid, 0)) if server_pid else 0.0
                     every = sum(v - c0.get(p, 0.0) for p, v in c1.items())
@@ -662,7 +666,7 @@ def paired_ab(
                                      "monitor_cpu_s": _proc_cpu_s(mon.pid) - m0})  # fmt: skip
                     blocks[arm].append(blk)
                     if dump is not None:  # a crash later keeps what was measured
-                        row = {k: blk[k] for k in AB_FIGURES}
+                        row = {k: blk[k] for k in AB_FIGURES if k in blk}
                         with dump.open("a") as fh:
                             fh.write(json.dumps({"pair": i, "arm": arm, **row, **cpu[arm][-1]}))
                             fh.write("\n")
@@ -690,11 +694,14 @@ def paired_ab(
         "placebo": placebo,
         "placebo_scrapes": placebo_scrapes,
         "background_streams": background,
+        "server_view": server_view,
         "settle_s": settle_s,
         "prompts_per_block": prompts,
         "interval_s": interval,
         **ab_summary(list(zip(blocks["on"], blocks["off"], strict=True))),
-        "blocks": {arm: [{k: b[k] for k in AB_FIGURES} for b in bs] for arm, bs in blocks.items()},
+        "blocks": {
+            arm: [{k: b[k] for k in AB_FIGURES if k in b} for b in bs] for arm, bs in blocks.items()
+        },
         "ttft_near_scrape": _ttft_near(blocks, on_spans, interval),
         "cpu_totals": sums,
         "scrapes_in_on_blocks": len(on_spans),
