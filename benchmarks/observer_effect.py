@@ -73,21 +73,33 @@ class _Curl:
         self.thread.join(timeout=60)
 
 
+def _start_watch(
+    url: str, mode: str, record: Path, out: Path, interval: float
+) -> subprocess.Popen[bytes]:
+    """One _observer_watch.py process (its modes and files: see its docstring)."""
+    return subprocess.Popen(
+        [sys.executable, str(_WATCH), url, mode, str(record), str(out), str(interval)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _steady(watch: subprocess.Popen[bytes], record: Path, deadline: float) -> bool:
+    """Wait for a watcher's second recorded round (its start-up imports take seconds of CPU on a
+    loaded 2-core box, which is not what scraping costs); False if it exits or `deadline`
+    (time.monotonic) passes first."""
+    while not (record.exists() and len(record.read_text().splitlines()) >= 2):
+        if time.monotonic() > deadline or watch.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _watched(mode: str, url: str, prompts: int, interval: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
-        mon = subprocess.Popen(
-            [sys.executable, str(_WATCH), url, mode, str(record), str(out), str(interval)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        mon = _start_watch(url, mode, record, out, interval)
         try:
-            # steady state: wait for its second recorded round (start-up imports on a loaded
-            # 2-core box take seconds of CPU, which is not what scraping costs)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if record.exists() and len(record.read_text().splitlines()) >= 2:
-                    break
-                time.sleep(0.2)
+            _steady(mon, record, time.monotonic() + 60)  # the mode check below catches a failure
             run = _bench(url, prompts)
         finally:
             mon.send_signal(signal.SIGTERM)
@@ -326,11 +338,12 @@ def server_sums(url: str) -> dict[str, tuple[float, float]]:
     import httpx
 
     from kimictl.runtime.observe.prometheus import parse_prometheus_text
+    from kimictl.runtime.observe.scrape import filter_path, metrics_url
 
     names = [f"{f}_{part}" for f in SERVER_HISTOGRAMS.values() for part in ("sum", "count")]
-    text = httpx.get(f"{url}/metrics/", params=[("name[]", n) for n in names], timeout=30).text
+    text = httpx.get(metrics_url(url) + filter_path(names), timeout=30).text
     if f"{SERVER_HISTOGRAMS['server_ttft']}_count" not in text:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
+        text = httpx.get(metrics_url(url), timeout=30).text
     samples, _ = parse_prometheus_text(text, prefixes=tuple(SERVER_HISTOGRAMS.values()))
     got = dict.fromkeys(names, 0.0)
     for sample in samples:
@@ -479,6 +492,15 @@ def effect_vs_null(
     return out
 
 
+SCRAPE_TAIL_S = 0.005  # a scrape holds the server a little past its answer's arrival
+
+
+def _meets_scrape(a: float, z: float, spans: list[tuple[float, float]], shift: float) -> bool:
+    """Whether [a, z] overlaps one of `spans` moved `shift` seconds later (to SCRAPE_TAIL_S past
+    its end)."""
+    return any(a < s1 + shift + SCRAPE_TAIL_S and z > s0 + shift for s0, s1 in spans)
+
+
 def _gaps_near(
     blocks: list[dict[str, Any]], spans: list[tuple[float, float]], interval: float
 ) -> dict[str, Any]:
@@ -490,10 +512,10 @@ def _gaps_near(
     def overlapping(shift: float) -> list[float]:
         got = []
         for b in blocks:
-            mine = [(s0 + shift, s1 + shift) for s0, s1 in spans if b["t0"] - 1 <= s0 <= b["t1"]]
+            mine = [(s0, s1) for s0, s1 in spans if b["t0"] - 1 <= s0 <= b["t1"]]
             for times in b["token_times"]:
                 for a, z in zip(times, times[1:], strict=False):
-                    if any(a < s1 + 0.005 and z > s0 for s0, s1 in mine):
+                    if _meets_scrape(a, z, mine, shift):
                         got.append(1000 * (z - a))
         return got
 
@@ -515,15 +537,13 @@ def _ttft_near(
     spans moved half an interval later), and all of the "off" blocks'. A TTFT effect confined to
     the overlapping requests is the scrape's own stall; one spread over every request is not."""
 
-    def hits(window: tuple[float, float], shift: float) -> bool:
-        a, z = window
-        return any(a < s1 + shift + 0.005 and z > s0 + shift for s0, s1 in spans)
-
     on = [(1000 * (z - a), (a, z)) for b in blocks["on"] for a, z in b["ttft_windows"]]
     return {
-        "on_overlapping_scrape": _dist([t for t, w in on if hits(w, 0.0)]),
-        "on_clear_of_scrapes": _dist([t for t, w in on if not hits(w, 0.0)]),
-        "control_half_interval_later": _dist([t for t, w in on if hits(w, interval / 2)]),
+        "on_overlapping_scrape": _dist([t for t, w in on if _meets_scrape(*w, spans, 0.0)]),
+        "on_clear_of_scrapes": _dist([t for t, w in on if not _meets_scrape(*w, spans, 0.0)]),
+        "control_half_interval_later": _dist(
+            [t for t, w in on if _meets_scrape(*w, spans, interval / 2)]
+        ),
         "off": _dist([1000 * (z - a) for b in blocks["off"] for a, z in b["ttft_windows"]]),
     }
 
@@ -573,69 +593,26 @@ def paired_ab(
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         record, out = Path(tmp) / "rec.jsonl", Path(tmp) / "watch.json"
-        mon = subprocess.Popen(
-            [sys.executable, str(_WATCH), url, watch_mode, str(record), str(out), str(interval)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        plc = (
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(_WATCH),
-                    url,
-                    "placebo",
-                    str(record) + ".placebo",
-                    str(out) + ".placebo",
-                    str(interval),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            if placebo
-            else None
-        )
-        bg = (
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kimictl",
-                    "bench",
-                    "-t",
-                    url,
-                    "--input-len",
-                    "32",
-                    "--output-len",
-                    "256",
-                    "--concurrency",
-                    str(background),
-                    "--warmup",
-                    "0",
-                    "--duration",
-                    str(max_s + 3600),
-                    "--no-metrics",
-                    "--json",
-                    os.devnull,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+        p_record, p_out = Path(tmp) / "placebo.jsonl", Path(tmp) / "placebo.json"
+        mon = _start_watch(url, watch_mode, record, out, interval)
+        plc = _start_watch(url, "placebo", p_record, p_out, interval) if placebo else None
+        bg = None
+        if background:
+            bg = subprocess.Popen(
+                [sys.executable, "-m", "kimictl", "bench", "-t", url, "--input-len", "32",
+                 "--output-len", "256", "--concurrency", str(background), "--warmup", "0",
+                 "--duration", str(max_s + 3600), "--no-metrics", "--json", os.devnull],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            if background
-            else None
-        )
         blocks: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
         cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
         try:
             # it starts running (a USR signal before its handlers are set would kill it): its
             # imports (seconds of CPU here) and two rounds settle before it is paused
             deadline = time.monotonic() + 120
-            for proc, rec in ((mon, record), (plc, Path(str(record) + ".placebo"))):
-                while proc is not None and not (
-                    rec.exists() and len(rec.read_text().splitlines()) >= 2
-                ):
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("the monitor did not start")
-                    time.sleep(0.2)
+            for proc, rec in ((mon, record), (plc, p_record)):
+                if proc is not None and not _steady(proc, rec, deadline):
+                    raise RuntimeError("the monitor did not start")
             for proc in (mon, plc):
                 if proc is not None:
                     proc.send_signal(signal.SIGUSR1)
@@ -676,11 +653,7 @@ def paired_ab(
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(timeout=30)
         watch = json.loads(out.read_text())
-        placebo_scrapes = (
-            len(json.loads(Path(str(out) + ".placebo").read_text())["scrape_spans"])
-            if placebo
-            else 0
-        )
+        placebo_scrapes = len(json.loads(p_out.read_text())["scrape_spans"]) if placebo else 0
     spans = [tuple(s) for s in watch["scrape_spans"]]
     on_spans = [s for s in spans if any(b["t0"] - 1 <= s[0] <= b["t1"] for b in blocks["on"])]
     stray = [
