@@ -272,7 +272,10 @@ def run_ab(args: argparse.Namespace) -> None:
     try:
         import httpx
 
-        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        try:
+            model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        except httpx.HTTPError as exc:
+            sys.exit(f"monitor_overhead: no vLLM server answers at {args.url} ({exc}).")
         cost = scrape_cost(args.url, args.server_pid, n=100) if args.server_pid else None
         result = paired_ab(
             args.url,
