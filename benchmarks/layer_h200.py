@@ -22,7 +22,10 @@ only M dynamic) and replayed as one CUDA graph:
   the same on kimictl_norm's folded-norm GEMMs; kimictl_elem_all: kimictl_elem with a kimictl
   kernel for every measured projection (all_variant), o_proj and latent_up in their faster
   non-residual form (o_proj's add in the add + RMSNorm kernel, latent_up's output shared_down's
-  residual).
+  residual); kimictl_tuned: kimictl_elem_all's layer whose GEMM picks are searched in the layer
+  itself, per (kind, M), before the timing rounds (dispatch.descend: each GEMM in turn tries the
+  table's fastest kimictl kernels, the wgmma residual tiles of layer_res_configs() and
+  cuBLAS, the whole layer graph timed for each; every candidate checked against fp64 first).
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -70,9 +73,11 @@ VARIANTS = (
     "kimictl_elem",
     "kimictl_elemnorm",
     "kimictl_elem_all",
+    "kimictl_tuned",
 )
-ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all")  # elementwise ops: kimictl kernels
+ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", "kimictl_tuned")  # elementwise
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
+TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GEMM (and cuBLAS)
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
@@ -108,7 +113,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
                elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
-               ) -> Callable[..., Any]:  # fmt: skip
+               plan_tag: str = ALL) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
     signatures); the shared expert then runs before the routed stand-in, so the kernels from the
@@ -121,7 +126,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
     front_n = [ops[n].n for n in FRONT]
-    tag = ALL if all_k else ""  # all_k (with elem, hfused): o_proj and latent_up without a
+    tag = plan_tag if all_k else ""  # all_k (with elem, hfused): o_proj and latent_up without a
     # residual (their non-residual kimictl kernels measured faster at every M), the o_proj add
     # moves into the post-attention add + RMSNorm kernel, the latent_up output is shared_down's
     # residual; every GEMM's kernel from all_plan
@@ -474,6 +479,15 @@ def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any
     return mm, {"used": used, "buf": buf}
 
 
+def plan_shapes(kind: str) -> dict[str, tuple[int, int]]:
+    """GEMM op -> the (N, K) point of the dispatch table whose measurements choose its kernel."""
+    ops = ops_by_name(kind)
+    shapes = {name: (op.n, op.k) for name, op in ops.items() if op.kind == "gemm"}
+    shapes["qkv_a_g"] = (2112, 7168)  # table shape: vLLM's fused_qkv_a (the gate rides along)
+    shapes["front"] = HFUSED_PROXY
+    return shapes
+
+
 def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
     """(op, M, residual) -> the dispatch table's pick (a kimictl variant or "cublas")."""
     from kimictl.kernels.dispatch import DispatchTable
@@ -481,10 +495,7 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
     table = DispatchTable.load(TABLE)
     plan: dict[tuple[str, int, bool], str] = {}
     for kind in kinds:
-        ops = ops_by_name(kind)
-        shapes = {name: (op.n, op.k) for name, op in ops.items() if op.kind == "gemm"}
-        shapes["qkv_a_g"] = (2112, 7168)  # table shape: vLLM's fused_qkv_a (the gate rides along)
-        shapes["front"] = HFUSED_PROXY
+        shapes = plan_shapes(kind)
         for name, (n, k) in shapes.items():
             for m in MS:
                 for res in (False, True):
@@ -496,7 +507,50 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
             res = name == "shared_down"
             for m in MS:
                 plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
+                plan[(name + tuned_tag(kind), m, res)] = plan[(name + ALL, m, res)]
     return plan
+
+
+def layer_res_configs() -> tuple[Any, ...]:
+    """The fused residual at M = 1..8 and 32 on wgmma, where the shipped set has none and the
+    layer's residual GEMM (shared_down, 7168 x 768) ran on tcstream's residual tile at 1.6-1.9x
+    the time of the plain wgmma one: the plain winners' tiles with the residual epilogue. Not
+    shipped (defined here, so the shipped source hash stays); kimictl_tuned's candidates."""
+    from kimictl.kernels.wgmma_gemm import WgmmaConfig
+
+    plain = (WgmmaConfig(m, 1, 128, 4, 1, evict_first=m < 8, residual=True) for m in (1, 2, 4, 8))
+    ring = ((2, 128, 12), (4, 128, 12), (8, 128, 12), (32, 128, 8))
+    return (*plain, *(WgmmaConfig(m, 1, bk, st, 1, True, True, ws=True) for m, bk, st in ring))
+
+
+def tuned_tag(kind: str) -> str:
+    """Plan-key suffix of kimictl_tuned's GEMMs: per kind, since MLA and KDA share op names."""
+    return f"@tuned-{kind}"
+
+
+def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[str]]:
+    """kimictl_tuned's search space per plan key: its start (kimictl_elem_all's pick), then the
+    table's TUNE_TOP fastest kimictl kernels at that point (PDL builds only), the residual tiles
+    of layer_res_configs() at that M for the residual GEMM, and cuBLAS."""
+    from kimictl.kernels.dispatch import DispatchTable
+
+    table = DispatchTable.load(TABLE)
+    start = kernel_plan(kinds)
+    out: dict[tuple[str, int, bool], list[str]] = {}
+    for kind in kinds:
+        for name, (n, k) in plan_shapes(kind).items():
+            if name in FRONT:  # the tuned layer runs them as the one `front` GEMM
+                continue
+            res = name == "shared_down"
+            for m in MS:
+                meas = table.measurements.get((n, k, m, res))
+                timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
+                               if us > 0 and "nopdl" not in v)  # fmt: skip
+                names = [v for _, v in timed[:TUNE_TOP]]
+                names += [c.name for c in layer_res_configs() if res and c.m == m]
+                key = (name + tuned_tag(kind), m, res)
+                out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
+    return out
 
 
 def all_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
@@ -545,9 +599,11 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
 
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
+    names |= {v for vs in tune_candidates(kinds).values() for v in vs if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
     names |= {c.name for c in elem_configs(kinds)}
-    by_name = {c.name: c for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *elem_configs(kinds))}
+    every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *elem_configs(kinds))
+    by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
     if missing:
         print(f"error: no config for {', '.join(missing)}", file=sys.stderr)
@@ -804,6 +860,7 @@ def main() -> int:
 
     import torch
 
+    from kimictl.kernels.dispatch import descend
     from kimictl.kernels.harness import open_library
     from kimictl.kernels.layer_ops import weight_bytes
 
@@ -823,6 +880,8 @@ def main() -> int:
         stamp(f"error: the build lacks {', '.join(absent[:8])}: run --make-build")
         return 1
     standin, kgemm, kgemm_res = register_ops(lib, plan)
+    cands = {key: [v for v in vs if v == "cublas" or v in lib.names]
+             for key, vs in tune_candidates(kinds).items()}  # fmt: skip
     pre = subprocess.run(
         [sys.executable, __file__, "--preflight-norm", "--build", str(args.build)],
         capture_output=True, text=True, timeout=90, check=False,
@@ -885,7 +944,9 @@ def main() -> int:
         if variant in ELEM:
             fn = make_layer(kind, kgemm, kgemm_res, standin, hfused=True, o_res=True,
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
-                            all_k=variant == "kimictl_elem_all")  # fmt: skip
+                            all_k=variant in ("kimictl_elem_all", "kimictl_tuned"),
+                            plan_tag=tuned_tag(kind) if variant.endswith("tuned") else ALL,
+                            )  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -977,6 +1038,27 @@ def main() -> int:
             row: dict[str, Any] = {"m": m}
             graphs = {}
             active = {v: fn for v, fn in fns.items() if v not in NORM_VARIANTS or m in NORM_MS}
+            tune_log: list[dict[str, Any]] = []
+            tuned_plan: dict[str, str] = {}
+            if "kimictl_tuned" in active:  # its picks first: searched in this very layer
+                fn_t = active["kimictl_tuned"]
+
+                def evaluate(fn: Any = fn_t, h: Any = h, res: Any = res, ws: Any = ws,
+                             ref: Any = ref) -> float | None:  # fmt: skip
+                    try:
+                        out = run(fn, h, res, ws[0])
+                        if max(rel_err(out[0], ref[0]), rel_err(out[1], ref[1])) > TOL:
+                            return None
+                        g = capture(fn, h, res, ws)[0]
+                        return statistics.median(replay_us(g, 10) for _ in range(3)) / COPIES
+                    except RuntimeError:  # a launch the kernel refuses: not a candidate
+                        return None
+
+                mine = {key: vs for key, vs in cands.items()
+                        if key[1] == m and key[0].endswith(tuned_tag(kind))}  # fmt: skip
+                tune_log = descend(mine, plan, evaluate)
+                tuned_plan = {k[0].split("@")[0] + ("/res" if k[2] else ""): plan[k] for k in mine}
+                stamp(f"{kind} M={m} tuned in {len(tune_log)} layer timings: {tuned_plan}")
             for v, fn in active.items():
                 eager = run(fn, h, res, ws[0])
                 g1, o1 = capture(fn, h, res, ws[:1], keep=True)
@@ -1012,6 +1094,8 @@ def main() -> int:
                     times[v].append(replay_us(g, args.replays) / COPIES)
             base = statistics.median(times["stock"])
             row["standins_us"] = statistics.median(times.pop("standins"))
+            if tune_log:
+                row["kimictl_tuned"].update(plan=tuned_plan, tune_log=tune_log)
             for v in active:
                 us = statistics.median(times[v])
                 row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,

@@ -18,6 +18,7 @@ from kimictl.kernels.dispatch import (
     CHAIN_MARGIN,
     CHAIN_MIX,
     CHAIN_PLANS,
+    CHAIN_TUNED,
     CHAIN_VLLM,
     K3_GEMM_SHAPES,
     DispatchTable,
@@ -127,6 +128,48 @@ def test_settle_chains_records_the_plan_and_drops_the_mix_at_a_guarded_m():
     del two["plans"]
     settle_chains(t3, [two])
     assert t3.chain_ms == {} and "chain_plan" not in two
+
+
+def test_a_tuned_chain_runs_each_cells_own_pick_and_survives_json():
+    t = _table()
+    t.add(Measurement(*QKV_A, 8, 14.0, {"tcstream_m8_ar": 12.0}, residual=True, vllm_us=13.0))
+    # the chain search kept vLLM's dsv3 on qkv_a and cuBLAS on o_proj (fastest in the chain)
+    t.set_chain(8, CHAIN_TUNED, {QKV_A: "vllm", O_PROJ: "cublas"})
+    assert t.choose3(*QKV_A, 8).provider == "vllm"
+    c = t.choose3(*O_PROJ, 8)
+    assert (c.provider, c.us) == ("cublas", 7.0) and "tuned" in c.reason
+    # a kernel the cell names; a residual point is not a chain cell: the per-cell rule
+    t.set_chain(8, CHAIN_TUNED, {QKV_A: "wgmma_m8_a", O_PROJ: "vllm"})
+    assert (t.choose3(*QKV_A, 8).name, t.choose3(*QKV_A, 8).us) == ("wgmma_m8_a", 9.5)
+    assert t.choose3(*QKV_A, 8, residual=True).name == "tcstream_m8_ar"
+    again = DispatchTable.from_json(json.loads(json.dumps(t.to_json())))
+    assert again.chain_cells == {8: {QKV_A: "wgmma_m8_a", O_PROJ: "vllm"}}
+    assert again.choose3(*O_PROJ, 8).provider == "vllm"
+    # a cell naming a kernel this table never timed falls back to the per-cell rule
+    t.set_chain(8, CHAIN_TUNED, {O_PROJ: "wgmma_m8_gone"})
+    assert t.choose3(*O_PROJ, 8).name == "wgmma_m8_o"
+    # another plan clears the cells; cells belong to the tuned plan only
+    t.set_chain(8, CHAIN_KIMICTL)
+    assert t.chain_cells == {} and t.choose3(*QKV_A, 8).name == "wgmma_m8_a"
+    with pytest.raises(ValueError, match="cells"):
+        t.set_chain(8, CHAIN_TUNED)
+    with pytest.raises(ValueError, match="cells"):
+        t.set_chain(8, CHAIN_VLLM, {QKV_A: "vllm"})
+
+
+def test_settle_chains_keeps_the_tuned_cells_only_when_that_chain_won():
+    cells = [[*QKV_A, "vllm"], [*O_PROJ, "wgmma_m8_o"]]
+    t = _table()
+    won = _chain(8, {CHAIN_VLLM: 160.0, CHAIN_MIX: 131.0, CHAIN_KIMICTL: 132.0, CHAIN_TUNED: 127.0})
+    settle_chains(t, [won | {"tuned_cells": cells}])
+    assert t.chain_ms == {8: CHAIN_TUNED}
+    assert [t.choose3(*nk, 8).name for nk in (QKV_A, O_PROJ)] == ["vllm", "wgmma_m8_o"]
+    t2 = _table()
+    lost = _chain(
+        8, {CHAIN_VLLM: 160.0, CHAIN_MIX: 131.0, CHAIN_KIMICTL: 132.0, CHAIN_TUNED: 131.5}
+    )
+    settle_chains(t2, [lost | {"tuned_cells": cells}])
+    assert t2.chain_ms == {} and t2.chain_cells == {}  # the mix won: per-cell rule
 
 
 def _recorded_chains(run: str) -> dict[int, dict[str, float]]:

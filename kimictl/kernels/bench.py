@@ -23,12 +23,15 @@ from kimictl.kernels.dispatch import (
     BENCH_MS,
     CHAIN_KIMICTL,
     CHAIN_MIX,
+    CHAIN_TUNED,
     CHAIN_VLLM,
     CUBLAS,
     K3_GEMM_SHAPES,
     VLLM,
+    Choice,
     DispatchTable,
     Measurement,
+    descend,
     family_of,
     geomean,
     pick_chain_plan,
@@ -317,7 +320,8 @@ def settle_chains(table: DispatchTable, chains: list[dict[str, Any]]) -> None:
                 # the two-way picks are now cuBLAS; the mix was timed on the unguarded picks
                 plans = {CHAIN_VLLM: plans[CHAIN_VLLM], CHAIN_KIMICTL: chain["cublas_us"]}
             plan = pick_chain_plan(plans)
-            table.set_chain(chain["m"], plan)
+            cells = chain.get("tuned_cells", []) if plan == CHAIN_TUNED else []
+            table.set_chain(chain["m"], plan, {(int(n), int(k)): str(v) for n, k, v in cells})
             chain["chain_plan"] = plan
             chain["shipped_us"] = plans[plan]
 
@@ -378,6 +382,7 @@ def _chain(
     ours_us = time_graph([ours_only(s, n, k) for _ in range(reps) for s, n, k in layer])
     ours_us *= len(layer)
     plans: dict[str, float] = {}
+    tuned: dict[str, Any] = {}
     if vllm_run is not None:
         kept, allowed_kept = pick_family_set(candidates)  # the set settle_chains will keep
         t3 = copy.deepcopy(table)
@@ -397,6 +402,27 @@ def _chain(
         mix_chain = [mixed(s, n, k) for _ in range(reps) for s, n, k in layer]
         plans[CHAIN_MIX] = time_graph(mix_chain) * len(layer)
         plans[CHAIN_KIMICTL] = candidates[kept]
+        # per cell, what a search over the whole chain settles on, from the best plan's picks
+        t3.set_chain(m, pick_chain_plan(plans))
+        cells = {(n, k): _provider(t3.choose3(n, k, m)) for _, n, k in layer}
+        cands = {(n, k): _cell_candidates(table, n, k, m, cells[(n, k)]) for _, n, k in layer}
+
+        def cell(s: str, n: int, k: int) -> Callable[[], Any]:
+            pick = cells[(n, k)]
+            if pick == VLLM:
+                return partial(vllm_run, xs[s], ws[s])
+            if pick == CUBLAS:
+                return cub(s)
+            return partial(lib.launch, pick, xs[s], ws[s], ys[s], ys[s])
+
+        def tuned_us() -> float:
+            chain = [cell(s, n, k) for _ in range(reps) for s, n, k in layer]
+            return time_graph(chain) * len(layer)
+
+        tune_log = descend(cands, cells, tuned_us)
+        plans[CHAIN_TUNED] = tuned_us()  # timed afresh: the search kept its luckiest timings
+        tuned = {"tuned_cells": [[n, k, v] for (n, k), v in cells.items()],
+                 "tune_evaluations": len(tune_log)}  # fmt: skip
     torch.cuda.empty_cache()
     return {
         "m": m,
@@ -408,5 +434,19 @@ def _chain(
         "cublas_tbps": total_bytes / cub_us / 1e6,
         "kimictl_only_us": ours_us,
         "candidates": candidates,
-        **({"plans": plans} if plans else {}),
+        **({"plans": plans, **tuned} if plans else {}),
     }
+
+
+def _provider(c: Choice) -> str:
+    """A cell's pick as chain_cells stores it: VLLM, CUBLAS or the kimictl variant."""
+    return c.provider if c.provider in (VLLM, CUBLAS) else c.name
+
+
+def _cell_candidates(table: DispatchTable, n: int, k: int, m: int, start: str) -> list[str]:
+    """What the chain search tries at a cell: its start, vLLM's plan, the two fastest kimictl
+    kernels measured there (any family) and cuBLAS."""
+    meas = table.measurements.get((n, k, m, False))
+    timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
+                   if math.isfinite(us) and us > 0)  # fmt: skip
+    return list(dict.fromkeys([start, VLLM, *(v for _, v in timed[:2]), CUBLAS]))

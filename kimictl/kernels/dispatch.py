@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ __all__ = [
     "family_of",
     "pick_family_set",
     "pick_chain_plan",
+    "descend",
     "CHAIN_PLANS",
     "CHAIN_WORDS",
     "decode_gemm",
@@ -63,12 +64,56 @@ VLLM_MARGIN = 0.02  # a kernel replaces vLLM's plan only when faster by more tha
 CHAIN_VLLM = "vllm"  # vLLM's plan at every cell
 CHAIN_MIX = "mix"  # per cell, choose3's cell rule (the default where no chain was measured)
 CHAIN_KIMICTL = "kimictl"  # the two-way picks (kimictl kernel or cuBLAS), never vLLM's plan
-CHAIN_PLANS: tuple[str, ...] = (CHAIN_VLLM, CHAIN_MIX, CHAIN_KIMICTL)  # tie-break order
+# per cell, the provider a search over the whole chain settled on (`chain_cells`, descend)
+CHAIN_TUNED = "tuned"
+CHAIN_PLANS: tuple[str, ...] = (CHAIN_VLLM, CHAIN_MIX, CHAIN_KIMICTL, CHAIN_TUNED)  # tie-break
 CHAIN_WORDS = {
     CHAIN_VLLM: "vLLM's plan",
     CHAIN_MIX: "per-projection three-way picks",
     CHAIN_KIMICTL: "kimictl's picks (kernel or cuBLAS)",
+    CHAIN_TUNED: "per-projection picks searched in the whole layer chain",
 }
+TUNE_GAIN = 0.003  # descend moves a pick only for a chain (or layer) this much faster
+
+
+def descend(
+    cands: dict[Any, list[str]],
+    picks: dict[Any, str],
+    evaluate: Callable[[], float | None],
+    *,
+    gain: float = TUNE_GAIN,
+    passes: int = 2,
+) -> list[dict[str, Any]]:
+    """Coordinate descent over the picks of a chain of kernels whose neighbours interact (PDL
+    overlap at each boundary): each key in turn takes each of its candidates with the others
+    fixed, `evaluate()` times the whole chain (None: that candidate failed), and the pick moves
+    only for a gain above `gain`; a pass that moves nothing ends it. Sets `picks` in place and
+    returns every evaluation. `picks` must hold a start for every key of `cands`."""
+    log: list[dict[str, Any]] = []
+    best = evaluate()
+    log.append({"pass": 0, "start": True, "us": best})
+    if best is None:
+        return log
+    for p in range(passes):
+        moved = False
+        for key, names in cands.items():
+            keep = picks[key]
+            for v in names:
+                if v == keep:
+                    continue
+                picks[key] = v
+                us = evaluate()
+                log.append({"pass": p, "key": _jsonable(key), "pick": v, "us": us})
+                if us is not None and us < best * (1 - gain):
+                    best, keep, moved = us, v, True
+            picks[key] = keep
+        if not moved:
+            break
+    return log
+
+
+def _jsonable(key: Hashable) -> Any:
+    return list(key) if isinstance(key, tuple) else key
 
 
 def family_of(variant: str) -> str:
@@ -147,6 +192,8 @@ class DispatchTable:
     families_ms: dict[int, tuple[str, ...]] = field(default_factory=dict)
     # M -> the three-way layer-chain plan (CHAIN_PLANS) whose measured chain was fastest
     chain_ms: dict[int, str] = field(default_factory=dict)
+    # M -> (N, K) -> VLLM, CUBLAS or a kimictl variant: the cells of a CHAIN_TUNED plan
+    chain_cells: dict[int, dict[tuple[int, int], str]] = field(default_factory=dict)
 
     def add(self, m: Measurement) -> None:
         self.measurements[m.key] = m
@@ -162,14 +209,20 @@ class DispatchTable:
         else:
             self.families_ms[m] = tuple(sorted(families))
 
-    def set_chain(self, m: int, plan: str) -> None:
-        """choose3 follows `plan` at M (CHAIN_MIX: the per-cell rule, the default)."""
+    def set_chain(self, m: int, plan: str, cells: dict[tuple[int, int], str] | None = None) -> None:
+        """choose3 follows `plan` at M (CHAIN_MIX: the per-cell rule, the default); CHAIN_TUNED
+        takes its per-(N, K) picks in `cells`."""
         if plan not in CHAIN_PLANS:
             raise ValueError(f"unknown layer-chain plan {plan!r} (one of {', '.join(CHAIN_PLANS)})")
+        if (plan == CHAIN_TUNED) != bool(cells):
+            raise ValueError(f"cells go with the {CHAIN_TUNED!r} plan, and only with it")
+        self.chain_cells.pop(m, None)
         if plan == CHAIN_MIX:
             self.chain_ms.pop(m, None)
-        else:
-            self.chain_ms[m] = plan
+            return
+        self.chain_ms[m] = plan
+        if cells:
+            self.chain_cells[m] = dict(cells)
 
     def choose(self, n: int, k: int, m: int, *, residual: bool = False) -> Choice:
         meas = self.measurements.get((n, k, m, residual))
@@ -202,7 +255,8 @@ class DispatchTable:
         """Three-way, where vLLM's plan was timed on this node (provider "vllm", keep vLLM's plan,
         everywhere else). At an M with a layer-chain plan (`chain_ms`) every cell follows it:
         vLLM's plan, or the two-way pick even where vLLM's plan was faster at that cell, because
-        that whole chain measured faster. Otherwise per cell: the fastest of {vLLM's plan, the
+        that whole chain measured faster; under CHAIN_TUNED each cell's own pick from the search
+        over the whole chain (`chain_cells`). Otherwise per cell: the fastest of {vLLM's plan, the
         best kimictl kernel, cuBLAS}, keeping vLLM's plan unless another was measured faster by
         more than VLLM_MARGIN."""
         meas = self.measurements.get((n, k, m, residual))
@@ -213,6 +267,14 @@ class DispatchTable:
         chain = f"layer chain at M={m}: {plan} measured fastest as a whole"
         if plan == CHAIN_VLLM:
             return Choice(VLLM, VLLM, vllm_us, meas.cublas_us, chain)
+        cell = self.chain_cells.get(m, {}).get((n, k)) if not residual else None
+        if cell == VLLM:
+            return Choice(VLLM, VLLM, vllm_us, meas.cublas_us, chain)
+        if cell == CUBLAS:
+            return Choice(CUBLAS, CUBLAS, meas.cublas_us, meas.cublas_us, chain)
+        if cell is not None and cell in meas.kernels:
+            return Choice("kimictl", cell, meas.kernels[cell], meas.cublas_us, chain)
+        # a cell the tuned chain does not hold (or a kernel this table never timed): cell rule
         two = self.choose(n, k, m, residual=residual)
         if plan == CHAIN_KIMICTL:
             return Choice(two.provider, two.name, two.us, two.cublas_us, f"{two.reason}; {chain}")
@@ -237,6 +299,10 @@ class DispatchTable:
             "guarded_ms": {str(m): r for m, r in self.guarded_ms.items()},
             "families_ms": {str(m): list(f) for m, f in self.families_ms.items()},
             "chain_ms": {str(m): p for m, p in self.chain_ms.items()},
+            "chain_cells": {
+                str(m): {f"{n}x{k}": pick for (n, k), pick in cells.items()}
+                for m, cells in self.chain_cells.items()
+            },
             "entries": [
                 {
                     "n": m.n,
@@ -258,8 +324,10 @@ class DispatchTable:
             table.guard(int(m), str(reason))
         for m, fams in raw.get("families_ms", {}).items():
             table.restrict(int(m), tuple(str(f) for f in fams))
+        cells = raw.get("chain_cells", {})
         for m, plan in raw.get("chain_ms", {}).items():
-            table.set_chain(int(m), str(plan))
+            picks = {_nk(nk): str(v) for nk, v in cells.get(m, {}).items()}
+            table.set_chain(int(m), str(plan), picks or None)
         for e in raw["entries"]:
             table.add(
                 Measurement(
@@ -280,6 +348,11 @@ class DispatchTable:
     @classmethod
     def load(cls, path: Path) -> DispatchTable:
         return cls.from_json(json.loads(path.read_text()))
+
+
+def _nk(text: str) -> tuple[int, int]:
+    n, k = text.split("x")
+    return int(n), int(k)
 
 
 def geomean(values: list[float]) -> float:

@@ -36,6 +36,7 @@ KIMICTL_VARIANTS = (
     "kimictl_elem",
     "kimictl_elemnorm",
     "kimictl_elem_all",
+    "kimictl_tuned",
 )
 COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (../shared/notes/cutedsl-aot.md)
 RECORD = "layer.json"
