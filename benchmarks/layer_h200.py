@@ -523,6 +523,17 @@ def layer_res_configs() -> tuple[Any, ...]:
     return (*plain, *(WgmmaConfig(m, 1, bk, st, 1, True, True, ws=True) for m, bk, st in ring))
 
 
+def fb_tile(m: int) -> str:
+    """KDA's f_b (1536 x 128) has no table point: kimictl_tuned tries wgmma's shipped plain tile
+    at M (unsplit, fewest stages; TMA loads, so K = 128, one k tile, needs no K multiple). Its x
+    is a 128-column slice of kda_in's output: contiguous at M = 1, copied at M >= 2 (the copy
+    is in the layer it is timed in)."""
+    from kimictl.kernels.wgmma_gemm import WGMMA_CONFIGS
+
+    tiles = [c for c in WGMMA_CONFIGS if c.m == m and c.splits == 1 and not c.residual and c.pdl]
+    return min(tiles, key=lambda c: (c.stages, -c.bk, c.name)).name
+
+
 def tuned_tag(kind: str) -> str:
     """Plan-key suffix of kimictl_tuned's GEMMs: per kind, since MLA and KDA share op names."""
     return f"@tuned-{kind}"
@@ -548,6 +559,8 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                                if us > 0 and "nopdl" not in v)  # fmt: skip
                 names = [v for _, v in timed[:TUNE_TOP]]
                 names += [c.name for c in layer_res_configs() if res and c.m == m]
+                if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M
+                    names.append(fb_tile(m))
                 key = (name + tuned_tag(kind), m, res)
                 out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
     return out

@@ -86,5 +86,7 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
             assert len(vs) == len(set(vs))
             assert set(vs) - {"cublas"} <= buildable
             assert res == op.startswith("shared_down")
+            if op.startswith("f_b"):  # no table point: wgmma's plain tile is tried
+                assert vs == ["cublas", lh.fb_tile(m)] and lh.fb_tile(m).startswith(f"wgmma_m{m}_")
             if res:  # the layer's residual tiles at that M are tried
                 assert {c.name for c in lh.layer_res_configs() if c.m == m} <= set(vs)
