@@ -74,8 +74,12 @@ VARIANTS = (
     "kimictl_elemnorm",
     "kimictl_elem_all",
     "kimictl_tuned",
+    "kimictl_tuned_gate",
 )
-ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", "kimictl_tuned")  # elementwise
+# variants whose GEMM picks are searched in the layer -> their plan-key tag
+TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_gate": "@tunedg"}
+ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
+GATE_MS = (1, 2, 4, 8, 16)  # Ms with a tcgate build (kimictl_tuned_gate: MLA at these M only)
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
 TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GEMM (and cuBLAS)
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
@@ -113,11 +117,12 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
                elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
-               plan_tag: str = ALL) -> Callable[..., Any]:  # fmt: skip
+               plan_tag: str = ALL, gate_fold: bool = False) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
     signatures); the shared expert then runs before the routed stand-in, so the kernels from the
-    front GEMM to shared_down form one PDL chain."""
+    front GEMM to shared_down form one PDL chain. `gate_fold` (MLA, with all_k): o_proj applies
+    the sigmoid output gate to its x as it loads it (tcgate, the gate source as its r)."""
     import torch
 
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
@@ -167,7 +172,9 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                 kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
             q = mm(q_c, w["q_b"], "q_b" + tag)
             a = standin([q, kv_c, k_pe], core_n)
-            if elem:
+            if gate_fold:
+                gate_src = y  # o_proj reads the gate columns of the fused qkv_a/gate output
+            elif elem:
                 a = elem["gate"](a, y)
             else:
                 a = (up(a) * torch.sigmoid(up(gate))).to(a.dtype)
@@ -180,8 +187,11 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             g1 = mm(f_a, w["f_b"], "f_b" + tag)
             a = standin([qkv, g1, g2, b], core_n)
         if all_k and elem:  # o_proj plain, its add in the norm kernel (same launch count)
-            x2, res = elem["addrms"](mm(a, w["o_proj"], "o_proj" + tag), res,
-                                     w["post_attention_norm"])  # fmt: skip
+            if gate_fold and kind == "mla":
+                o = mm_res(a, w["o_proj"], gate_src, "o_proj_gate" + tag)
+            else:
+                o = mm(a, w["o_proj"], "o_proj" + tag)
+            x2, res = elem["addrms"](o, res, w["post_attention_norm"])
         elif o_res:  # residual added in the o_proj epilogue; the norm has no add left
             res = mm_res(a, w["o_proj"], res, "o_proj")
             if norm_fold:
@@ -507,8 +517,23 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
             res = name == "shared_down"
             for m in MS:
                 plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
-                plan[(name + tuned_tag(kind), m, res)] = plan[(name + ALL, m, res)]
+                for variant in TUNED:
+                    plan[(name + tuned_tag(kind, variant), m, res)] = plan[(name + ALL, m, res)]
+        if kind == "mla":
+            for m in GATE_MS:
+                plan[("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)] = gate_tiles(m)[0]
     return plan
+
+
+GATE_VARIANT = "kimictl_tuned_gate"
+
+
+def gate_tiles(m: int) -> list[str]:
+    """The tcgate builds at M (kimictl_tuned_gate's o_proj candidates; no other kernel computes
+    that op, so the search never tries cuBLAS or another family there)."""
+    from kimictl.kernels.tcgate_gemm import gate_configs
+
+    return [c.name for c in gate_configs() if c.m == m]
 
 
 def layer_res_configs() -> tuple[Any, ...]:
@@ -534,9 +559,9 @@ def fb_tile(m: int) -> str:
     return min(tiles, key=lambda c: (c.stages, -c.bk, c.name)).name
 
 
-def tuned_tag(kind: str) -> str:
-    """Plan-key suffix of kimictl_tuned's GEMMs: per kind, since MLA and KDA share op names."""
-    return f"@tuned-{kind}"
+def tuned_tag(kind: str, variant: str = "kimictl_tuned") -> str:
+    """Plan-key suffix of a tuned variant's GEMMs: per kind, since MLA and KDA share op names."""
+    return f"{TUNED[variant]}-{kind}"
 
 
 def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[str]]:
@@ -561,8 +586,12 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                 names += [c.name for c in layer_res_configs() if res and c.m == m]
                 if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M
                     names.append(fb_tile(m))
-                key = (name + tuned_tag(kind), m, res)
-                out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
+                for variant in TUNED:
+                    key = (name + tuned_tag(kind, variant), m, res)
+                    out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
+        if kind == "mla":
+            for m in GATE_MS:
+                out[("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)] = gate_tiles(m)
     return out
 
 
@@ -609,13 +638,15 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
     from kimictl.kernels.layer_elem import elem_configs
+    from kimictl.kernels.tcgate_gemm import gate_configs
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
 
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
     names |= {v for vs in tune_candidates(kinds).values() for v in vs if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
     names |= {c.name for c in elem_configs(kinds)}
-    every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *elem_configs(kinds))
+    every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *gate_configs(),
+             *elem_configs(kinds))  # fmt: skip
     by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
     if missing:
@@ -651,6 +682,68 @@ def preflight_norm(build: Path) -> int:
     print(json.dumps({"variants": len(NORM_CONFIGS), "worst_rel_err": worst,
                       "unwritten": unwritten}))  # fmt: skip
     return 0 if worst <= 1e-2 and unwritten == 0 else 1
+
+
+def new_kernel_checks() -> list[Any]:
+    """The kernels kimictl_tuned(_gate) may launch on paths no recorded verify covered: wgmma's
+    residual epilogue at M = 1..8 and 32, wgmma at K = 128 (f_b) and tcgate; each with the layer's
+    shape and a tail shape (N % 64, K % 128 != 0)."""
+    from types import SimpleNamespace as NS
+
+    from kimictl.kernels.tcgate_gemm import gate_configs
+
+    out = [NS(name=c.name, m=c.m, op="res", shapes=((7168, 768), (100, 1000)))
+           for c in layer_res_configs()]  # fmt: skip
+    out += [NS(name=fb_tile(m), m=m, op="plain", shapes=((1536, 128),)) for m in MS]
+    out += [NS(name=c.name, m=c.m, op="gate", shapes=((7168, 1536), (100, 1000)), cfg=c)
+            for c in gate_configs()]  # fmt: skip
+    return out
+
+
+def preflight_new(build: Path) -> int:
+    """Child process: every kernel of new_kernel_checks() vs fp64, one JSON line each as it
+    passes or fails, so a kernel that takes the CUDA context down costs only itself and the
+    ones after it (the parent keeps the lines printed before)."""
+    import torch
+
+    from kimictl.kernels.harness import open_library
+
+    lib = open_library(build / "sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for chk in new_kernel_checks():
+        worst, unwritten = 0.0, 0
+        for n, k in chk.shapes:
+            x = torch.randn((chk.m, k), generator=gen, device="cuda").to(torch.bfloat16)
+            w = (torch.randn((n, k), generator=gen, device="cuda") * k**-0.5).to(torch.bfloat16)
+            y = torch.full((chk.m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            if chk.op == "gate":  # r: the fused qkv_a/gate output, gate at gate_off
+                r = torch.randn((chk.m, chk.cfg.gate_w), generator=gen, device="cuda")
+                r = r.to(torch.bfloat16)
+                gate = r[:, chk.cfg.gate_off : chk.cfg.gate_off + k].float()
+                xg = (x.float() * torch.sigmoid(gate)).to(torch.bfloat16)
+                ref = xg.double() @ w.double().T
+            else:
+                r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
+                ref = x.double() @ w.double().T + (r.double() if chk.op == "res" else 0)
+            lib.launch(chk.name, x, w, y, r if chk.op != "plain" else y)
+            torch.cuda.synchronize()
+            unwritten += int((~torch.isfinite(y)).sum())
+            worst = max(worst, rel_err(y, ref))
+        ok = worst <= 1e-2 and unwritten == 0
+        print(json.dumps({"name": chk.name, "ok": ok, "worst_rel_err": worst,
+                          "unwritten": unwritten}), flush=True)  # fmt: skip
+    return 0
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects a preflight printed, one per line (anything else on stdout ignored)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def gate_tiles_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int) -> bool:
+    """kimictl_tuned_gate runs at (kind, M) only where a tcgate build passed its preflight."""
+    key = ("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)
+    return kind == "mla" and bool(cands.get(key))
 
 
 def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
@@ -780,6 +873,10 @@ def smoke() -> int:
         return F.linear(normed(x, op), w)
 
     def mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
+        if op.startswith("o_proj_gate"):  # what a tcgate kernel does: r is the gate source
+            off = r.shape[1] - x.shape[1]
+            xg = (x.float() * torch.sigmoid(r[:, off:].float())).to(x.dtype)
+            return F.linear(xg, w)
         return torch.addmm(r, normed(x, op), w.t())
 
     gen = torch.Generator().manual_seed(0)
@@ -790,18 +887,19 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold, split, el, al in (
-            ("plain", False, False, False, False, False),
-            ("vllm", False, False, True, False, False),
-            ("hfused", True, False, False, False, False),
-            ("norm", True, True, False, False, False),
-            ("elem", True, False, False, True, False),
-            ("elemnorm", True, True, False, True, False),
-            ("elem_all", True, False, False, True, True),
+        for label, hf, fold, split, el, al, gf in (
+            ("plain", False, False, False, False, False, False),
+            ("vllm", False, False, True, False, False, False),
+            ("hfused", True, False, False, False, False, False),
+            ("norm", True, True, False, False, False, False),
+            ("elem", True, False, False, True, False, False),
+            ("elemnorm", True, True, False, True, False, False),
+            ("elem_all", True, False, False, True, True, False),
+            ("tuned_gate", True, False, False, True, True, True),
         ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
                                split_gate=split, elem=elem_torch(kind) if el else None,
-                               all_k=al)  # fmt: skip
+                               all_k=al, gate_fold=gf)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -855,6 +953,7 @@ def main() -> int:
     ap.add_argument("--make-build", action="store_true", help="CPU: AOT-build the kernels it runs")
     ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-elem", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preflight-new", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
     if args.report:
@@ -868,6 +967,8 @@ def main() -> int:
         return preflight_norm(args.build)
     if args.preflight_elem:
         return preflight_elem(args.build, tuple(args.kinds.split(",")))
+    if args.preflight_new:
+        return preflight_new(args.build)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -893,8 +994,20 @@ def main() -> int:
         stamp(f"error: the build lacks {', '.join(absent[:8])}: run --make-build")
         return 1
     standin, kgemm, kgemm_res = register_ops(lib, plan)
-    cands = {key: [v for v in vs if v == "cublas" or v in lib.names]
+    pre_k = subprocess.run(
+        [sys.executable, __file__, "--preflight-new", "--build", str(args.build)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    passed = {r["name"] for r in json_lines(pre_k.stdout) if r["ok"]}
+    new = {c.name for c in new_kernel_checks()}
+    cands = {key: [v for v in vs if v == "cublas" or (v in lib.names
+                                                      and (v not in new or v in passed))]
              for key, vs in tune_candidates(kinds).items()}  # fmt: skip
+    for key, vs in cands.items():  # a start that failed its preflight gives way to the next
+        if vs and plan[key] not in vs:
+            plan[key] = vs[0]
+    stamp(f"new-kernel preflight rc={pre_k.returncode}: {len(passed)} of {len(new)} passed "
+          f"{pre_k.stderr[-300:]}")  # fmt: skip
     pre = subprocess.run(
         [sys.executable, __file__, "--preflight-norm", "--build", str(args.build)],
         capture_output=True, text=True, timeout=90, check=False,
@@ -957,9 +1070,9 @@ def main() -> int:
         if variant in ELEM:
             fn = make_layer(kind, kgemm, kgemm_res, standin, hfused=True, o_res=True,
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
-                            all_k=variant in ("kimictl_elem_all", "kimictl_tuned"),
-                            plan_tag=tuned_tag(kind) if variant.endswith("tuned") else ALL,
-                            )  # fmt: skip
+                            all_k=variant == "kimictl_elem_all" or variant in TUNED,
+                            plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
+                            gate_fold=variant == GATE_VARIANT)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -1009,6 +1122,11 @@ def main() -> int:
             "out": pre.stdout[-2000:],
             "err": pre.stderr[-2000:],
         },
+        "new_preflight": {
+            "rc": pre_k.returncode,
+            "out": json_lines(pre_k.stdout),
+            "err": pre_k.stderr[-2000:],
+        },
         "elem_preflight": {
             "rc": pre_e.returncode,
             "out": pre_e.stdout[-2000:],
@@ -1023,7 +1141,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kind in kinds:  # everything compiled first; then M outer, so a timeout costs large M
         ws = [make_weights(kind, gen, "cuda") for _ in range(COPIES)]
-        fns = {v: build(kind, v) for v in variants}
+        fns = {v: build(kind, v) for v in variants if v != GATE_VARIANT or kind == "mla"}
         for v, fn in fns.items():  # the dynamic-M graph first, then M=1's own
             for m in (2, 1):
                 x = torch.zeros((m, 7168), device="cuda", dtype=torch.bfloat16)
@@ -1050,13 +1168,13 @@ def main() -> int:
             ref = setups[kind]["ref"](h.double(), res.double(), setups[kind]["wref"])
             row: dict[str, Any] = {"m": m}
             graphs = {}
-            active = {v: fn for v, fn in fns.items() if v not in NORM_VARIANTS or m in NORM_MS}
-            tune_log: list[dict[str, Any]] = []
-            tuned_plan: dict[str, str] = {}
-            if "kimictl_tuned" in active:  # its picks first: searched in this very layer
-                fn_t = active["kimictl_tuned"]
+            active = {v: fn for v, fn in fns.items()
+                      if (v not in NORM_VARIANTS or m in NORM_MS)
+                      and (v != GATE_VARIANT or gate_tiles_ok(cands, kind, m))}  # fmt: skip
+            tuned: dict[str, dict[str, Any]] = {}
+            for tv in (v for v in TUNED if v in active):  # picks first, searched in this layer
 
-                def evaluate(fn: Any = fn_t, h: Any = h, res: Any = res, ws: Any = ws,
+                def evaluate(fn: Any = active[tv], h: Any = h, res: Any = res, ws: Any = ws,
                              ref: Any = ref) -> float | None:  # fmt: skip
                     try:
                         out = run(fn, h, res, ws[0])
@@ -1068,10 +1186,11 @@ def main() -> int:
                         return None
 
                 mine = {key: vs for key, vs in cands.items()
-                        if key[1] == m and key[0].endswith(tuned_tag(kind))}  # fmt: skip
-                tune_log = descend(mine, plan, evaluate)
-                tuned_plan = {k[0].split("@")[0] + ("/res" if k[2] else ""): plan[k] for k in mine}
-                stamp(f"{kind} M={m} tuned in {len(tune_log)} layer timings: {tuned_plan}")
+                        if key[1] == m and key[0].endswith(tuned_tag(kind, tv))}  # fmt: skip
+                log = descend(mine, plan, evaluate)
+                picks = {k[0].split("@")[0] + ("/res" if k[2] else ""): plan[k] for k in mine}
+                tuned[tv] = {"plan": picks, "tune_log": log}
+                stamp(f"{kind} M={m} {tv} in {len(log)} layer timings: {picks}")
             for v, fn in active.items():
                 eager = run(fn, h, res, ws[0])
                 g1, o1 = capture(fn, h, res, ws[:1], keep=True)
@@ -1107,8 +1226,8 @@ def main() -> int:
                     times[v].append(replay_us(g, args.replays) / COPIES)
             base = statistics.median(times["stock"])
             row["standins_us"] = statistics.median(times.pop("standins"))
-            if tune_log:
-                row["kimictl_tuned"].update(plan=tuned_plan, tune_log=tune_log)
+            for tv, found in tuned.items():
+                row[tv].update(found)
             for v in active:
                 us = statistics.median(times[v])
                 row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,

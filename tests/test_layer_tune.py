@@ -90,3 +90,25 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
                 assert vs == ["cublas", lh.fb_tile(m)] and lh.fb_tile(m).startswith(f"wgmma_m{m}_")
             if res:  # the layer's residual tiles at that M are tried
                 assert {c.name for c in lh.layer_res_configs() if c.m == m} <= set(vs)
+
+
+def test_the_gated_variant_searches_the_same_picks_and_only_tcgate_on_o_proj(lh):
+    from kimictl.kernels.layer_ops import dense_layer_ops
+    from kimictl.kernels.tcgate_gemm import gate_configs
+
+    cands = lh.tune_candidates(("mla", "kda"))
+    gated = {k: v for k, v in cands.items() if "@tunedg-" in k[0]}
+    plain = {(k[0].replace("@tunedg-", "@tuned-"), *k[1:]): v for k, v in gated.items()}
+    gate_keys = {k for k in plain if k[0].startswith("o_proj_gate")}
+    assert {k for k in plain if k not in gate_keys} <= set(cands)
+    assert all(plain[k] == cands[k] for k in plain if k not in gate_keys)
+    # o_proj_gate: MLA only, at GATE_MS, tcgate builds only (no cuBLAS: no other kernel computes it)
+    assert {(k[0].split("@")[1], k[1]) for k in gate_keys} == {("tuned-mla", m) for m in lh.GATE_MS}
+    for key in gate_keys:
+        assert plain[key] and all(v.startswith(f"tcgate_m{key[1]}_") for v in plain[key])
+    ops = {o.name: o for o in dense_layer_ops("mla")}
+    for c in gate_configs():  # the gate segment is where the layer splits the fused output
+        assert (c.gate_w, c.gate_off + ops["out_gate"].n) == (ops["qkv_a_g"].n, ops["qkv_a_g"].n)
+    # every kernel the new-kernel preflight checks is in the build's candidate set
+    names = {v for vs in cands.values() for v in vs}
+    assert {c.name for c in lh.new_kernel_checks()} <= names | {lh.fb_tile(m) for m in lh.MS}

@@ -84,6 +84,13 @@ FAMILIES: dict[str, Family] = {
         "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
         ("wsnorm_gemm.py", "wsnorm_gemm_dsl.py", "wstream_gemm_dsl.py", "aot.py"), shipped=False,
     ),
+    # issue 17: MLA's output gate folded into o_proj's x loads (layer_h200.py builds it)
+    "tcgate_gemm": Family(
+        "tcgate_gemm", "GATE_CONFIGS", "_compile_tcgate",
+        ("tcgate_gemm.py", "tcgate_gemm_dsl.py", "tcstream_gemm_dsl.py", "aot.py",
+         "rowblock_dsl.py"),
+        shipped=False, arches=("sm_90a",),
+    ),
     # issue 17: the layer's elementwise ops with PDL (benchmarks/layer_h200.py builds them)
     "layer_elem": Family(
         "layer_elem", "ELEM_CONFIGS", "_compile_elem", ("layer_elem.py", "layer_elem_dsl.py"),
