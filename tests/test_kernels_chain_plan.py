@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.bench import settle_chains
+from kimictl.kernels.bench import settle_chains, tune_chain
 from kimictl.kernels.dispatch import (
     CHAIN_KIMICTL,
     CHAIN_MARGIN,
@@ -20,7 +20,10 @@ from kimictl.kernels.dispatch import (
     CHAIN_PLANS,
     CHAIN_TUNED,
     CHAIN_VLLM,
+    CUBLAS,
     K3_GEMM_SHAPES,
+    TUNE_GAIN,
+    VLLM,
     DispatchTable,
     Measurement,
     pick_chain_plan,
@@ -269,3 +272,64 @@ def test_kernels_table_reports_each_ms_chain_plan(capsys):
     out = " ".join(capsys.readouterr().out.split())
     kimictl_ms = ", ".join(str(m) for m, p in table.chain_ms.items() if p == CHAIN_KIMICTL)
     assert f"vLLM plugin at M = {kimictl_ms}: kimictl's picks" in out
+
+
+def _cell_us(table: DispatchTable, n: int, k: int, m: int, pick: str) -> float:
+    meas = table.measurements[(n, k, m, False)]
+    if pick == VLLM:
+        return float(meas.vllm_us)
+    return meas.cublas_us if pick == CUBLAS else meas.kernels[pick]
+
+
+def _switches(cells: dict, layer: list) -> int:
+    kinds = [VLLM if cells[(n, k)] == VLLM else CUBLAS if cells[(n, k)] == CUBLAS else "kimictl"
+             for _, n, k in layer]  # fmt: skip
+    return sum(a != b for a, b in zip(kinds, kinds[1:], strict=False))
+
+
+@pytest.mark.parametrize("m", [4, 16])
+def test_tune_chain_on_the_recorded_table_with_a_chain_cost_model(m):
+    """The chain search on the recorded H200 three-way table: a cost model sums each cell's
+    measured time and charges every change of provider between neighbours (lost PDL overlap)."""
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way_tcws.json")
+    start = copy.deepcopy(table)
+    start.set_chain(m, CHAIN_MIX)
+    found = {}
+    for penalty in (0.0, 3.0):
+        calls = []
+
+        def chain_us(cells, penalty=penalty, calls=calls):
+            calls.append(dict(cells))
+            return sum(_cell_us(table, n, k, m, cells[(n, k)]) for _, n, k in LAYER) + (
+                penalty * _switches(cells, LAYER)
+            )
+
+        tuned = tune_chain(table, start, m, LAYER, chain_us)
+        cells = {(n, k): v for n, k, v in tuned["tuned_cells"]}
+        # the search's evaluations, then one fresh timing of the picks it settled on
+        assert tuned["tune_evaluations"] == len(calls) - 1 and calls[-1] == cells
+        assert tuned["us"] == chain_us(cells)
+        first = calls[0]  # the search starts from the start table's choose3 picks
+        assert first == {
+            (n, k): start.choose3(n, k, m).name
+            if start.choose3(n, k, m).provider == "kimictl"
+            else start.choose3(n, k, m).provider
+            for _, n, k in LAYER
+        }
+        assert tuned["us"] <= chain_us(first)
+        if penalty == 0.0:  # separable: no cell keeps a pick a candidate beats past the margin
+            for _, n, k in LAYER:
+                here = _cell_us(table, n, k, m, cells[(n, k)])
+                meas = table.measurements[(n, k, m, False)]
+                for v in (VLLM, CUBLAS, *sorted(meas.kernels, key=meas.kernels.get)[:2]):
+                    assert here - _cell_us(table, n, k, m, v) <= TUNE_GAIN * tuned["us"] + 1e-9
+        found[penalty] = cells
+        # the table follows the cells: choose3 returns each pick with its measured time
+        t = copy.deepcopy(table)
+        t.set_chain(m, CHAIN_TUNED, cells)
+        for _, n, k in LAYER:
+            c = t.choose3(n, k, m)
+            assert (c.name if c.provider == "kimictl" else c.provider) == cells[(n, k)]
+            assert c.us == pytest.approx(_cell_us(table, n, k, m, cells[(n, k)]))
+    # charging provider changes never leaves more of them than the separable optimum
+    assert _switches(found[3.0], LAYER) <= _switches(found[0.0], LAYER)

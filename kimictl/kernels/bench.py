@@ -45,6 +45,7 @@ __all__ = [
     "bench",
     "settle_chains",
     "time_graph",
+    "tune_chain",
     "vllm_plan",
 ]
 
@@ -402,27 +403,21 @@ def _chain(
         mix_chain = [mixed(s, n, k) for _ in range(reps) for s, n, k in layer]
         plans[CHAIN_MIX] = time_graph(mix_chain) * len(layer)
         plans[CHAIN_KIMICTL] = candidates[kept]
-        # per cell, what a search over the whole chain settles on, from the best plan's picks
         t3.set_chain(m, pick_chain_plan(plans))
-        cells = {(n, k): _provider(t3.choose3(n, k, m)) for _, n, k in layer}
-        cands = {(n, k): _cell_candidates(table, n, k, m, cells[(n, k)]) for _, n, k in layer}
 
-        def cell(s: str, n: int, k: int) -> Callable[[], Any]:
-            pick = cells[(n, k)]
+        def cell(s: str, n: int, k: int, pick: str) -> Callable[[], Any]:
             if pick == VLLM:
                 return partial(vllm_run, xs[s], ws[s])
             if pick == CUBLAS:
                 return cub(s)
             return partial(lib.launch, pick, xs[s], ws[s], ys[s], ys[s])
 
-        def tuned_us() -> float:
-            chain = [cell(s, n, k) for _ in range(reps) for s, n, k in layer]
+        def chain_us(cells: dict[tuple[int, int], str]) -> float:
+            chain = [cell(s, n, k, cells[(n, k)]) for _ in range(reps) for s, n, k in layer]
             return time_graph(chain) * len(layer)
 
-        tune_log = descend(cands, cells, tuned_us)
-        plans[CHAIN_TUNED] = tuned_us()  # timed afresh: the search kept its luckiest timings
-        tuned = {"tuned_cells": [[n, k, v] for (n, k), v in cells.items()],
-                 "tune_evaluations": len(tune_log)}  # fmt: skip
+        tuned = tune_chain(table, t3, m, layer, chain_us)
+        plans[CHAIN_TUNED] = tuned.pop("us")
     torch.cuda.empty_cache()
     return {
         "m": m,
@@ -435,6 +430,27 @@ def _chain(
         "kimictl_only_us": ours_us,
         "candidates": candidates,
         **({"plans": plans, **tuned} if plans else {}),
+    }
+
+
+def tune_chain(
+    table: DispatchTable,
+    start: DispatchTable,
+    m: int,
+    layer: list[tuple[str, int, int]],
+    chain_us: Callable[[dict[tuple[int, int], str]], float],
+) -> dict[str, Any]:
+    """The CHAIN_TUNED plan at M: from `start`'s choose3 picks (the best of the other plans),
+    `descend` over each cell's candidates with `chain_us(cells)` timing the whole chain, then the
+    settled picks timed afresh (the search kept its luckiest timings). Returns the cells as
+    [N, K, pick] rows, that fresh time (`us`) and how many chains the search timed."""
+    cells = {(n, k): _provider(start.choose3(n, k, m)) for _, n, k in layer}
+    cands = {(n, k): _cell_candidates(table, n, k, m, cells[(n, k)]) for _, n, k in layer}
+    log = descend(cands, cells, lambda: chain_us(cells))
+    return {
+        "tuned_cells": [[n, k, v] for (n, k), v in cells.items()],
+        "tune_evaluations": len(log),
+        "us": chain_us(cells),
     }
 
 
