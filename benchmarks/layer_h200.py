@@ -25,7 +25,9 @@ only M dynamic) and replayed as one CUDA graph:
   residual); kimictl_tuned: kimictl_elem_all's layer whose GEMM picks are searched in the layer
   itself, per (kind, M), before the timing rounds (dispatch.descend: each GEMM in turn tries the
   table's fastest kimictl kernels, the wgmma residual tiles of layer_res_configs() and
-  cuBLAS, the whole layer graph timed for each; every candidate checked against fp64 first).
+  cuBLAS, the whole layer graph timed for each; every candidate checked against fp64 first);
+  kimictl_tuned_fold (M <= 16): the same search with MLA's sigmoid gate folded into o_proj's and
+  SiTU * mul into shared_down's x loads (tcpro kernels), one or two elementwise launches fewer.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -74,12 +76,15 @@ VARIANTS = (
     "kimictl_elemnorm",
     "kimictl_elem_all",
     "kimictl_tuned",
-    "kimictl_tuned_gate",
+    "kimictl_tuned_fold",
 )
 # variants whose GEMM picks are searched in the layer -> their plan-key tag
-TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_gate": "@tunedg"}
+TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf"}
 ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
-GATE_MS = (1, 2, 4, 8, 16)  # Ms with a tcgate build (kimictl_tuned_gate: MLA at these M only)
+FOLD_MS = (1, 2, 4, 8, 16)  # Ms with tcpro builds (kimictl_tuned_fold runs at these M only)
+FOLD_VARIANT = "kimictl_tuned_fold"
+# the fold variant's GEMMs that take an elementwise op on their loads -> (tcpro op, kinds)
+FOLDED = {"o_proj_gate": ("gate", ("mla",)), "shared_down_situ": ("situ", ("mla", "kda"))}
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
 TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GEMM (and cuBLAS)
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
@@ -117,12 +122,16 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
                elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
-               plan_tag: str = ALL, gate_fold: bool = False) -> Callable[..., Any]:  # fmt: skip
+               plan_tag: str = ALL, fold: bool = False) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
     signatures); the shared expert then runs before the routed stand-in, so the kernels from the
-    front GEMM to shared_down form one PDL chain. `gate_fold` (MLA, with all_k): o_proj applies
-    the sigmoid output gate to its x as it loads it (tcgate, the gate source as its r)."""
+    front GEMM to shared_down form one PDL chain. `fold` (with elem and all_k): two elementwise
+    kernels move into the next GEMM's loads (tcpro): MLA's sigmoid gate into o_proj (the fused
+    qkv_a/gate output as its r), SiTU * mul into shared_down (the front GEMM's output as its x).
+    The routed stand-in then takes the router's logits as the front GEMM wrote them (bf16): the
+    SiTU kernel's fp32 copy holds the same values, and only exists because the front GEMM
+    computes the router in bf16."""
     import torch
 
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
@@ -172,7 +181,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                 kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
             q = mm(q_c, w["q_b"], "q_b" + tag)
             a = standin([q, kv_c, k_pe], core_n)
-            if gate_fold:
+            if fold:
                 gate_src = y  # o_proj reads the gate columns of the fused qkv_a/gate output
             elif elem:
                 a = elem["gate"](a, y)
@@ -187,7 +196,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             g1 = mm(f_a, w["f_b"], "f_b" + tag)
             a = standin([qkv, g1, g2, b], core_n)
         if all_k and elem:  # o_proj plain, its add in the norm kernel (same launch count)
-            if gate_fold and kind == "mla":
+            if fold and kind == "mla":
                 o = mm_res(a, w["o_proj"], gate_src, "o_proj_gate" + tag)
             else:
                 o = mm(a, w["o_proj"], "o_proj" + tag)
@@ -212,7 +221,10 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             logits = mm(x2, w["router"], "router")
             latent = mm(x2, w["latent_down"], "latent_down")
             gu = mm(x2, w["shared_gate_up"], "shared_gate_up")
-        if elem:  # SiTU * mul and the fp32 logits in one kernel, then shared_down (PDL chain)
+        if elem and fold:  # shared_down computes SiTU * mul from f as it loads it
+            act, s = f, None
+            routed = standin([latent, logits], lat)
+        elif elem:  # SiTU * mul and the fp32 logits in one kernel, then shared_down (PDL chain)
             act, logits32 = elem["situ"](f)
             s = None if all_k else mm(act, w["shared_down"], "shared_down")
             routed = standin([latent, logits32], lat)
@@ -223,7 +235,8 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             s = mm(act.to(x.dtype), w["shared_down"], "shared_down")
         if all_k and elem:  # latent_up first (plain), then shared_down adds it in its epilogue
             lo = mm(elem["rms"](routed, w["latent_norm"]), w["latent_up"], "latent_up" + tag)
-            return mm_res(act, w["shared_down"], lo, "shared_down" + tag), res
+            down = "shared_down_situ" if fold else "shared_down"
+            return mm_res(act, w["shared_down"], lo, down + tag), res
         if norm_fold:
             out = mm_res(routed, w["latent_up_g"], s, "latent_up_norm")
         elif elem:
@@ -493,7 +506,8 @@ def plan_shapes(kind: str) -> dict[str, tuple[int, int]]:
     """GEMM op -> the (N, K) point of the dispatch table whose measurements choose its kernel."""
     ops = ops_by_name(kind)
     shapes = {name: (op.n, op.k) for name, op in ops.items() if op.kind == "gemm"}
-    shapes["qkv_a_g"] = (2112, 7168)  # table shape: vLLM's fused_qkv_a (the gate rides along)
+    if "qkv_a_g" in shapes:  # table shape: vLLM's fused_qkv_a (the gate rides along)
+        shapes["qkv_a_g"] = (2112, 7168)
     shapes["front"] = HFUSED_PROXY
     return shapes
 
@@ -519,21 +533,18 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
                 plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
                 for variant in TUNED:
                     plan[(name + tuned_tag(kind, variant), m, res)] = plan[(name + ALL, m, res)]
-        if kind == "mla":
-            for m in GATE_MS:
-                plan[("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)] = gate_tiles(m)[0]
+        for op, (pro, op_kinds) in FOLDED.items():
+            for m in FOLD_MS if kind in op_kinds else ():
+                plan[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)[0]
     return plan
 
 
-GATE_VARIANT = "kimictl_tuned_gate"
+def pro_tiles(op: str, m: int) -> list[str]:
+    """The tcpro builds of `op` at M (the fold variant's candidates for that GEMM; no other
+    kernel computes it, so the search never tries cuBLAS or another family there)."""
+    from kimictl.kernels.tcpro_gemm import pro_configs
 
-
-def gate_tiles(m: int) -> list[str]:
-    """The tcgate builds at M (kimictl_tuned_gate's o_proj candidates; no other kernel computes
-    that op, so the search never tries cuBLAS or another family there)."""
-    from kimictl.kernels.tcgate_gemm import gate_configs
-
-    return [c.name for c in gate_configs() if c.m == m]
+    return [c.name for c in pro_configs() if c.op == op and c.m == m]
 
 
 def layer_res_configs() -> tuple[Any, ...]:
@@ -565,9 +576,10 @@ def tuned_tag(kind: str, variant: str = "kimictl_tuned") -> str:
 
 
 def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[str]]:
-    """kimictl_tuned's search space per plan key: its start (kimictl_elem_all's pick), then the
-    table's TUNE_TOP fastest kimictl kernels at that point (PDL builds only), the residual tiles
-    of layer_res_configs() at that M for the residual GEMM, and cuBLAS."""
+    """The tuned variants' search space per plan key: its start (kimictl_elem_all's pick), then
+    the table's TUNE_TOP fastest kimictl kernels at that point (PDL builds only), the residual
+    tiles of layer_res_configs() at that M for the residual GEMM, and cuBLAS; for the fold
+    variant's folded GEMMs (FOLDED), their tcpro builds only, and not the GEMMs they replace."""
     from kimictl.kernels.dispatch import DispatchTable
 
     table = DispatchTable.load(TABLE)
@@ -587,12 +599,19 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                 if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M
                     names.append(fb_tile(m))
                 for variant in TUNED:
+                    if variant == FOLD_VARIANT and folded_away(name, kind):
+                        continue
                     key = (name + tuned_tag(kind, variant), m, res)
                     out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
-        if kind == "mla":
-            for m in GATE_MS:
-                out[("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)] = gate_tiles(m)
+        for op, (pro, op_kinds) in FOLDED.items():
+            for m in FOLD_MS if kind in op_kinds else ():
+                out[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)
     return out
+
+
+def folded_away(name: str, kind: str) -> bool:
+    """Whether the fold variant launches a folded GEMM (FOLDED) in place of `name` in `kind`."""
+    return any(op.rsplit("_", 1)[0] == name and kind in ks for op, (_, ks) in FOLDED.items())
 
 
 def all_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
@@ -638,14 +657,14 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
     from kimictl.kernels.layer_elem import elem_configs
-    from kimictl.kernels.tcgate_gemm import gate_configs
+    from kimictl.kernels.tcpro_gemm import pro_configs
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
 
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
     names |= {v for vs in tune_candidates(kinds).values() for v in vs if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
     names |= {c.name for c in elem_configs(kinds)}
-    every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *gate_configs(),
+    every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *pro_configs(),
              *elem_configs(kinds))  # fmt: skip
     by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
@@ -685,18 +704,19 @@ def preflight_norm(build: Path) -> int:
 
 
 def new_kernel_checks() -> list[Any]:
-    """The kernels kimictl_tuned(_gate) may launch on paths no recorded verify covered: wgmma's
-    residual epilogue at M = 1..8 and 32, wgmma at K = 128 (f_b) and tcgate; each with the layer's
-    shape and a tail shape (N % 64, K % 128 != 0)."""
+    """The kernels the tuned variants may launch on paths no recorded verify covered: wgmma's
+    residual epilogue at M = 1..8 and 32, wgmma at K = 128 (f_b) and tcpro; each with the layer's
+    shape and a tail shape (N % 64, K % 128 != 0) where the op's input layout allows one."""
     from types import SimpleNamespace as NS
 
-    from kimictl.kernels.tcgate_gemm import gate_configs
+    from kimictl.kernels.tcpro_gemm import pro_configs
 
     out = [NS(name=c.name, m=c.m, op="res", shapes=((7168, 768), (100, 1000)))
            for c in layer_res_configs()]  # fmt: skip
     out += [NS(name=fb_tile(m), m=m, op="plain", shapes=((1536, 128),)) for m in MS]
-    out += [NS(name=c.name, m=c.m, op="gate", shapes=((7168, 1536), (100, 1000)), cfg=c)
-            for c in gate_configs()]  # fmt: skip
+    pro_shapes = {"gate": ((7168, 1536), (100, 1000)), "situ": ((7168, 768), (100, 768))}
+    out += [NS(name=c.name, m=c.m, op=c.op, shapes=pro_shapes[c.op], cfg=c)
+            for c in pro_configs()]  # fmt: skip
     return out
 
 
@@ -707,6 +727,7 @@ def preflight_new(build: Path) -> int:
     import torch
 
     from kimictl.kernels.harness import open_library
+    from kimictl.kernels.tcpro_gemm import pro_operand
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -716,12 +737,17 @@ def preflight_new(build: Path) -> int:
             x = torch.randn((chk.m, k), generator=gen, device="cuda").to(torch.bfloat16)
             w = (torch.randn((n, k), generator=gen, device="cuda") * k**-0.5).to(torch.bfloat16)
             y = torch.full((chk.m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            if chk.op == "gate":  # r: the fused qkv_a/gate output, gate at gate_off
-                r = torch.randn((chk.m, chk.cfg.gate_w), generator=gen, device="cuda")
-                r = r.to(torch.bfloat16)
-                gate = r[:, chk.cfg.gate_off : chk.cfg.gate_off + k].float()
-                xg = (x.float() * torch.sigmoid(gate)).to(torch.bfloat16)
-                ref = xg.double() @ w.double().T
+            if chk.op in ("gate", "situ"):  # the op's wide input: gate -> r, situ -> x
+                wide = torch.randn((chk.m, chk.cfg.x_w), generator=gen, device="cuda")
+                wide = (3 * wide).to(torch.bfloat16)
+                r = (
+                    wide
+                    if chk.op == "gate"
+                    else torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
+                )
+                x = x if chk.op == "gate" else wide
+                ref = pro_operand(chk.cfg, x, r, k).double() @ w.double().T
+                ref = ref + (r.double() if chk.op == "situ" else 0)
             else:
                 r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
                 ref = x.double() @ w.double().T + (r.double() if chk.op == "res" else 0)
@@ -740,10 +766,12 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def gate_tiles_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int) -> bool:
-    """kimictl_tuned_gate runs at (kind, M) only where a tcgate build passed its preflight."""
-    key = ("o_proj_gate" + tuned_tag(kind, GATE_VARIANT), m, True)
-    return kind == "mla" and bool(cands.get(key))
+def fold_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int) -> bool:
+    """The fold variant runs at (kind, M) only where every folded GEMM it launches has a tcpro
+    build that passed its preflight."""
+    keys = [(op + tuned_tag(kind, FOLD_VARIANT), m, True)
+            for op, (_, ks) in FOLDED.items() if kind in ks]  # fmt: skip
+    return all(cands.get(key) for key in keys)
 
 
 def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
@@ -861,6 +889,8 @@ def smoke() -> int:
     import torch
     import torch.nn.functional as F
 
+    from kimictl.kernels.tcpro_gemm import pro_configs, pro_operand
+
     def standin(xs: list[Any], width: int) -> Any:
         return xs[0][:, :width].clone()
 
@@ -873,10 +903,11 @@ def smoke() -> int:
         return F.linear(normed(x, op), w)
 
     def mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
-        if op.startswith("o_proj_gate"):  # what a tcgate kernel does: r is the gate source
-            off = r.shape[1] - x.shape[1]
-            xg = (x.float() * torch.sigmoid(r[:, off:].float())).to(x.dtype)
-            return F.linear(xg, w)
+        pro = FOLDED.get(op.split("@")[0])
+        if pro:  # what a tcpro kernel does (gate: r is the gate source; situ: x is the front's)
+            cfg = next(c for c in pro_configs() if c.op == pro[0])
+            y = pro_operand(cfg, x, r, w.shape[1]).float() @ w.float().T
+            return (y if cfg.op == "gate" else y + r.float()).to(x.dtype)
         return torch.addmm(r, normed(x, op), w.t())
 
     gen = torch.Generator().manual_seed(0)
@@ -895,11 +926,11 @@ def smoke() -> int:
             ("elem", True, False, False, True, False, False),
             ("elemnorm", True, True, False, True, False, False),
             ("elem_all", True, False, False, True, True, False),
-            ("tuned_gate", True, False, False, True, True, True),
+            ("tuned_fold", True, False, False, True, True, True),
         ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
                                split_gate=split, elem=elem_torch(kind) if el else None,
-                               all_k=al, gate_fold=gf)  # fmt: skip
+                               all_k=al, fold=gf)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -1072,7 +1103,7 @@ def main() -> int:
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
                             all_k=variant == "kimictl_elem_all" or variant in TUNED,
                             plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
-                            gate_fold=variant == GATE_VARIANT)  # fmt: skip
+                            fold=variant == FOLD_VARIANT)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -1141,7 +1172,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kind in kinds:  # everything compiled first; then M outer, so a timeout costs large M
         ws = [make_weights(kind, gen, "cuda") for _ in range(COPIES)]
-        fns = {v: build(kind, v) for v in variants if v != GATE_VARIANT or kind == "mla"}
+        fns = {v: build(kind, v) for v in variants}
         for v, fn in fns.items():  # the dynamic-M graph first, then M=1's own
             for m in (2, 1):
                 x = torch.zeros((m, 7168), device="cuda", dtype=torch.bfloat16)
@@ -1168,9 +1199,12 @@ def main() -> int:
             ref = setups[kind]["ref"](h.double(), res.double(), setups[kind]["wref"])
             row: dict[str, Any] = {"m": m}
             graphs = {}
-            active = {v: fn for v, fn in fns.items()
-                      if (v not in NORM_VARIANTS or m in NORM_MS)
-                      and (v != GATE_VARIANT or gate_tiles_ok(cands, kind, m))}  # fmt: skip
+            active = {
+                v: fn
+                for v, fn in fns.items()
+                if (v not in NORM_VARIANTS or m in NORM_MS)
+                and (v != FOLD_VARIANT or (m in FOLD_MS and fold_ok(cands, kind, m)))
+            }
             tuned: dict[str, dict[str, Any]] = {}
             for tv in (v for v in TUNED if v in active):  # picks first, searched in this layer
 

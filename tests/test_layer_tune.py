@@ -81,6 +81,8 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
         mine = {key: vs for key, vs in cands.items() if key[0].endswith(tag)}
         ops = {key[0].removesuffix(tag) for key in mine}
         assert not ops & set(lh.FRONT) and "front" in ops  # the tuned layer's one front GEMM
+        launched = {"kda_in", "f_b"} if kind == "kda" else {"qkv_a_g", "q_b"}
+        assert ops == launched | {"o_proj", "front", "latent_up", "shared_down"}
         for (op, m, res), vs in mine.items():
             assert vs[0] == start[(op, m, res)] and "cublas" in vs
             assert len(vs) == len(set(vs))
@@ -92,23 +94,33 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
                 assert {c.name for c in lh.layer_res_configs() if c.m == m} <= set(vs)
 
 
-def test_the_gated_variant_searches_the_same_picks_and_only_tcgate_on_o_proj(lh):
+def test_the_fold_variant_searches_the_same_picks_and_only_tcpro_where_folded(lh):
     from kimictl.kernels.layer_ops import dense_layer_ops
-    from kimictl.kernels.tcgate_gemm import gate_configs
+    from kimictl.kernels.tcpro_gemm import pro_configs
 
     cands = lh.tune_candidates(("mla", "kda"))
-    gated = {k: v for k, v in cands.items() if "@tunedg-" in k[0]}
-    plain = {(k[0].replace("@tunedg-", "@tuned-"), *k[1:]): v for k, v in gated.items()}
-    gate_keys = {k for k in plain if k[0].startswith("o_proj_gate")}
-    assert {k for k in plain if k not in gate_keys} <= set(cands)
-    assert all(plain[k] == cands[k] for k in plain if k not in gate_keys)
-    # o_proj_gate: MLA only, at GATE_MS, tcgate builds only (no cuBLAS: no other kernel computes it)
-    assert {(k[0].split("@")[1], k[1]) for k in gate_keys} == {("tuned-mla", m) for m in lh.GATE_MS}
-    for key in gate_keys:
-        assert plain[key] and all(v.startswith(f"tcgate_m{key[1]}_") for v in plain[key])
-    ops = {o.name: o for o in dense_layer_ops("mla")}
-    for c in gate_configs():  # the gate segment is where the layer splits the fused output
-        assert (c.gate_w, c.gate_off + ops["out_gate"].n) == (ops["qkv_a_g"].n, ops["qkv_a_g"].n)
-    # every kernel the new-kernel preflight checks is in the build's candidate set
+    fold = {(k[0].replace("@tunedf-", "@tuned-"), *k[1:]): v for k, v in cands.items()
+            if "@tunedf-" in k[0]}  # fmt: skip
+    folded = {k for k in fold if k[0].split("@")[0] in lh.FOLDED}
+    # the GEMMs it still launches as such: the tuned variant's candidates, unchanged
+    assert all(fold[k] == cands[k] for k in fold if k not in folded)
+    # the GEMMs folded away are not searched (MLA's o_proj and shared_down, KDA's shared_down)
+    assert not {k for k in fold if k[0] in ("o_proj@tuned-mla", "shared_down@tuned-mla",
+                                            "shared_down@tuned-kda")}  # fmt: skip
+    assert {("o_proj@tuned-kda", m, False) for m in lh.MS} <= set(fold)
+    expect = {(f"{op}@tuned-{kind}", m) for op, (_, kinds) in lh.FOLDED.items() for kind in kinds
+              for m in lh.FOLD_MS}  # fmt: skip
+    assert {k[:2] for k in folded} == expect
+    for key in folded:  # tcpro builds of that op at that M only: no other kernel computes it
+        op = lh.FOLDED[key[0].split("@")[0]][0]
+        assert fold[key] and all(v.startswith(f"tcpro_{op}_m{key[1]}_") for v in fold[key])
+    mla = {o.name: o for o in dense_layer_ops("mla")}
+    for c in pro_configs():  # the op's inputs sit where the layer splits the fused outputs
+        if c.op == "gate":
+            assert (c.x_w, c.off + mla["out_gate"].n) == (mla["qkv_a_g"].n, mla["qkv_a_g"].n)
+        else:
+            front = sum(mla[n].n for n in lh.FRONT)
+            assert (c.x_w, c.off + mla["shared_gate_up"].n, c.residual) == (front, front, True)
+    # every kernel the new-kernel preflight checks is a candidate somewhere
     names = {v for vs in cands.values() for v in vs}
-    assert {c.name for c in lh.new_kernel_checks()} <= names | {lh.fb_tile(m) for m in lh.MS}
+    assert {c.name for c in lh.new_kernel_checks()} <= names

@@ -84,10 +84,10 @@ FAMILIES: dict[str, Family] = {
         "wsnorm_gemm", "NORM_CONFIGS", "_compile_wsnorm",
         ("wsnorm_gemm.py", "wsnorm_gemm_dsl.py", "wstream_gemm_dsl.py", "aot.py"), shipped=False,
     ),
-    # issue 17: MLA's output gate folded into o_proj's x loads (layer_h200.py builds it)
-    "tcgate_gemm": Family(
-        "tcgate_gemm", "GATE_CONFIGS", "_compile_tcgate",
-        ("tcgate_gemm.py", "tcgate_gemm_dsl.py", "tcstream_gemm_dsl.py", "aot.py",
+    # issue 17: the output gate / SiTU folded into the next GEMM's x loads (layer_h200.py)
+    "tcpro_gemm": Family(
+        "tcpro_gemm", "PRO_CONFIGS", "_compile_tcpro",
+        ("tcpro_gemm.py", "tcpro_gemm_dsl.py", "tcstream_gemm_dsl.py", "aot.py",
          "rowblock_dsl.py"),
         shipped=False, arches=("sm_90a",),
     ),

@@ -37,6 +37,7 @@ KIMICTL_VARIANTS = (
     "kimictl_elemnorm",
     "kimictl_elem_all",
     "kimictl_tuned",
+    "kimictl_tuned_fold",
 )
 COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (../shared/notes/cutedsl-aot.md)
 RECORD = "layer.json"

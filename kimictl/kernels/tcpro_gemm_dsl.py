@@ -1,11 +1,12 @@
 # The DSL traces this body: shapes and elements are DSL values mypy cannot type.
 # mypy: disable-error-code="index,operator,union-attr,arg-type,call-arg,attr-defined"
-"""The CuTe DSL body of tcgate (see tcgate_gemm.py): tcstream's loop with x * sigmoid(gate).
+"""The CuTe DSL body of tcpro (see tcpro_gemm.py): tcstream's loop with an op on x's loads.
 
-The kernel is tcstream's with two changes (the gate loads and product after the x loads; no
-residual). It is a copy, not hooks in TcStreamGemm.kernel, because the shipped source hash covers
-tcstream_gemm_dsl.py's syntax tree and the recorded H200 verify is of that hash: splitting the
-shipped loop waits for a GPU run that re-verifies it (then this file becomes the two hooks).
+The kernel is tcstream's with one change: each x vector is loaded with a second vector and the op
+(gate or SiTU) applied before the MMAs. It is a copy, not a hook in TcStreamGemm.kernel, because
+the shipped source hash covers tcstream_gemm_dsl.py's syntax tree and the recorded H200 verify is
+of that hash: splitting the shipped loop waits for a GPU run that re-verifies it (then this file
+becomes the hook).
 """
 
 # No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
@@ -13,18 +14,21 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from kimictl.kernels.tcgate_gemm import TcGateConfig
+from kimictl.kernels.tcpro_gemm import TcProConfig
 from kimictl.kernels.tcstream_gemm import ROWS, VEC
 from kimictl.kernels.tcstream_gemm_dsl import TcStreamGemm, load_peer_f32, mma_bf16_16816
 
-__all__ = ["TcGateGemm"]
+__all__ = ["TcProGemm"]
 
 
-class TcGateGemm(TcStreamGemm):
-    def __init__(self, cfg: TcGateConfig) -> None:
+class TcProGemm(TcStreamGemm):
+    def __init__(self, cfg: TcProConfig) -> None:
         super().__init__(cfg)
-        self.gate_w = cfg.gate_w
-        self.gate_off = cfg.gate_off
+        self.op = cfg.op
+        self.x_w = cfg.x_w
+        self.off = cfg.off
+        self.beta = cfg.beta
+        self.lbeta = cfg.lbeta
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
@@ -47,12 +51,21 @@ class TcGateGemm(TcStreamGemm):
             l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
         )
         atom_x = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128)
-        # r is the fused qkv_a/gate output [M, gate_w]; the gate of x's k is column gate_off + k
-        mG = cute.make_tensor(
-            mR.iterator, cute.make_layout((self.m, self.gate_w), stride=(self.gate_w, 1))
-        )
-        gG = cute.zipped_divide(mG, (1, VEC))
-        g_off = self.gate_off // VEC
+        # the op's two inputs, as 16-byte vectors: (gA, a_off) is loaded into x's registers,
+        # (gB, b_off) beside it. gate: a = x, b = the gate, r read as [M, x_w] from `off`;
+        # situ: a = g, b = u, both in x read as [M, x_w], from `off` and `off` + K
+        wide = cute.make_layout((self.m, self.x_w), stride=(self.x_w, 1))
+        if const_expr(self.op == "gate"):
+            gA = gX
+            gB = cute.zipped_divide(cute.make_tensor(mR.iterator, wide), (1, VEC))
+            a_off = 0
+            b_off = self.off // VEC
+        else:
+            gA = cute.zipped_divide(cute.make_tensor(mX.iterator, wide), (1, VEC))
+            gB = gA
+            a_off = self.off // VEC
+            b_off = self.off // VEC + kv_total
+        beta, lbeta = Float32(self.beta), Float32(self.lbeta)
 
         # rows past N re-read row N-1 (valid memory); their results are never stored
         tCrC = cute.make_rmem_tensor((4, self.n_tiles, self.groups), Float32)
@@ -94,26 +107,33 @@ class TcGateGemm(TcStreamGemm):
                 if const_expr(self.pdl):
                     if trip == 0:
                         cute.arch.griddepcontrol_wait()
-                # 3) token and gate vectors, all loads first; then x * sigmoid(gate), rounded
-                # to bf16 as the gate kernel rounds it; then two MMAs per 32-k group, token
-                # tile and row group
+                # 3) both inputs of the op, all loads first; then the op, rounded to bf16 as
+                # the elementwise kernel rounds it; then two MMAs per 32-k group, token tile
+                # and row group
                 for u in cutlass.range_constexpr(self.unroll):
                     kv = (trip * step + u * vwarps + vwarp) * 4 + t
                     for j in cutlass.range_constexpr(self.n_tiles):
                         tok = g + 8 * j
                         if kv < kv_total and tok < self.m:
-                            cute.copy(atom_x, gX[(None, (tok, kv))], tXrX[None, j, u])
-                            cute.copy(atom_x, gG[(None, (tok, g_off + kv))], tGrG[None, j, u])
+                            cute.copy(atom_x, gA[(None, (tok, a_off + kv))], tXrX[None, j, u])
+                            cute.copy(atom_x, gB[(None, (tok, b_off + kv))], tGrG[None, j, u])
                         else:
                             tXrX[None, j, u].fill(0.0)
                             tGrG[None, j, u].fill(0.0)
                 for u in cutlass.range_constexpr(self.unroll):
                     for j in cutlass.range_constexpr(self.n_tiles):
-                        x32 = tXrX[None, j, u].load().to(Float32)
-                        g32 = tGrG[None, j, u].load().to(Float32)
+                        a32 = tXrX[None, j, u].load().to(Float32)
+                        b32 = tGrG[None, j, u].load().to(Float32)
                         for e in cutlass.range_constexpr(VEC):
-                            sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g32[e]))
-                            tXrX[e, j, u] = (x32[e] * sg).to(BFloat16)
+                            if const_expr(self.op == "gate"):
+                                sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-b32[e]))
+                                tXrX[e, j, u] = (a32[e] * sg).to(BFloat16)
+                            else:
+                                ga = a32[e]
+                                sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-ga))
+                                act = beta * cute.math.tanh(ga / beta) * sg
+                                act = act * lbeta * cute.math.tanh(b32[e] / lbeta)
+                                tXrX[e, j, u] = act.to(BFloat16)
                 for u in cutlass.range_constexpr(self.unroll):
                     for q in cutlass.range_constexpr(self.groups):
                         a_lo = cute.recast_tensor(tWlo[None, u, q], Int32)
@@ -173,6 +193,8 @@ class TcGateGemm(TcStreamGemm):
                             else:
                                 for w in cutlass.range_constexpr(self.warps):
                                     s = s + sRed[w, r, tok]
+                        if const_expr(self.residual):
+                            s = s + mR[tok, row].to(Float32)
                         mY[tok, row] = s.to(BFloat16)
             if const_expr(self.splits > 1):
                 # no CTA may exit while a peer still reads its shared memory
