@@ -43,6 +43,8 @@ class TcProConfig(TcStreamConfig):
             raise ValueError("situ needs beta and lbeta > 0")
         if self.x_w <= 0 or self.x_w % VEC or self.off % VEC:
             raise ValueError("x_w (> 0) and off must be multiples of 8 (16-byte vectors)")
+        if self.splits != 1 or self.ctas:
+            raise ValueError("tcpro launches one CTA per row block: splits = 1, ctas = 0")
 
     @property
     def name(self) -> str:
@@ -78,6 +80,9 @@ def pro_configs(ms: tuple[int, ...] = (1, 2, 4, 8, 16)) -> tuple[TcProConfig, ..
 PRO_CONFIGS: tuple[TcProConfig, ...] = ()  # built on request (layer_h200.py --make-build)
 
 
+MIN_CTAS = 4  # CTAs per SM the launch bounds ask for: tcstream's 62-63 registers of 256 threads
+
+
 def _compile_tcpro(cfg: TcProConfig, arch: str = "sm_90a") -> Any:
     from kimictl.kernels.aot import compile_gemm
     from kimictl.kernels.tcpro_gemm_dsl import TcProGemm
@@ -98,3 +103,4 @@ def pro_operand(cfg: TcProConfig, x: Any, r: Any, k: int) -> Any:
         out = cfg.beta * torch.tanh(g / cfg.beta) * torch.sigmoid(g)
         out = out * cfg.lbeta * torch.tanh(u / cfg.lbeta)
     return out.to(torch.bfloat16)
+
