@@ -28,7 +28,7 @@ from kimictl.kernels.dispatch import (
     Measurement,
     pick_chain_plan,
 )
-from kimictl.kernels.vllm_plugin import module_plan
+from kimictl.kernels.vllm_plugin import PLAN_MS, module_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -333,3 +333,36 @@ def test_tune_chain_on_the_recorded_table_with_a_chain_cost_model(m):
             assert c.us == pytest.approx(_cell_us(table, n, k, m, cells[(n, k)]))
     # charging provider changes never leaves more of them than the separable optimum
     assert _switches(found[3.0], LAYER) <= _switches(found[0.0], LAYER)
+
+
+TUNED_RUN = ROOT / "benchmarks" / "results" / "kernels_vs_vllm_tuned"
+
+
+def test_recorded_tuned_table_is_what_its_bench_kept_and_what_the_harness_timed():
+    # H200 2026-12-01 20:47 UTC: kimictl kernels bench searched each M's chain (CHAIN_TUNED) and
+    # kept the fastest of four plans; the shared harness then timed that table independently
+    table = DispatchTable.load(FIXTURES / "bench_h200_table_3way_tuned.json")
+    bench = json.loads((TUNED_RUN / "kernels_h200_bench.json").read_text())
+    for chain in bench["chains"]:
+        m, kept = chain["m"], chain["chain_plan"]
+        assert table.chain_ms.get(m, CHAIN_MIX) == kept
+        assert kept == pick_chain_plan(chain["plans"])
+        cells = {(n, k): v for n, k, v in chain["tuned_cells"]}
+        if kept == CHAIN_TUNED:  # every cell of that M runs the search's pick (the plugin too)
+            assert table.chain_cells[m] == cells
+            for _, n, k in LAYER:
+                c = table.choose3(n, k, m)
+                assert (c.name if c.provider == "kimictl" else c.provider) == cells[(n, k)]
+                if m in PLAN_MS:  # the M the plugin serves (vLLM's plans cover 1..16)
+                    route = module_plan(table, n, k).get(m)
+                    assert (route.kernel if route else VLLM) == cells[(n, k)]
+        else:
+            assert m not in table.chain_cells
+    # the harness timed the table's own picks: its shipped provider is choose3's at every cell
+    harness = json.loads((TUNED_RUN / "harness_s1.json").read_text())
+    assert not harness["failures"]
+    for cell in harness["cells"]:
+        c = table.choose3(cell["n"], cell["k"], cell["m"])
+        assert cell["ship_provider"] == c.provider, (cell["shape"], cell["m"])
+        if cell["ship_variant"] == "kimi_ship":  # a tuned cell off the two-way pick
+            assert c.name != cell["kimi_choice"]
