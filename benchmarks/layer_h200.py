@@ -268,7 +268,9 @@ def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any,
         if variant == "cublas":
             return F.linear(x, w) if r is None else torch.addmm(r, x, w.t())
         y = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
-        lib.launch(variant, x.contiguous(), w, y, y if r is None else r.contiguous())
+        if not variant.startswith("wgstride"):  # wgstride reads x at its own row stride
+            x = x.contiguous()
+        lib.launch(variant, x, w, y, y if r is None else r.contiguous())
         return y
 
     @torch.library.custom_op("layerbench::gemm", mutates_args=(),
@@ -581,6 +583,7 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
     tiles of layer_res_configs() at that M for the residual GEMM, and cuBLAS; for the fold
     variant's folded GEMMs (FOLDED), their tcpro builds only, and not the GEMMs they replace."""
     from kimictl.kernels.dispatch import DispatchTable
+    from kimictl.kernels.wgstride_gemm import stride_configs
 
     table = DispatchTable.load(TABLE)
     start = kernel_plan(kinds)
@@ -596,8 +599,9 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                                if us > 0 and "nopdl" not in v)  # fmt: skip
                 names = [v for _, v in timed[:TUNE_TOP]]
                 names += [c.name for c in layer_res_configs() if res and c.m == m]
-                if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M
-                    names.append(fb_tile(m))
+                if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M,
+                    names.append(fb_tile(m))  # and at M >= 2 the same tile at f_a's row stride
+                    names += [c.name for c in stride_configs() if c.m == m]
                 for variant in TUNED:
                     if variant == FOLD_VARIANT and folded_away(name, kind):
                         continue
@@ -658,6 +662,7 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
     from kimictl.kernels.layer_elem import elem_configs
     from kimictl.kernels.tcpro_gemm import pro_configs
+    from kimictl.kernels.wgstride_gemm import stride_configs
     from kimictl.kernels.wsnorm_gemm import NORM_CONFIGS
 
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
@@ -665,7 +670,7 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
     names |= {c.name for c in elem_configs(kinds)}
     every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *pro_configs(),
-             *elem_configs(kinds))  # fmt: skip
+             *stride_configs(), *elem_configs(kinds))  # fmt: skip
     by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
     if missing:
@@ -705,11 +710,13 @@ def preflight_norm(build: Path) -> int:
 
 def new_kernel_checks() -> list[Any]:
     """The kernels the tuned variants may launch on paths no recorded verify covered: wgmma's
-    residual epilogue at M = 1..8 and 32, wgmma at K = 128 (f_b) and tcpro; each with the layer's
-    shape and a tail shape (N % 64, K % 128 != 0) where the op's input layout allows one."""
+    residual epilogue at M = 1..8 and 32, wgmma at K = 128 (f_b), wgstride (x at a row stride)
+    and tcpro; each with the layer's shape and a tail shape (N % 64, K % 128 != 0) where the
+    op's input layout allows one."""
     from types import SimpleNamespace as NS
 
     from kimictl.kernels.tcpro_gemm import pro_configs
+    from kimictl.kernels.wgstride_gemm import stride_configs
 
     out = [NS(name=c.name, m=c.m, op="res", shapes=((7168, 768), (100, 1000)))
            for c in layer_res_configs()]  # fmt: skip
@@ -717,6 +724,8 @@ def new_kernel_checks() -> list[Any]:
     pro_shapes = {"gate": ((7168, 1536), (100, 1000)), "situ": ((7168, 768), (100, 768))}
     out += [NS(name=c.name, m=c.m, op=c.op, shapes=pro_shapes[c.op], cfg=c)
             for c in pro_configs()]  # fmt: skip
+    out += [NS(name=c.name, m=c.m, op="stride", shapes=((1536, 128), (100, 136)), cfg=c)
+            for c in stride_configs()]  # fmt: skip
     return out
 
 
@@ -737,7 +746,12 @@ def preflight_new(build: Path) -> int:
             x = torch.randn((chk.m, k), generator=gen, device="cuda").to(torch.bfloat16)
             w = (torch.randn((n, k), generator=gen, device="cuda") * k**-0.5).to(torch.bfloat16)
             y = torch.full((chk.m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            if chk.op in ("gate", "situ"):  # the op's wide input: gate -> r, situ -> x
+            if chk.op == "stride":  # x: a slice of rows chk.cfg.x_stride apart (f_a in kda_in)
+                wide = torch.randn((chk.m, chk.cfg.x_stride), generator=gen, device="cuda")
+                x = wide.to(torch.bfloat16)[:, 6144 : 6144 + k]
+                r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
+                ref = x.double() @ w.double().T
+            elif chk.op in ("gate", "situ"):  # the op's wide input: gate -> r, situ -> x
                 wide = torch.randn((chk.m, chk.cfg.x_w), generator=gen, device="cuda")
                 wide = (3 * wide).to(torch.bfloat16)
                 r = (
@@ -751,7 +765,7 @@ def preflight_new(build: Path) -> int:
             else:
                 r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
                 ref = x.double() @ w.double().T + (r.double() if chk.op == "res" else 0)
-            lib.launch(chk.name, x, w, y, r if chk.op != "plain" else y)
+            lib.launch(chk.name, x, w, y, r if chk.op in ("res", "gate", "situ") else y)
             torch.cuda.synchronize()
             unwritten += int((~torch.isfinite(y)).sum())
             worst = max(worst, rel_err(y, ref))

@@ -13,6 +13,7 @@ import pytest
 
 from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS
 from kimictl.kernels.dispatch import TUNE_GAIN, descend
+from kimictl.kernels.wgstride_gemm import stride_configs
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "layer_h200.py"
 
@@ -75,7 +76,10 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
     kinds = ("mla", "kda")
     cands = lh.tune_candidates(kinds)
     start = lh.kernel_plan(kinds)
-    buildable = {c.name for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *lh.layer_res_configs())}
+    buildable = {
+        c.name
+        for c in (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *lh.layer_res_configs(), *stride_configs())
+    }
     for kind in kinds:
         tag = lh.tuned_tag(kind)
         mine = {key: vs for key, vs in cands.items() if key[0].endswith(tag)}
@@ -88,8 +92,11 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
             assert len(vs) == len(set(vs))
             assert set(vs) - {"cublas"} <= buildable
             assert res == op.startswith("shared_down")
-            if op.startswith("f_b"):  # no table point: wgmma's plain tile is tried
-                assert vs == ["cublas", lh.fb_tile(m)] and lh.fb_tile(m).startswith(f"wgmma_m{m}_")
+            if op.startswith("f_b"):  # no table point: wgmma's plain tile is tried, and at
+                # M >= 2 (x is then a strided slice) the same tile reading x at its row stride
+                stride = [c.name for c in stride_configs() if c.m == m]
+                assert vs == ["cublas", lh.fb_tile(m), *stride]
+                assert lh.fb_tile(m).startswith(f"wgmma_m{m}_") and not (m == 1 and stride)
             if res:  # the layer's residual tiles at that M are tried
                 assert {c.name for c in lh.layer_res_configs() if c.m == m} <= set(vs)
 

@@ -91,6 +91,13 @@ FAMILIES: dict[str, Family] = {
          "rowblock_dsl.py"),
         shipped=False, arches=("sm_90a",),
     ),
+    # issue 17: wgmma with x at a row stride of its own (KDA's f_b; layer_h200.py builds it)
+    "wgstride_gemm": Family(
+        "wgstride_gemm", "STRIDE_CONFIGS", "_compile_wgstride",
+        ("wgstride_gemm.py", "wgstride_gemm_dsl.py", "wgmma_gemm.py", "wgmma_gemm_dsl.py",
+         "aot.py", "rowblock_dsl.py"),
+        shipped=False, arches=("sm_90a",),
+    ),
     # issue 17: the layer's elementwise ops with PDL (benchmarks/layer_h200.py builds them)
     "layer_elem": Family(
         "layer_elem", "ELEM_CONFIGS", "_compile_elem", ("layer_elem.py", "layer_elem_dsl.py"),

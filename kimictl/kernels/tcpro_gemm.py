@@ -103,4 +103,3 @@ def pro_operand(cfg: TcProConfig, x: Any, r: Any, k: int) -> Any:
         out = cfg.beta * torch.tanh(g / cfg.beta) * torch.sigmoid(g)
         out = out * cfg.lbeta * torch.tanh(u / cfg.lbeta)
     return out.to(torch.bfloat16)
-
