@@ -270,8 +270,12 @@ def test_kernels_table_reports_each_ms_chain_plan(capsys):
     assert doc["chain_ms"] == {str(m): p for m, p in table.chain_ms.items()}
     assert main(["kernels", "table", "--from", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    kimictl_ms = ", ".join(str(m) for m, p in table.chain_ms.items() if p == CHAIN_KIMICTL)
-    assert f"vLLM plugin at M = {kimictl_ms}: kimictl's picks" in out
+    kimictl_ms = [m for m, p in table.chain_ms.items() if p == CHAIN_KIMICTL]
+    served = ", ".join(str(m) for m in kimictl_ms if m in PLAN_MS)
+    assert f"vLLM plugin at M = {served}: kimictl's picks" in out
+    # a plan kept at an M the plugin does not route is said to be the table's only
+    beyond = ", ".join(str(m) for m in table.chain_ms if m not in PLAN_MS)
+    assert beyond and f"M = {beyond}: a layer-chain plan in the table only" in out
 
 
 def _cell_us(table: DispatchTable, n: int, k: int, m: int, pick: str) -> float:
