@@ -459,10 +459,13 @@ def _provider(c: Choice) -> str:
     return c.provider if c.provider in (VLLM, CUBLAS) else c.name
 
 
+CELL_TOP = 4  # kimictl kernels the chain search tries per cell (fastest measured there first)
+
+
 def _cell_candidates(table: DispatchTable, n: int, k: int, m: int, start: str) -> list[str]:
-    """What the chain search tries at a cell: its start, vLLM's plan, the two fastest kimictl
-    kernels measured there (any family) and cuBLAS."""
+    """What the chain search tries at a cell: its start, vLLM's plan, the CELL_TOP fastest
+    kimictl kernels measured there (any family) and cuBLAS."""
     meas = table.measurements.get((n, k, m, False))
     timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
                    if math.isfinite(us) and us > 0)  # fmt: skip
-    return list(dict.fromkeys([start, VLLM, *(v for _, v in timed[:2]), CUBLAS]))
+    return list(dict.fromkeys([start, VLLM, *(v for _, v in timed[:CELL_TOP]), CUBLAS]))
