@@ -587,6 +587,7 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
 
     table = DispatchTable.load(TABLE)
     start = kernel_plan(kinds)
+    res_tiles, stride_tiles = layer_res_configs(), stride_configs()
     out: dict[tuple[str, int, bool], list[str]] = {}
     for kind in kinds:
         for name, (n, k) in plan_shapes(kind).items():
@@ -598,10 +599,10 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                 timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
                                if us > 0 and "nopdl" not in v)  # fmt: skip
                 names = [v for _, v in timed[:TUNE_TOP]]
-                names += [c.name for c in layer_res_configs() if res and c.m == m]
+                names += [c.name for c in res_tiles if res and c.m == m]
                 if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M,
                     names.append(fb_tile(m))  # and at M >= 2 the same tile at f_a's row stride
-                    names += [c.name for c in stride_configs() if c.m == m]
+                    names += [c.name for c in stride_tiles if c.m == m]
                 for variant in TUNED:
                     if variant == FOLD_VARIANT and folded_away(name, kind):
                         continue
@@ -740,6 +741,7 @@ def preflight_new(build: Path) -> int:
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(7)
+    f_a = 4 * ops_by_name("kda")["attention_core"].n  # f_a's column in kda_in's output (q k v g)
     for chk in new_kernel_checks():
         worst, unwritten = 0.0, 0
         for n, k in chk.shapes:
@@ -748,18 +750,17 @@ def preflight_new(build: Path) -> int:
             y = torch.full((chk.m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             if chk.op == "stride":  # x: a slice of rows chk.cfg.x_stride apart (f_a in kda_in)
                 wide = torch.randn((chk.m, chk.cfg.x_stride), generator=gen, device="cuda")
-                x = wide.to(torch.bfloat16)[:, 6144 : 6144 + k]
+                x = wide.to(torch.bfloat16)[:, f_a : f_a + k]
                 r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
                 ref = x.double() @ w.double().T
             elif chk.op in ("gate", "situ"):  # the op's wide input: gate -> r, situ -> x
                 wide = torch.randn((chk.m, chk.cfg.x_w), generator=gen, device="cuda")
                 wide = (3 * wide).to(torch.bfloat16)
-                r = (
-                    wide
-                    if chk.op == "gate"
-                    else torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
-                )
-                x = x if chk.op == "gate" else wide
+                if chk.op == "gate":
+                    r = wide
+                else:
+                    x = wide
+                    r = torch.randn((chk.m, n), generator=gen, device="cuda").to(torch.bfloat16)
                 ref = pro_operand(chk.cfg, x, r, k).double() @ w.double().T
                 ref = ref + (r.double() if chk.op == "situ" else 0)
             else:

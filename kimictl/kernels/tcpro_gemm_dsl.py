@@ -34,7 +34,8 @@ class TcProGemm(TcStreamGemm):
         """RowBlockGemm's launch for one CTA per row block, with launch bounds of MIN_CTAS CTAs
         per SM: without them the op's temporaries took tcstream's 62-63 registers to 76-254
         (cuobjdump), 3 or fewer CTAs fit an SM, and a 7168-row GEMM's 448 row blocks ran in
-        two waves or more (the layer ran 18-27 us slower on the H200, 2026-12-01)."""
+        two waves or more (the layer ran 18-27 us slower on the H200, 2026-12-01). An override,
+        not a knob of RowBlockGemm.launch_rows: rowblock_dsl.py is in the shipped source hash."""
         kern.launch(
             grid=(cute.ceil_div(n, self.rows), 1, 1),
             block=(self.threads, 1, 1),
