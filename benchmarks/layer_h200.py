@@ -1003,7 +1003,12 @@ def main() -> int:
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
     if args.report:
-        print(render_markdown(json.loads(args.report.read_text())))
+        try:
+            doc = json.loads(args.report.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read a layer run from {args.report}: {exc}", file=sys.stderr)
+            return 1
+        print(render_markdown(doc))
         return 0
     if args.smoke:
         return smoke()
