@@ -77,14 +77,20 @@ VARIANTS = (
     "kimictl_elem_all",
     "kimictl_tuned",
     "kimictl_tuned_fold",
+    "kimictl_tuned_cat",
 )
 # variants whose GEMM picks are searched in the layer -> their plan-key tag
-TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf"}
+TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf", "kimictl_tuned_cat": "@tunedc"}
 ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
 FOLD_MS = (1, 2, 4, 8, 16)  # Ms with tcpro builds (kimictl_tuned_fold runs at these M only)
 FOLD_VARIANT = "kimictl_tuned_fold"
 # the fold variant's GEMMs that take an elementwise op on their loads -> (tcpro op, kinds)
 FOLDED = {"o_proj_gate": ("gate", ("mla",)), "shared_down_situ": ("situ", ("mla", "kda"))}
+CAT_VARIANT = "kimictl_tuned_cat"
+# the cat variant runs these two as one GEMM over their concatenated K (both write the hidden
+# rows the layer sums); its kernels are searched among the first one's (the table's point)
+CAT = ("latent_up", "shared_down")
+CAT_OP = "latent_up_cat"
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
 TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GEMM (and cuBLAS)
 # git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
@@ -112,6 +118,7 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
                 torch.bfloat16
             )
     w["front"] = torch.cat([w[n] for n in FRONT]).contiguous()  # the horizontal fusion's weight
+    w[CAT_OP] = torch.cat([w[n] for n in CAT], 1).contiguous()  # [latent_up | shared_down] on K
     # RMSNorm weights folded into the GEMM that follows the norm (the wsnorm kernels)
     for name, norm in (("front", "post_attention_norm"), ("latent_up", "latent_norm")):
         w[name + "_g"] = (w[name].float() * w[norm].float()).to(torch.bfloat16)
@@ -122,7 +129,8 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
                elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
-               plan_tag: str = ALL, fold: bool = False) -> Callable[..., Any]:  # fmt: skip
+               plan_tag: str = ALL, fold: bool = False, cat: bool = False
+               ) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
     signatures); the shared expert then runs before the routed stand-in, so the kernels from the
@@ -131,7 +139,9 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     qkv_a/gate output as its r), SiTU * mul into shared_down (the front GEMM's output as its x).
     The routed stand-in then takes the router's logits as the front GEMM wrote them (bf16): the
     SiTU kernel's fp32 copy holds the same values, and only exists because the front GEMM
-    computes the router in bf16."""
+    computes the router in bf16. `cat` (with elem and all_k): latent_up and shared_down as one
+    GEMM over their concatenated K, its x row [rms(routed) * w | SiTU * mul] from one elementwise
+    kernel (rmssitu) after the routed stand-in, which takes the bf16 logits as with `fold`."""
     import torch
 
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
@@ -221,6 +231,10 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             logits = mm(x2, w["router"], "router")
             latent = mm(x2, w["latent_down"], "latent_down")
             gu = mm(x2, w["shared_gate_up"], "shared_gate_up")
+        if elem and cat:  # out = [rms(routed) | act] @ [latent_up | shared_down]^T: one GEMM
+            routed = standin([latent, logits], lat)
+            xc = elem["rmssitu"](routed, w["latent_norm"], f)
+            return mm(xc, w[CAT_OP], CAT_OP + tag), res
         if elem and fold:  # shared_down computes SiTU * mul from f as it loads it
             act, s = f, None
             routed = standin([latent, logits], lat)
@@ -327,7 +341,11 @@ def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
         act, logits = run("situ", f, None, None)
         return act.view(f.shape[0], -1), logits.float()
 
-    return {"addrms": addrms, "rms": rms, "qkvnorm": qkvnorm, "gate": gate, "situ": situ}
+    def rmssitu(x: Any, w: Any, f: Any) -> Any:
+        return run("rmssitu", x, w, f)[0].view(x.shape[0], -1)
+
+    return {"addrms": addrms, "rms": rms, "qkvnorm": qkvnorm, "gate": gate, "situ": situ,
+            "rmssitu": rmssitu}  # fmt: skip
 
 
 def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], device: str = "cuda"
@@ -342,7 +360,7 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
     cfgs = elem_configs(kinds)
     names = {(c.op, c.m, c.width): c.name for c in cfgs}
     by_op = {c.op: c for c in cfgs}
-    situ_cfg = by_op["situ"]
+    situ_cfg, cat_cfg = by_op["situ"], by_op["rmssitu"]
     q_w, kv_w = (by_op["qkvnorm"].width, by_op["qkvnorm"].seg2) if "qkvnorm" in by_op else (0, 0)
     dummy = torch.zeros((1, 8), dtype=torch.bfloat16, device=device)
 
@@ -406,6 +424,17 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
         return (f.new_empty((f.shape[0], situ_cfg.width)),
                 f.new_empty((f.shape[0], situ_cfg.aux_w), dtype=torch.float32))  # fmt: skip
 
+    @torch.library.custom_op("layerbench::e_rmssitu", mutates_args=(),
+                             schema="(Tensor x, Tensor w, Tensor f) -> Tensor")  # fmt: skip
+    def e_rmssitu(x: torch.Tensor, w: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        y = x.new_empty((x.shape[0], cat_cfg.width + cat_cfg.seg2))
+        go("rmssitu", x.shape[1], x, w.view(1, -1), y, f.contiguous())
+        return y
+
+    @e_rmssitu.register_fake
+    def _(x: torch.Tensor, w: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], cat_cfg.width + cat_cfg.seg2))
+
     def addrms(h: Any, res: Any, w: Any) -> tuple[Any, Any]:
         y = e_addrms(h, res, w).unflatten(0, (2, -1))
         return y[0], y[1]
@@ -415,7 +444,8 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
         out = e_qkvnorm(y, w)
         return out[: m * q_w].view(m, q_w), out[m * q_w :].view(m, kv_w)
 
-    return {"addrms": addrms, "rms": e_rms, "qkvnorm": qkvnorm, "gate": e_gate, "situ": e_situ}
+    return {"addrms": addrms, "rms": e_rms, "qkvnorm": qkvnorm, "gate": e_gate, "situ": e_situ,
+            "rmssitu": e_rmssitu}  # fmt: skip
 
 
 def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
@@ -538,6 +568,8 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
         for op, (pro, op_kinds) in FOLDED.items():
             for m in FOLD_MS if kind in op_kinds else ():
                 plan[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)[0]
+        for m in MS:
+            plan[(CAT_OP + tuned_tag(kind, CAT_VARIANT), m, False)] = plan[(CAT[0] + ALL, m, False)]
     return plan
 
 
@@ -605,6 +637,11 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                     names += [c.name for c in stride_tiles if c.m == m]
                 for variant in TUNED:
                     if variant == FOLD_VARIANT and folded_away(name, kind):
+                        continue
+                    if variant == CAT_VARIANT and name in CAT:
+                        if name == CAT[0]:  # the one GEMM: K is longer, the kernels the same
+                            key = (CAT_OP + tuned_tag(kind, variant), m, False)
+                            out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
                         continue
                     key = (name + tuned_tag(kind, variant), m, res)
                     out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
@@ -860,7 +897,16 @@ def profile_graph(graph: Any, copies: int, replays: int = 5) -> dict[str, Any]:
         names.setdefault(e.name[:90], []).append(us)
     starts = [e.time_range.start for e in kernels]
     ends = [e.time_range.end for e in kernels]
+    # the second layer copy of the last replay (the first follows the graph launch), in start
+    # order: where the gaps between kernels are
+    per_replay = len(kernels) // replays
+    last = sorted(kernels, key=lambda e: e.time_range.start)[-per_replay:]
+    one = last[len(last) // copies : 2 * len(last) // copies]
+    t0 = one[0].time_range.start
+    timeline = [[e.name[:90], round(e.time_range.start - t0, 2),
+                 round(e.time_range.elapsed_us(), 2)] for e in one]  # fmt: skip
     return {
+        "timeline": timeline,
         "kernels_per_layer": len(kernels) / per,
         "busy_us": sum(groups.values()),
         "span_us": (max(ends) - min(starts)) / per,
@@ -933,19 +979,20 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold, split, el, al, gf in (
-            ("plain", False, False, False, False, False, False),
-            ("vllm", False, False, True, False, False, False),
-            ("hfused", True, False, False, False, False, False),
-            ("norm", True, True, False, False, False, False),
-            ("elem", True, False, False, True, False, False),
-            ("elemnorm", True, True, False, True, False, False),
-            ("elem_all", True, False, False, True, True, False),
-            ("tuned_fold", True, False, False, True, True, True),
+        for label, hf, fold, split, el, al, gf, ct in (
+            ("plain", False, False, False, False, False, False, False),
+            ("vllm", False, False, True, False, False, False, False),
+            ("hfused", True, False, False, False, False, False, False),
+            ("norm", True, True, False, False, False, False, False),
+            ("elem", True, False, False, True, False, False, False),
+            ("elemnorm", True, True, False, True, False, False, False),
+            ("elem_all", True, False, False, True, True, False, False),
+            ("tuned_fold", True, False, False, True, True, True, False),
+            ("tuned_cat", True, False, False, True, True, False, True),
         ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
                                split_gate=split, elem=elem_torch(kind) if el else None,
-                               all_k=al, fold=gf)  # fmt: skip
+                               all_k=al, fold=gf, cat=ct)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -1123,7 +1170,7 @@ def main() -> int:
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
                             all_k=variant == "kimictl_elem_all" or variant in TUNED,
                             plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
-                            fold=variant == FOLD_VARIANT)  # fmt: skip
+                            fold=variant == FOLD_VARIANT, cat=variant == CAT_VARIANT)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,

@@ -19,6 +19,10 @@ has no dynamic sizes and the GEMM ABI's four pointers carry any tensors (build.p
 - situ: X = the horizontally fused front GEMM's output [M, x_w] (router logits | latent | gate_up
   from `off`); Y = flat [M * width] = SiTU(g) * lin(u); R = fp32 logits [M, aux_w] (GateLinear's
   out_dtype), so no cast kernel is left between the GEMMs.
+- rmssitu: X = the routed output [M, width], W = latent norm weight [width], R = the front GEMM's
+  output [M, aux_w] with gate_up from `off`; Y = flat [M, width + seg2]: per row rms(X) * W, then
+  SiTU(g) * lin(u) (seg2 columns). That row is the x of latent_up and shared_down run as one GEMM
+  over their concatenated K (both write the same hidden rows, and the layer adds them).
 All math in fp32, outputs rounded once to bf16 (logits: exact fp32 of the bf16 GEMM output).
 """
 
@@ -30,7 +34,7 @@ from typing import Any
 __all__ = ["ELEM_CONFIGS", "EPS", "LayerElemConfig", "elem_configs"]
 
 EPS = 1e-6  # benchmarks/layer_h200.py's rms_norm_eps (the same value in every variant)
-OPS = ("addrms", "rms", "qkvnorm", "gate", "situ")
+OPS = ("addrms", "rms", "qkvnorm", "gate", "situ", "rmssitu")
 LAYER_MS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -40,9 +44,9 @@ class LayerElemConfig:
     m: int
     width: int  # elements per row the op writes (first segment for qkvnorm)
     x_w: int = 0  # row width of X when it is wider than `width` (a fused GEMM's output)
-    seg2: int = 0  # qkvnorm: width of the second normed segment
-    off: int = 0  # gate: column of the gate in R; situ: column of gate_up in X
-    aux_w: int = 0  # gate: row width of R; situ: fp32 logits written to R
+    seg2: int = 0  # qkvnorm: width of the second normed segment; rmssitu: act columns
+    off: int = 0  # gate: column of the gate in R; situ: of gate_up in X; rmssitu: in R
+    aux_w: int = 0  # gate, rmssitu: row width of R; situ: fp32 logits written to R
     beta: float = 0.0  # situ: SiTU beta
     lbeta: float = 0.0  # situ: linear-part beta
     threads: int = 128
@@ -80,6 +84,7 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
     for kind in kinds:
         ops = {op.name: op for op in dense_layer_ops(kind)}
         router, lat, gu = ops["router"].n, ops["latent_down"].n, ops["shared_gate_up"].n
+        situ = {"beta": beta, "lbeta": lbeta}
         for m in ms:
             cfgs = [
                 LayerElemConfig("addrms", m, h),
@@ -92,8 +97,16 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                     x_w=router + lat + gu,
                     off=router + lat,
                     aux_w=router,
-                    beta=beta,
-                    lbeta=lbeta,
+                    **situ,
+                ),  # fmt: skip
+                LayerElemConfig(
+                    "rmssitu",
+                    m,
+                    ops["latent_norm"].k,
+                    seg2=gu // 2,
+                    off=router + lat,
+                    aux_w=router + lat + gu,
+                    **situ,
                 ),  # fmt: skip
             ]
             if kind == "mla":
@@ -137,8 +150,10 @@ def _compile_elem(cfg: LayerElemConfig, arch: str) -> Any:
         args = (t((m, cfg.x_w)), t((w + cfg.seg2,)), t((m * (w + cfg.seg2),)), dummy)
     elif cfg.op == "gate":
         args = (t((m, w)), dummy, t((m * w,)), t((m, cfg.aux_w)))
-    else:  # situ
+    elif cfg.op == "situ":
         args = (t((m, cfg.x_w)), dummy, t((m * w,)), t((m, cfg.aux_w), Float32))
+    else:  # rmssitu
+        args = (t((m, w)), t((w,)), t((m * (w + cfg.seg2),)), t((m, cfg.aux_w)))
     stream = cutlass.runtime.make_fake_stream()
     return cute.compile(LayerElem(cfg), *args, stream, options=f"--gpu-arch {arch}")
 
@@ -163,10 +178,15 @@ def elem_ref(cfg: LayerElemConfig, x: Any, w: Any, r: Any) -> tuple[Any, Any]:
         return torch.cat([q.flatten(), kv.flatten()]), None
     if cfg.op == "gate":
         return (x * torch.sigmoid(r[:, cfg.off : cfg.off + wd])).flatten(), None
-    g, u = x[:, cfg.off : cfg.off + wd], x[:, cfg.off + wd : cfg.off + 2 * wd]
-    b, lb = cfg.beta, cfg.lbeta
-    act = b * torch.tanh(g / b) * torch.sigmoid(g) * lb * torch.tanh(u / lb)
-    return act.flatten(), x[:, : cfg.aux_w]
+
+    def situ(src: Any, width: int) -> Any:
+        g, u = src[:, cfg.off : cfg.off + width], src[:, cfg.off + width : cfg.off + 2 * width]
+        b, lb = cfg.beta, cfg.lbeta
+        return b * torch.tanh(g / b) * torch.sigmoid(g) * lb * torch.tanh(u / lb)
+
+    if cfg.op == "rmssitu":
+        return torch.cat([norm(x, w), situ(r, cfg.seg2)], 1).flatten(), None
+    return situ(x, wd).flatten(), x[:, : cfg.aux_w]
 
 
 def elem_tensors(cfg: LayerElemConfig, gen: Any, device: Any) -> tuple[Any, Any, Any, Any]:
@@ -189,6 +209,9 @@ def elem_tensors(cfg: LayerElemConfig, gen: Any, device: Any) -> tuple[Any, Any,
         ny = m * (wd + cfg.seg2)
     elif cfg.op == "gate":
         x, w, r, ny = rnd(m, wd), dummy, rnd(m, cfg.aux_w, scale=3.0), m * wd
+    elif cfg.op == "rmssitu":
+        x, w = rnd(m, wd, scale=3.0), 1 + rnd(1, wd, scale=0.1)
+        r, ny = rnd(m, cfg.aux_w, scale=8.0), m * (wd + cfg.seg2)
     else:
         x, w, ny = rnd(m, cfg.x_w, scale=8.0), dummy, m * wd
         r = torch.full((m, cfg.aux_w), float("nan"), device=device)

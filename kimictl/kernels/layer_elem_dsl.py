@@ -80,6 +80,41 @@ class LayerElem:
                     fo[e] = (x32[e] * scale * w32[e]).to(BFloat16)
                 cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
 
+    @cute.jit
+    def _situ_segment(
+        self,
+        gSrc: cute.Tensor,
+        gY: cute.Tensor,
+        row: cutlass.Int32,
+        width: cutlass.Constexpr,
+        y_base: cutlass.Int32,
+        tidx: cutlass.Int32,
+    ) -> None:
+        """y[y_base ..] = beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb) over `width` columns, with
+        g = src[row, off ..] and u = src[row, off + width ..]."""
+        cfg = self.cfg
+        nv = width // VEC
+        per = (nv + self.threads - 1) // self.threads
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        fg = cute.make_rmem_tensor((VEC,), BFloat16)
+        fu = cute.make_rmem_tensor((VEC,), BFloat16)
+        fo = cute.make_rmem_tensor((VEC,), BFloat16)
+        beta, lbeta = Float32(cfg.beta), Float32(cfg.lbeta)
+        for j in cutlass.range_constexpr(per):
+            v = j * self.threads + tidx
+            if v < nv:
+                cute.copy(atom, gSrc[(None, (row, cfg.off // VEC + v))], fg)
+                cute.copy(atom, gSrc[(None, (row, cfg.off // VEC + nv + v))], fu)
+                g32 = fg.load().to(Float32)
+                u32 = fu.load().to(Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    g = g32[e]
+                    u = u32[e]
+                    sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g))
+                    a = beta * cute.math.tanh(g / beta) * sg * lbeta * cute.math.tanh(u / lbeta)
+                    fo[e] = a.to(BFloat16)
+                cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         cfg = self.cfg
@@ -171,32 +206,21 @@ class LayerElem:
                         sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g32[e]))
                         fo[e] = (a32[e] * sg).to(BFloat16)
                     cute.copy(atom, fo, gY[(None, row * nv + v)])
-        else:  # situ: act = beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb); R = fp32 logits
-            nv = cfg.width // VEC
-            per = (nv + self.threads - 1) // self.threads
-            nl = cfg.aux_w // VEC
-            per_l = (nl + self.threads - 1) // self.threads
-            fg = cute.make_rmem_tensor((VEC,), BFloat16)
-            fu = cute.make_rmem_tensor((VEC,), BFloat16)
-            fl = cute.make_rmem_tensor((VEC,), BFloat16)
-            fo = cute.make_rmem_tensor((VEC,), BFloat16)
-            beta, lbeta = Float32(cfg.beta), Float32(cfg.lbeta)
+        elif const_expr(self.op == "rmssitu"):  # one row of latent_up + shared_down's x
+            gW = cute.zipped_divide(mW, (VEC,))
+            gR = cute.zipped_divide(mR, (1, VEC))
+            row_w = cfg.width + cfg.seg2
             if const_expr(self.pdl):
                 cute.arch.griddepcontrol_wait()
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    cute.copy(atom, gX[(None, (row, cfg.off // VEC + v))], fg)
-                    cute.copy(atom, gX[(None, (row, cfg.off // VEC + nv + v))], fu)
-                    g32 = fg.load().to(Float32)
-                    u32 = fu.load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        g = g32[e]
-                        u = u32[e]
-                        sg = Float32(1.0) / (Float32(1.0) + cute.math.exp(-g))
-                        a = beta * cute.math.tanh(g / beta) * sg * lbeta * cute.math.tanh(u / lbeta)
-                        fo[e] = a.to(BFloat16)
-                    cute.copy(atom, fo, gY[(None, row * nv + v)])
+            self._norm_segment(gX, gW, gY, row, 0, cfg.width, row * row_w, sRed, 0, tidx)
+            self._situ_segment(gR, gY, row, cfg.seg2, row * row_w + cfg.width, tidx)
+        else:  # situ: act = SiTU(g) * lin(u) from X; R = fp32 logits
+            nl = cfg.aux_w // VEC
+            per_l = (nl + self.threads - 1) // self.threads
+            fl = cute.make_rmem_tensor((VEC,), BFloat16)
+            if const_expr(self.pdl):
+                cute.arch.griddepcontrol_wait()
+            self._situ_segment(gX, gY, row, cfg.width, row * cfg.width, tidx)
             for j in cutlass.range_constexpr(per_l):
                 v = j * self.threads + tidx
                 if v < nl:
