@@ -627,21 +627,19 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                 continue
             res = name == "shared_down"
             for m in MS:
-                meas = table.measurements.get((n, k, m, res))
-                timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
-                               if us > 0 and "nopdl" not in v)  # fmt: skip
-                names = [v for _, v in timed[:TUNE_TOP]]
+                names = fastest(table, (n, k), m, res)
                 names += [c.name for c in res_tiles if res and c.m == m]
-                if meas is None and name == "f_b":  # no table point: wgmma's plain tile at M,
-                    names.append(fb_tile(m))  # and at M >= 2 the same tile at f_a's row stride
+                if name == "f_b" and (n, k, m, res) not in table.measurements:  # wgmma plain
+                    names.append(fb_tile(m))  # tile at M; at M >= 2 also at f_a's row stride
                     names += [c.name for c in stride_tiles if c.m == m]
                 for variant in TUNED:
                     if variant == FOLD_VARIANT and folded_away(name, kind):
                         continue
                     if variant == CAT_VARIANT and name in CAT:
-                        if name == CAT[0]:  # the one GEMM: K is longer, the kernels the same
-                            key = (CAT_OP + tuned_tag(kind, variant), m, False)
-                            out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
+                        if name == CAT[0]:  # the one GEMM (K 4352): latent_up's kernels (K 3584)
+                            key = (CAT_OP + tuned_tag(kind, variant), m, False)  # and the
+                            cat = fastest(table, HFUSED_PROXY, m, False)  # front's (K 7168)
+                            out[key] = list(dict.fromkeys([start[key], *names, *cat, "cublas"]))
                         continue
                     key = (name + tuned_tag(kind, variant), m, res)
                     out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
@@ -649,6 +647,14 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
             for m in FOLD_MS if kind in op_kinds else ():
                 out[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)
     return out
+
+
+def fastest(table: Any, nk: tuple[int, int], m: int, res: bool) -> list[str]:
+    """The table's TUNE_TOP fastest kimictl kernels (PDL builds) at a point."""
+    meas = table.measurements.get((*nk, m, res))
+    timed = sorted((us, v) for v, us in (meas.kernels if meas else {}).items()
+                   if us > 0 and "nopdl" not in v)  # fmt: skip
+    return [v for _, v in timed[:TUNE_TOP]]
 
 
 def folded_away(name: str, kind: str) -> bool:

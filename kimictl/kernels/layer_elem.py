@@ -84,7 +84,6 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
     for kind in kinds:
         ops = {op.name: op for op in dense_layer_ops(kind)}
         router, lat, gu = ops["router"].n, ops["latent_down"].n, ops["shared_gate_up"].n
-        situ = {"beta": beta, "lbeta": lbeta}
         for m in ms:
             cfgs = [
                 LayerElemConfig("addrms", m, h),
@@ -97,7 +96,8 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                     x_w=router + lat + gu,
                     off=router + lat,
                     aux_w=router,
-                    **situ,
+                    beta=beta,
+                    lbeta=lbeta,
                 ),  # fmt: skip
                 LayerElemConfig(
                     "rmssitu",
@@ -106,7 +106,8 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                     seg2=gu // 2,
                     off=router + lat,
                     aux_w=router + lat + gu,
-                    **situ,
+                    beta=beta,
+                    lbeta=lbeta,
                 ),  # fmt: skip
             ]
             if kind == "mla":
