@@ -78,15 +78,20 @@ VARIANTS = (
     "kimictl_tuned",
     "kimictl_tuned_fold",
     "kimictl_tuned_cat",
+    "kimictl_tuned_catfold",
 )
 # variants whose GEMM picks are searched in the layer -> their plan-key tag
-TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf", "kimictl_tuned_cat": "@tunedc"}
+TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf", "kimictl_tuned_cat": "@tunedc",
+         "kimictl_tuned_catfold": "@tunedcf"}  # fmt: skip
 ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
 FOLD_MS = (1, 2, 4, 8, 16)  # Ms with tcpro builds (kimictl_tuned_fold runs at these M only)
 FOLD_VARIANT = "kimictl_tuned_fold"
 # the fold variant's GEMMs that take an elementwise op on their loads -> (tcpro op, kinds)
 FOLDED = {"o_proj_gate": ("gate", ("mla",)), "shared_down_situ": ("situ", ("mla", "kda"))}
 CAT_VARIANT = "kimictl_tuned_cat"
+CATFOLD_VARIANT = "kimictl_tuned_catfold"  # cat with MLA's gate folded into o_proj (MLA only)
+FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",)}  # variant -> its folds
+CATS = (CAT_VARIANT, CATFOLD_VARIANT)
 # the cat variant runs these two as one GEMM over their concatenated K (both write the hidden
 # rows the layer sums); its kernels are searched among the first one's (the table's point)
 CAT = ("latent_up", "shared_down")
@@ -565,11 +570,14 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
                 plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
                 for variant in TUNED:
                     plan[(name + tuned_tag(kind, variant), m, res)] = plan[(name + ALL, m, res)]
-        for op, (pro, op_kinds) in FOLDED.items():
-            for m in FOLD_MS if kind in op_kinds else ():
-                plan[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)[0]
-        for m in MS:
-            plan[(CAT_OP + tuned_tag(kind, CAT_VARIANT), m, False)] = plan[(CAT[0] + ALL, m, False)]
+        for variant, folds in FOLDS.items():
+            for op in folds:
+                pro, op_kinds = FOLDED[op]
+                for m in FOLD_MS if kind in op_kinds else ():
+                    plan[(op + tuned_tag(kind, variant), m, True)] = pro_tiles(pro, m)[0]
+        for variant in CATS:
+            for m in MS:
+                plan[(CAT_OP + tuned_tag(kind, variant), m, False)] = plan[(CAT[0] + ALL, m, False)]
     return plan
 
 
@@ -633,9 +641,9 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                     names.append(fb_tile(m))  # tile at M; at M >= 2 also at f_a's row stride
                     names += [c.name for c in stride_tiles if c.m == m]
                 for variant in TUNED:
-                    if variant == FOLD_VARIANT and folded_away(name, kind):
+                    if variant in FOLDS and folded_away(name, kind, FOLDS[variant]):
                         continue
-                    if variant == CAT_VARIANT and name in CAT:
+                    if variant in CATS and name in CAT:
                         if name == CAT[0]:  # the one GEMM (K 4352): latent_up's kernels (K 3584)
                             key = (CAT_OP + tuned_tag(kind, variant), m, False)  # and the
                             cat = fastest(table, HFUSED_PROXY, m, False)  # front's (K 7168)
@@ -643,9 +651,11 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                         continue
                     key = (name + tuned_tag(kind, variant), m, res)
                     out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
-        for op, (pro, op_kinds) in FOLDED.items():
-            for m in FOLD_MS if kind in op_kinds else ():
-                out[(op + tuned_tag(kind, FOLD_VARIANT), m, True)] = pro_tiles(pro, m)
+        for variant, folds in FOLDS.items():
+            for op in folds:
+                pro, op_kinds = FOLDED[op]
+                for m in FOLD_MS if kind in op_kinds else ():
+                    out[(op + tuned_tag(kind, variant), m, True)] = pro_tiles(pro, m)
     return out
 
 
@@ -657,9 +667,10 @@ def fastest(table: Any, nk: tuple[int, int], m: int, res: bool) -> list[str]:
     return [v for _, v in timed[:TUNE_TOP]]
 
 
-def folded_away(name: str, kind: str) -> bool:
-    """Whether the fold variant launches a folded GEMM (FOLDED) in place of `name` in `kind`."""
-    return any(op.rsplit("_", 1)[0] == name and kind in ks for op, (_, ks) in FOLDED.items())
+def folded_away(name: str, kind: str, folds: tuple[str, ...] = tuple(FOLDED)) -> bool:
+    """Whether a variant with these folds (FOLDED keys) launches a folded GEMM in place of
+    `name` in `kind`."""
+    return any(op.rsplit("_", 1)[0] == name and kind in FOLDED[op][1] for op in folds)
 
 
 def all_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
@@ -824,11 +835,14 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def fold_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int) -> bool:
-    """The fold variant runs at (kind, M) only where every folded GEMM it launches has a tcpro
-    build that passed its preflight."""
-    keys = [(op + tuned_tag(kind, FOLD_VARIANT), m, True)
-            for op, (_, ks) in FOLDED.items() if kind in ks]  # fmt: skip
+def fold_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int,
+            variant: str = FOLD_VARIANT) -> bool:  # fmt: skip
+    """A fold variant runs at (kind, M) only where every folded GEMM it launches has a tcpro
+    build that passed its preflight (the cat-and-fold one: on MLA only, the gate its one fold)."""
+    if variant == CATFOLD_VARIANT and kind != "mla":
+        return False
+    keys = [(op + tuned_tag(kind, variant), m, True)
+            for op in FOLDS[variant] if kind in FOLDED[op][1]]  # fmt: skip
     return all(cands.get(key) for key in keys)
 
 
@@ -995,6 +1009,7 @@ def smoke() -> int:
             ("elem_all", True, False, False, True, True, False, False),
             ("tuned_fold", True, False, False, True, True, True, False),
             ("tuned_cat", True, False, False, True, True, False, True),
+            ("tuned_catfold", True, False, False, True, True, True, True),
         ):  # fmt: skip
             layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
                                split_gate=split, elem=elem_torch(kind) if el else None,
@@ -1176,7 +1191,7 @@ def main() -> int:
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
                             all_k=variant == "kimictl_elem_all" or variant in TUNED,
                             plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
-                            fold=variant == FOLD_VARIANT, cat=variant == CAT_VARIANT)  # fmt: skip
+                            fold=variant in FOLDS, cat=variant in CATS)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -1276,7 +1291,7 @@ def main() -> int:
                 v: fn
                 for v, fn in fns.items()
                 if (v not in NORM_VARIANTS or m in NORM_MS)
-                and (v != FOLD_VARIANT or (m in FOLD_MS and fold_ok(cands, kind, m)))
+                and (v not in FOLDS or (m in FOLD_MS and fold_ok(cands, kind, m, v)))
             }
             tuned: dict[str, dict[str, Any]] = {}
             for tv in (v for v in TUNED if v in active):  # picks first, searched in this layer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def torch_python() -> str | None:
+    """An interpreter with torch: this one, else the CPU vLLM runtime kimictl sets up (CI runs
+    `kimictl setup cpu-runtime`), else None."""
+    try:
+        import torch  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        pass
+    from kimictl.runtime.serving import cpu_runtime
+
+    return str(cpu_runtime.python_path()) if cpu_runtime.is_installed() else None
 
 
 def niceness(pid: int) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import torch_python
 
 from kimictl.kernels.build import ALL_CONFIGS, source_hash
 from kimictl.kernels.tcstream_gemm import TC_MS
@@ -26,23 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCES = {"fp32": 1e-5, "fp64": 1e-12}
 
 
-def _torch_python() -> str | None:
-    """An interpreter with torch: this one, else the CPU vLLM runtime kimictl sets up (CI runs
-    `kimictl setup cpu-runtime`), else None."""
-    try:
-        import torch  # noqa: F401
-
-        return sys.executable
-    except ImportError:
-        pass
-    from kimictl.runtime.serving import cpu_runtime
-
-    return str(cpu_runtime.python_path()) if cpu_runtime.is_installed() else None
-
-
 def _in_torch(code: str) -> dict:
     """Run `code` (which sets `out`) where torch exists, with this checkout importable."""
-    python = _torch_python()
+    python = torch_python()
     if python is None:
         pytest.skip("no interpreter with torch (run `kimictl setup cpu-runtime`)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -25,16 +25,21 @@ def test_variants_follow_the_layer_op_list():
             ("rms", mla["post_attention_norm"].k),
             ("rms", mla["latent_norm"].k),
             ("situ", mla["shared_act"].n),
+            ("rmssitu", mla["latent_norm"].k),  # then the act columns (seg2)
             ("qkvnorm", mla["q_b"].k),  # the q_a part; kv_a is the second segment
             ("gate", mla["out_gate"].n),
         }
     situ = next(c for c in cfgs if c.op == "situ")
     assert situ.x_w == mla["router"].n + mla["latent_down"].n + mla["shared_gate_up"].n
     assert situ.aux_w == mla["router"].n and situ.off == situ.aux_w + mla["latent_down"].n
+    # rmssitu: x of latent_up + shared_down as one GEMM, K = latent_up's K + shared_down's K
+    cat = next(c for c in cfgs if c.op == "rmssitu")
+    assert cat.width + cat.seg2 == mla["latent_up"].k + mla["shared_down"].k
+    assert (cat.off, cat.aux_w, cat.beta, cat.lbeta) == (situ.off, situ.x_w, situ.beta, situ.lbeta)
     qkv = next(c for c in cfgs if c.op == "qkvnorm")
     assert qkv.width + qkv.seg2 == mla["q_kv_a_norm"].k and qkv.x_w == mla["qkv_a_g"].n
     # KDA has no q/kv norms and no output gate
-    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ"}
+    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ", "rmssitu"}
 
 
 def test_not_shipped_and_bad_shapes_refused():

@@ -131,3 +131,42 @@ def test_the_fold_variant_searches_the_same_picks_and_only_tcpro_where_folded(lh
     # every kernel the new-kernel preflight checks is a candidate somewhere
     names = {v for vs in cands.values() for v in vs}
     assert {c.name for c in lh.new_kernel_checks()} <= names
+
+
+def test_the_cat_variant_searches_one_gemm_for_latent_up_and_shared_down(lh):
+    cands = lh.tune_candidates(("mla", "kda"))
+    start = lh.kernel_plan(("mla", "kda"))
+    from kimictl.kernels.dispatch import DispatchTable
+
+    table = DispatchTable.load(lh.TABLE)
+    for kind in ("mla", "kda"):
+        tuned, cat = lh.tuned_tag(kind), lh.tuned_tag(kind, lh.CAT_VARIANT)
+        mine = {(k[0].removesuffix(cat), *k[1:]): v for k, v in cands.items()
+                if k[0].endswith(cat)}  # fmt: skip
+        plain = {(k[0].removesuffix(tuned), *k[1:]): v for k, v in cands.items()
+                 if k[0].endswith(tuned)}  # fmt: skip
+        # the GEMMs it launches as the tuned variant does: the same candidates
+        assert {k: v for k, v in plain.items() if k[0] not in lh.CAT} == {
+            k: v for k, v in mine.items() if k[0] != lh.CAT_OP
+        }
+        for m in lh.MS:
+            vs = mine[(lh.CAT_OP, m, False)]
+            # starts at latent_up's pick; latent_up's candidates and the K = 7168 point's
+            assert vs[0] == start[(lh.CAT_OP + cat, m, False)] == plain[("latent_up", m, False)][0]
+            assert set(plain[("latent_up", m, False)]) <= set(vs)
+            assert set(lh.fastest(table, lh.HFUSED_PROXY, m, False)) <= set(vs)
+            assert "cublas" in vs and len(vs) == len(set(vs))
+
+
+def test_the_cat_and_fold_variant_folds_mlas_gate_only(lh):
+    cands = lh.tune_candidates(("mla", "kda"))
+    cat, cf = lh.tuned_tag("mla", lh.CAT_VARIANT), lh.tuned_tag("mla", lh.CATFOLD_VARIANT)
+    mine = {(k[0].removesuffix(cf), *k[1:]): v for k, v in cands.items() if k[0].endswith(cf)}
+    plain = {(k[0].removesuffix(cat), *k[1:]): v for k, v in cands.items() if k[0].endswith(cat)}
+    # cat's GEMMs but o_proj, which becomes the tcpro gate fold at the Ms it is built for
+    assert {k: v for k, v in plain.items() if k[0] != "o_proj"} == {
+        k: v for k, v in mine.items() if k[0] != "o_proj_gate"
+    }
+    assert {k[1] for k in mine if k[0] == "o_proj_gate"} == set(lh.FOLD_MS)
+    assert lh.fold_ok(cands, "mla", 1, lh.CATFOLD_VARIANT)
+    assert not lh.fold_ok(cands, "kda", 1, lh.CATFOLD_VARIANT)  # KDA has no gate: it is cat

@@ -38,6 +38,8 @@ KIMICTL_VARIANTS = (
     "kimictl_elem_all",
     "kimictl_tuned",
     "kimictl_tuned_fold",
+    "kimictl_tuned_cat",
+    "kimictl_tuned_catfold",
 )
 COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (../shared/notes/cutedsl-aot.md)
 RECORD = "layer.json"

@@ -36,7 +36,7 @@ class WgStrideConfig(WgmmaConfig):
         return "wgstride" + super().name.removeprefix("wgmma") + f"_x{self.x_stride}"
 
 
-def stride_configs(ms: tuple[int, ...] = (2, 4, 8, 16)) -> tuple[WgStrideConfig, ...]:
+def stride_configs(ms: tuple[int, ...] = (2, 4, 8, 16, 32, 64)) -> tuple[WgStrideConfig, ...]:
     """KDA's f_b (1536 x 128, x = f_a in kda_in's output at TP8): wgmma's plain 4-stage tile (the
     f_b candidate at M = 1, where the slice is contiguous)."""
     from kimictl.kernels.layer_ops import dense_layer_ops
