@@ -165,27 +165,17 @@ class LayerElem:
             cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.op == "addrms"):
             # new residual = bf16(h + r); the norm reads the rounded sum (vLLM's fused op)
-            k = cfg.width
-            nv = k // VEC
-            per = (nv + self.threads - 1) // self.threads
+            nv, per = self._vectors(cfg.width)
             gW = cute.zipped_divide(mW, (VEC,))
             gR = cute.zipped_divide(mR, (1, VEC))
             fw = cute.make_rmem_tensor((VEC, per), BFloat16)
             fx = cute.make_rmem_tensor((VEC, per), BFloat16)
             fr = cute.make_rmem_tensor((VEC, per), BFloat16)
-            fo = cute.make_rmem_tensor((VEC,), BFloat16)
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    cute.copy(atom, gW[(None, v)], fw[None, j])
+            self._load_row(gW, row, 0, cfg.width, fw, tidx, True)  # not the previous kernel's
             if const_expr(self.pdl):
                 cute.arch.griddepcontrol_wait()
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    cute.copy(atom, gX[(None, (row, v))], fx[None, j])
-                    cute.copy(atom, gR[(None, (row, v))], fr[None, j])
-            q = Float32(0.0)
+            self._load_row(gX, row, 0, cfg.width, fx, tidx)
+            self._load_row(gR, row, 0, cfg.width, fr, tidx)
             for j in cutlass.range_constexpr(per):
                 v = j * self.threads + tidx
                 if v < nv:
@@ -193,26 +183,8 @@ class LayerElem:
                     r32 = fr[None, j].load().to(Float32)
                     for e in cutlass.range_constexpr(VEC):
                         fr[e, j] = (x32[e] + r32[e]).to(BFloat16)
-                    s32 = fr[None, j].load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        q = q + s32[e] * s32[e]
                     cute.copy(atom, fr[None, j], gY[(None, (self.m + row) * nv + v)])
-            q = cute.arch.warp_reduction_sum(q)
-            if tidx % 32 == 0:
-                sRed[0, tidx // 32] = q
-            cute.arch.sync_threads()
-            t = Float32(0.0)
-            for w in cutlass.range_constexpr(self.threads // 32):
-                t = t + sRed[0, w]
-            scale = cute.math.rsqrt(t / Float32(k) + Float32(EPS))
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    s32 = fr[None, j].load().to(Float32)
-                    w32 = fw[None, j].load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        fo[e] = (s32[e] * scale * w32[e]).to(BFloat16)
-                    cute.copy(atom, fo, gY[(None, row * nv + v)])
+            self._norm_store(fr, fw, gY, cfg.width, row * cfg.width, sRed, 0, tidx)
         elif const_expr(self.op == "rms" or self.op == "qkvnorm"):
             gW = cute.zipped_divide(mW, (VEC,))
             if const_expr(self.pdl):
@@ -223,22 +195,21 @@ class LayerElem:
                                    self.m * cfg.width + row * cfg.seg2, sRed, 1, tidx)  # fmt: skip
         elif const_expr(self.op == "gate"):
             # y = a * sigmoid(gate); gate = R[row, off:off + width]
-            nv = cfg.width // VEC
-            per = (nv + self.threads - 1) // self.threads
+            nv, per = self._vectors(cfg.width)
             gR = cute.zipped_divide(mR, (1, VEC))
-            fa = cute.make_rmem_tensor((VEC,), BFloat16)
-            fg = cute.make_rmem_tensor((VEC,), BFloat16)
+            fa = cute.make_rmem_tensor((VEC, per), BFloat16)
+            fg = cute.make_rmem_tensor((VEC, per), BFloat16)
             fo = cute.make_rmem_tensor((VEC,), BFloat16)
             half = Float32(0.5)
             if const_expr(self.pdl):
                 cute.arch.griddepcontrol_wait()
+            self._load_row(gX, row, 0, cfg.width, fa, tidx)
+            self._load_row(gR, row, cfg.off, cfg.width, fg, tidx)
             for j in cutlass.range_constexpr(per):
                 v = j * self.threads + tidx
                 if v < nv:
-                    cute.copy(atom, gX[(None, (row, v))], fa)
-                    cute.copy(atom, gR[(None, (row, cfg.off // VEC + v))], fg)
-                    a32 = fa.load().to(Float32)
-                    g32 = fg.load().to(Float32)
+                    a32 = fa[None, j].load().to(Float32)
+                    g32 = fg[None, j].load().to(Float32)
                     for e in cutlass.range_constexpr(VEC):
                         sg = half + half * cute.math.tanh(g32[e] * half, approx=True)
                         fo[e] = (a32[e] * sg).to(BFloat16)
