@@ -92,8 +92,8 @@ CAT_VARIANT = "kimictl_tuned_cat"
 CATFOLD_VARIANT = "kimictl_tuned_catfold"  # cat with MLA's gate folded into o_proj (MLA only)
 FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",)}  # variant -> its folds
 CATS = (CAT_VARIANT, CATFOLD_VARIANT)
-# the cat variant runs these two as one GEMM over their concatenated K (both write the hidden
-# rows the layer sums); its kernels are searched among the first one's (the table's point)
+# the cat variants run these two as one GEMM over their concatenated K (both write the hidden
+# rows the layer sums), searched among the table's fastest at latent_up's point and the front's
 CAT = ("latent_up", "shared_down")
 CAT_OP = "latent_up_cat"
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
