@@ -12,7 +12,9 @@ front GEMM scaled by bytes from their table proxies; f_b, 0.4 MB with no table p
 so the sum is a lower bound), the two stand-ins as measured, and what is left: the budget for
 every elementwise op, every kernel boundary and f_b. Beside it, what kimictl_elem_all spent on
 them: its layer time minus the stand-ins minus its own picks' table times (n/a where a pick has
-no table time: shared_down's residual form on cuBLAS at M = 32).
+no table time: shared_down's residual form on cuBLAS at M = 32). Last, the same budget for the
+cat layers (kimictl_tuned_cat): latent_up and shared_down as one GEMM over K = 3584 + 768, an
+estimate, since the table has no K = 4352 point: latent_up's fastest time scaled by bytes.
 
 Usage: python3 benchmarks/layer_budget.py [LAYER_JSON]
 """
@@ -37,6 +39,7 @@ COPY_CEILING_TBPS = 4.3
 FRONT = ("router", "latent_down", "shared_gate_up")
 # GEMM -> (table point, bytes scale): the layer's own shape where the table has it
 PROXY = {"qkv_a_g": (3584, 7168), "front": (6288, 7168)}
+CAT = ("latent_up", "shared_down")  # one GEMM in the cat layers, over their concatenated K
 
 
 def layer_gemms(kind: str) -> dict[str, tuple[int, int]]:
@@ -71,7 +74,10 @@ def budget(run: dict[str, Any], table: DispatchTable) -> list[dict[str, Any]]:
         for row in layer["rows"]:
             m = row["m"]
             stock, vllm = row["stock"]["us"], row["vllm_plan"]["us"]
-            best = sum(gemm_us(table, g, n, k, m, None) for g, (n, k) in gemms.items())
+            fastest = {g: gemm_us(table, g, n, k, m, None) for g, (n, k) in gemms.items()}
+            best = sum(fastest.values())
+            cat_k = sum(gemms[g][1] for g in CAT)
+            cat = best - sum(fastest[g] for g in CAT) + fastest[CAT[0]] * cat_k / gemms[CAT[0]][1]
             picks = run["plan"]
             ours = sum(
                 gemm_us(table, g, n, k, m, picks[f"{g}@all/m{m}" + ("/res" if g == "shared_down"
@@ -86,7 +92,7 @@ def budget(run: dict[str, Any], table: DispatchTable) -> list[dict[str, Any]]:
             elem_all = row.get("kimictl_elem_all", {}).get("us", math.nan)
             rows.append({
                 "kind": kind, "m": m, "stock": stock, "vllm": vllm, "standins": row["standins_us"],
-                "gemms_best": best, "targets": targets, "elem_all": elem_all,
+                "gemms_best": best, "gemms_cat": cat, "targets": targets, "elem_all": elem_all,
                 "elem_all_gemms": ours, "elem_all_rest": elem_all - row["standins_us"] - ours,
             })  # fmt: skip
     return rows
@@ -101,13 +107,15 @@ def main() -> int:
         return 1
     table = DispatchTable.load(TABLE)
     print("| kind | M | target | allows us | best GEMMs alone us | stand-ins us | left for the "
-          "rest us | elem_all us | its GEMMs us | its rest us |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "rest us | elem_all us | its GEMMs us | its rest us | cat: GEMMs alone us (est.) | "
+          "cat: left us |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in budget(run, table):
         for label, us in r["targets"].items():
             left = us - r["gemms_best"] - r["standins"]
+            cat_left = us - r["gemms_cat"] - r["standins"]
             cells = (us, r["gemms_best"], r["standins"], left, r["elem_all"], r["elem_all_gemms"],
-                     r["elem_all_rest"])  # fmt: skip
+                     r["elem_all_rest"], r["gemms_cat"], cat_left)  # fmt: skip
             text = " | ".join("n/a" if math.isnan(v) else f"{v:.1f}" for v in cells)
             print(f"| {r['kind'].upper()} | {r['m']} | {label} | {text} |")
     return 0

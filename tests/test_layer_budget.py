@@ -43,6 +43,11 @@ def test_budget_rows_follow_the_recorded_run_and_table():
         assert math.isclose(min(r["targets"].values()), min(
             [r["stock"] * factor, *([r["vllm"] / 1.3] if r["m"] <= 8 else []),
              *(v for k, v in r["targets"].items() if "ceiling" in k)]))  # fmt: skip
+        # the cat layers: latent_up's fastest time scaled to K = 3584 + 768 replaces both GEMMs
+        table = DispatchTable.load(lb.TABLE)
+        lu = lb.gemm_us(table, "latent_up", 7168, 3584, r["m"], None)
+        sd = lb.gemm_us(table, "shared_down", 7168, 768, r["m"], None)
+        assert math.isclose(r["gemms_cat"], r["gemms_best"] - lu - sd + lu * 4352 / 3584)
     # the layer's own GEMMs: the fused front GEMM in place of its three, no f_b (no table point)
     assert set(lb.layer_gemms("kda")) == {"kda_in", "o_proj", "front", "shared_down", "latent_up"}
     assert lb.layer_gemms("mla")["front"] == (896 + 3584 + 1536, 7168)
