@@ -12,7 +12,10 @@ bias)`, weight [N, K] bf16). Two builds of it run:
 Each build is captured in a CUDA graph per M; outputs are compared with fp64 references and the
 graph replay with the eager run; replays are timed interleaved (median of rounds).
 
-Usage (GPU node): python benchmarks/vllm_plugin_h200.py --build DIR [--out FILE.json]
+Above M = 16 vLLM's plan is that same cuBLAS fallback, so `--ms 32,64` measures what the plugin
+changes for a real server there.
+
+Usage (GPU node): python benchmarks/vllm_plugin_h200.py --build DIR [--out FILE.json] [--ms 1,2]
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-MS = (1, 2, 4, 8, 16)
+MS = "1,2,4,8,16"
 
 
 def main() -> None:
@@ -33,7 +36,9 @@ def main() -> None:
     ap.add_argument("--build", type=Path, required=True, help="folder holding sm_90a/manifest.json")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ms", default=MS, help="comma-separated M (default %(default)s)")
     args = ap.parse_args()
+    ms = tuple(int(m) for m in args.ms.split(","))
 
     import torch
     import torch.nn.functional as F
@@ -45,7 +50,7 @@ def main() -> None:
     t0 = time.perf_counter()
     lib = harness.open_library(args.build / "sm_90a", relink=True)
     layer = tuple(s for s in K3_GEMM_SHAPES if s[0] != "lm_head")
-    measured = bench(lib, shapes=layer, ms=MS, chain_ms=())
+    measured = bench(lib, shapes=layer, ms=ms, chain_ms=())
     # three-way: vLLM's plan timed as what vLLM runs without its K3 kernels (its cuBLAS fallback)
     table = DispatchTable(measured.table.device, measured.table.arch)
     for meas in measured.table.measurements.values():
@@ -125,7 +130,7 @@ def main() -> None:
 
     results: list[dict[str, Any]] = []
     gen = torch.Generator(device="cuda").manual_seed(1)
-    for m in MS:
+    for m in ms:
         xs = [torch.randn((m, k), generator=gen, device="cuda").to(torch.bfloat16)
               for _, _, k in layer]  # fmt: skip
         refs = [x.double() @ p.weight.double().t() for x, p in zip(xs, base.projs, strict=True)]

@@ -28,7 +28,7 @@ from kimictl.kernels.dispatch import (
     Measurement,
     pick_chain_plan,
 )
-from kimictl.kernels.vllm_plugin import PLAN_MS, module_plan
+from kimictl.kernels.vllm_plugin import module_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -271,11 +271,13 @@ def test_kernels_table_reports_each_ms_chain_plan(capsys):
     assert main(["kernels", "table", "--from", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     kimictl_ms = [m for m, p in table.chain_ms.items() if p == CHAIN_KIMICTL]
-    served = ", ".join(str(m) for m in kimictl_ms if m in PLAN_MS)
+    served = ", ".join(str(m) for m in kimictl_ms)
     assert f"vLLM plugin at M = {served}: kimictl's picks" in out
-    # a plan kept at an M the plugin does not route is said to be the table's only
-    beyond = ", ".join(str(m) for m in table.chain_ms if m not in PLAN_MS)
-    assert beyond and f"M = {beyond}: a layer-chain plan in the table only" in out
+    # the plugin routes every M the table measured (above 16 too, where vLLM's plan is its
+    # cuBLAS fallback), so every plan kept is said to be the plugin's
+    for plan in set(table.chain_ms.values()):
+        ms_ = ", ".join(str(m) for m, p in table.chain_ms.items() if p == plan)
+        assert f"vLLM plugin at M = {ms_}: " in out
 
 
 def _cell_us(table: DispatchTable, n: int, k: int, m: int, pick: str) -> float:
@@ -357,9 +359,8 @@ def test_recorded_tuned_table_is_what_its_bench_kept_and_what_the_harness_timed(
             for _, n, k in LAYER:
                 c = table.choose3(n, k, m)
                 assert (c.name if c.provider == "kimictl" else c.provider) == cells[(n, k)]
-                if m in PLAN_MS:  # the M the plugin serves (vLLM's plans cover 1..16)
-                    route = module_plan(table, n, k).get(m)
-                    assert (route.kernel if route else VLLM) == cells[(n, k)]
+                route = module_plan(table, n, k).get(m)  # the plugin serves every M (32, 64 too)
+                assert (route.kernel if route else VLLM) == cells[(n, k)]
         else:
             assert m not in table.chain_cells
     # the harness timed the table's own picks: its shipped provider is choose3's at every cell

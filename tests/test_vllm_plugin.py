@@ -106,6 +106,42 @@ def test_every_m_runs_the_fastest_of_vllm_kimictl_cublas(world: World, caplog) -
     assert lines[0].startswith("kimictl kernels: 5 (module, M) routes on 4 modules")
 
 
+KDA_IN, F_B = (6288, 7168), (1536, 128)  # a TP8 KDA layer's two input projections
+
+
+def test_kda_projections_vllm_runs_on_two_streams_stay_with_vllm(world: World, caplog) -> None:
+    # vLLM's install step enables its two-stream projection overlap on a TP8 KDA layer: under
+    # CUDA-graph capture, up to M = 14, it runs in_proj_qkvgfab and f_b_proj itself, so the
+    # bench's vLLM time there is not what vLLM runs; those points stay vLLM's, above them the
+    # table decides as anywhere else
+    root = world.torch.nn.Module()
+    kda = world.KimiK3DeltaAttention()
+    kda.tp_size = 8
+    kda.in_proj_qkvgfab = world.linear_layer(*KDA_IN)
+    kda.f_b_proj = world.linear_layer(*F_B)
+    kda._projection_aux_stream, kda._projection_events = object(), (object(), object())
+    root.kda = kda
+    node = table(
+        (KDA_IN, 1, 30.0, 33.0, {"wstream_m1_k": 20.0}),
+        (KDA_IN, 8, 31.0, 33.0, {"wgmma_m8_k": 25.0}),
+        (KDA_IN, 16, 31.0, 33.0, {"wgmma_m16_k": 25.0}),
+        (KDA_IN, 32, 34.0, 34.0, {"wgmma_m32_k": 28.0}),
+        (F_B, 1, 3.0, 3.0, {"wgmma_m1_f": 2.0}),
+    )
+    with caplog.at_level(logging.INFO, logger="vllm.kimictl"):
+        install(world, root, node)
+    assert kda._projection_overlap_max_tokens > 0  # vLLM's real install step turned it on
+    assert not run(world, kda.in_proj_qkvgfab, 1).startswith("kimictl")
+    assert not run(world, kda.in_proj_qkvgfab, 8).startswith("kimictl")
+    assert not run(world, kda.f_b_proj, 1).startswith("kimictl")
+    assert run(world, kda.in_proj_qkvgfab, 16) == "kimictl:wgmma_m16_k"
+    # M = 32: vLLM's plan is its cuBLAS fallback, timed as such by the bench
+    assert run(world, kda.in_proj_qkvgfab, 32) == "kimictl:wgmma_m32_k"
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.kimictl"]
+    assert lines[0].startswith("kimictl kernels: 2 (module, M) routes on 1 modules")
+    assert "3 (module, M) points left to vLLM's KDA projection overlap" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("what", "x_kw", "bias"),
     [

@@ -473,7 +473,6 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
-    from kimictl.kernels.vllm_plugin import PLAN_MS
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:
@@ -521,21 +520,12 @@ def _render_routes(doc: dict[str, Any]) -> None:
     for m, fams in doc["families_ms"].items():
         console.print(f"M={m}: only {', '.join(fams)} (their layer chain measured faster)")
     by_plan: dict[str, list[str]] = {}
-    beyond: list[str] = []  # chain plans the table keeps at M the plugin does not route
     for m, plan in doc.get("chain_ms", {}).items():
-        if int(m) in PLAN_MS:
-            by_plan.setdefault(plan, []).append(m)
-        else:
-            beyond.append(m)
+        by_plan.setdefault(plan, []).append(m)
     for plan, ms_ in by_plan.items():
         console.print(
             f"vLLM plugin at M = {', '.join(ms_)}: {CHAIN_WORDS.get(plan, plan)} at every "
             "projection (that whole layer measured fastest)"
-        )
-    if beyond:
-        console.print(
-            f"M = {', '.join(beyond)}: a layer-chain plan in the table only (the vLLM plugin "
-            f"routes M = {PLAN_MS[0]}..{PLAN_MS[-1]}, where vLLM's plans are)"
         )
     for m, reason in doc["guarded_ms"].items():
         console.print(f"M={m}: all cuBLAS ({reason})")

@@ -10,7 +10,12 @@ module whose local (N, K) this node measured gets, per M, the fastest of {vLLM's
 kernel, cuBLAS} from the node's three-way dispatch table (`DispatchTable.choose3`). Everything else
 falls through to vLLM's plan: another dtype, batch-invariant mode, no table for this GPU, a bias,
 the fused-residual form, a layout or dtype the kernels do not take, and every M vLLM's plan was not
-timed at. One log line per model says what was installed.
+timed at. Above M = 16 vLLM's plan is its cuBLAS fallback, which the bench times as vLLM's plan at
+the M it measures (32, 64), so those M are routed like the rest. One place vLLM's plan is not what
+the bench timed: in its TP8 KDA layers, under CUDA-graph capture and up to
+KDA_PROJECTION_OVERLAP_MAX_TOKENS (14), vLLM runs in_proj_qkvgfab and f_b_proj on two streams
+(`run_kda_projection_overlap`) without calling their methods; those (module, M) points are left to
+vLLM, in eager steps too. One log line per model says what was installed.
 
 This module imports neither torch nor vLLM at import time (kimictl's CLI imports it for doctor).
 """
@@ -53,7 +58,7 @@ LLG_MODULE = "vllm.models.kimi_k3.nvidia.low_latency_gemm"
 # modules that bind the install function by name at import (`from ... import enable_...`)
 BOUND_IN = ("vllm.models.kimi_k3.nvidia.model", "vllm.models.kimi_k3.nvidia.mtp")
 INSTALL_FN = "enable_kimi_k3_low_latency_gemm"
-PLAN_MS = tuple(range(1, 17))  # vLLM's plans cover M = 1..16
+OVERLAPPED = ("in_proj_qkvgfab", "f_b_proj")  # a KDA layer's projections vLLM may run itself
 
 log = logging.getLogger("vllm.kimictl")  # under vLLM's logger: its handler prints our line
 
@@ -78,6 +83,7 @@ class InstallReport:
     installed: int = 0  # modules that got at least one kimictl/cuBLAS route
     kept: int = 0  # modules vLLM planned where vLLM's plan measured fastest at every M
     routes: int = 0  # (module, M) points taken over
+    overlapped: int = 0  # (module, M) points left to vLLM's KDA projection overlap
     kernels: set[str] = field(default_factory=set)
     skipped: str = ""  # why nothing was installed at all
 
@@ -85,23 +91,45 @@ class InstallReport:
         if self.skipped:
             return f"kimictl kernels: not installed ({self.skipped}); vLLM's plan everywhere"
         names = ", ".join(sorted(self.kernels)) or "none"
+        overlap = (
+            f"; {self.overlapped} (module, M) points left to vLLM's KDA projection overlap"
+            if self.overlapped
+            else ""
+        )
         return (
             f"kimictl kernels: {self.routes} (module, M) routes on {self.installed} modules "
-            f"measured faster than vLLM's plan ({self.kept} modules keep vLLM's plan); "
+            f"measured faster than vLLM's plan ({self.kept} modules keep vLLM's plan{overlap}); "
             f"kernels: {names}"
         )
 
 
 def module_plan(table: DispatchTable, n: int, k: int) -> dict[int, Route]:
-    """{M: Route} for the M where the node measured something faster than vLLM's plan."""
+    """{M: Route} for the M where the node measured something faster than vLLM's plan (at any M
+    the table holds: above 16 vLLM's plan is its cuBLAS fallback, and the bench timed that)."""
     plan: dict[int, Route] = {}
-    for m in PLAN_MS:
+    for m in sorted({mm for nn, kk, mm, res in table.measurements if (nn, kk) == (n, k)}):
         c = table.choose3(n, k, m)
         if c.provider == VLLM or c.us is None:
             continue
         vllm_us = table.measurements[(n, k, m, False)].vllm_us
         plan[m] = Route(c.provider, c.name, c.us, float(vllm_us or 0.0))
     return plan
+
+
+def _overlapped(llg: Any, module: Any) -> dict[int, int]:
+    """{id(projection): M up to which vLLM runs it itself} for each KDA layer where vLLM's install
+    enabled its projection overlap (it sets `_projection_overlap_max_tokens`, raised to
+    KDA_PROJECTION_OVERLAP_MAX_TOKENS once its kernels are warm)."""
+    top = int(getattr(llg, "KDA_PROJECTION_OVERLAP_MAX_TOKENS", 0))
+    out: dict[int, int] = {}
+    for child in module.modules():
+        now = int(getattr(child, "_projection_overlap_max_tokens", 0) or 0)
+        if now > 0:
+            for name in OVERLAPPED:
+                proj = getattr(child, name, None)
+                if proj is not None:
+                    out[id(proj)] = max(now, top)
+    return out
 
 
 def _servable(x: Any, w: Any, torch: Any) -> bool:
@@ -193,6 +221,7 @@ def take_over(
         report.skipped = "no kimictl dispatch table for this GPU"
         return report
     planned = (llg.KimiK3LowLatencyLinearMethod, llg.KimiK3LowLatencyEmbeddingMethod)
+    overlapped = _overlapped(llg, module)
     for child in module.modules():
         method = getattr(child, "quant_method", None)
         vllm_planned = type(method) in planned
@@ -203,6 +232,11 @@ def take_over(
         if weight is None or weight.dim() != 2 or weight.dtype != torch.bfloat16:
             continue
         routes = module_plan(table, int(weight.shape[0]), int(weight.shape[1]))
+        upto = overlapped.get(id(child), 0)
+        if upto:  # vLLM's overlap runs these M under capture; the bench never timed it
+            kept = {m: r for m, r in routes.items() if m > upto}
+            report.overlapped += len(routes) - len(kept)
+            routes = kept
         if not routes:
             report.kept += vllm_planned
             continue
