@@ -442,8 +442,8 @@ def _render_layer(record: Any) -> None:
             p.kind.upper(), str(p.m), f"{p.stock_us:.1f} ({p.stock_kernels or '?'})",
             "-" if p.vllm_us is None else f"{p.vllm_us:.1f}",
             f"{p.best_us:.1f} ({p.best_kernels or '?'})", p.best.removeprefix("kimictl_"),
-            f"{p.vs_stock:.2f}",
-            "-" if p.vs_vllm is None else f"{p.vs_vllm:.2f}",
+            f"{p.vs_stock:.3f}",  # 3 places: the targets (0.6x, 0.75x, 1.3x) sit near them
+            "-" if p.vs_vllm is None else f"{p.vs_vllm:.3f}",
             f"{p.tbps:.2f} ({100 * p.tbps / COPY_CEILING_TBPS:.0f}%)",
         )  # fmt: skip
     console.print(t)
