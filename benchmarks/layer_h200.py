@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -570,15 +570,21 @@ def kernel_plan(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], str]:
                 plan[(name + ALL, m, res)] = all_variant(table, n, k, m, res)
                 for variant in TUNED:
                     plan[(name + tuned_tag(kind, variant), m, res)] = plan[(name + ALL, m, res)]
-        for variant, folds in FOLDS.items():
-            for op in folds:
-                pro, op_kinds = FOLDED[op]
-                for m in FOLD_MS if kind in op_kinds else ():
-                    plan[(op + tuned_tag(kind, variant), m, True)] = pro_tiles(pro, m)[0]
+        for key, tiles in folded_points(kind):
+            plan[key] = tiles[0]
         for variant in CATS:
             for m in MS:
                 plan[(CAT_OP + tuned_tag(kind, variant), m, False)] = plan[(CAT[0] + ALL, m, False)]
     return plan
+
+
+def folded_points(kind: str) -> Iterator[tuple[tuple[str, int, bool], list[str]]]:
+    """(plan key, tcpro builds) of each folded GEMM the fold variants launch in `kind`."""
+    for variant, folds in FOLDS.items():
+        for op in folds:
+            pro, op_kinds = FOLDED[op]
+            for m in FOLD_MS if kind in op_kinds else ():
+                yield (op + tuned_tag(kind, variant), m, True), pro_tiles(pro, m)
 
 
 def pro_tiles(op: str, m: int) -> list[str]:
@@ -651,11 +657,7 @@ def tune_candidates(kinds: tuple[str, ...]) -> dict[tuple[str, int, bool], list[
                         continue
                     key = (name + tuned_tag(kind, variant), m, res)
                     out[key] = list(dict.fromkeys([start[key], *names, "cublas"]))
-        for variant, folds in FOLDS.items():
-            for op in folds:
-                pro, op_kinds = FOLDED[op]
-                for m in FOLD_MS if kind in op_kinds else ():
-                    out[(op + tuned_tag(kind, variant), m, True)] = pro_tiles(pro, m)
+        out.update(folded_points(kind))
     return out
 
 

@@ -235,8 +235,7 @@ class LayerElem:
             self._situ_store(fg, fu, gY, cfg.seg2, row * row_w + cfg.width, tidx)
             self._norm_store(fx, fw, gY, cfg.width, row * row_w, sRed, 0, tidx)
         else:  # situ: act = SiTU(g) * lin(u) from X; R = fp32 logits
-            nl = cfg.aux_w // VEC
-            per_l = (nl + self.threads - 1) // self.threads
+            nl, per_l = self._vectors(cfg.aux_w)
             fl = cute.make_rmem_tensor((VEC,), BFloat16)
             _, per = self._vectors(cfg.width)
             fg = cute.make_rmem_tensor((VEC, per), BFloat16)
