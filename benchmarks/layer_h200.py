@@ -1053,6 +1053,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def m_list(text: str) -> tuple[int, ...]:
+    """--ms: comma-separated positive Ms (argparse reports a ValueError as a bad value)."""
+    ms = tuple(int(x) for x in text.split(","))
+    if min(ms) < 1:
+        raise ValueError(text)
+    return ms
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", type=Path, default=ROOT / "kimictl" / "kernels" / "_build_layer")
@@ -1060,7 +1068,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--kinds", default="mla,kda")
-    ap.add_argument("--ms", help="comma-separated Ms (default: 1,2,4,8,16,32,64)")
+    ap.add_argument("--ms", type=m_list, default=MS, help="comma-separated Ms (default: all)")
     ap.add_argument("--variants", help="comma-separated subset of the variants (stock always)")
     ap.add_argument("--profile", action="store_true", help="also: per-kernel CUPTI times")
     ap.add_argument("--smoke", action="store_true")
@@ -1280,7 +1288,7 @@ def main() -> int:
 
     doc["dynamo"] = {"graphs": dict(counters["stats"]), "breaks": dict(counters["graph_break"])}
     stamp(f"dynamo: {doc['dynamo']}")
-    for m in MS if args.ms is None else tuple(int(x) for x in args.ms.split(",")):
+    for m in args.ms:
         for kind in kinds:
             ws, fns = setups[kind]["ws"], setups[kind]["fns"]
             wb = doc["layers"][kind]["weight_bytes"]

@@ -28,7 +28,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-MS = "1,2,4,8,16"
+from layer_h200 import m_list  # the --ms parser (this folder is on sys.path as a script)
+
+MS = (1, 2, 4, 8, 16)
 
 
 def main() -> None:
@@ -36,9 +38,9 @@ def main() -> None:
     ap.add_argument("--build", type=Path, required=True, help="folder holding sm_90a/manifest.json")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--ms", default=MS, help="comma-separated M (default %(default)s)")
+    ap.add_argument("--ms", type=m_list, default=MS, help="comma-separated M (default 1,2,4,8,16)")
     args = ap.parse_args()
-    ms = tuple(int(m) for m in args.ms.split(","))
+    ms = args.ms
 
     import torch
     import torch.nn.functional as F
