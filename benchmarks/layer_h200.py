@@ -79,10 +79,25 @@ VARIANTS = (
     "kimictl_tuned_fold",
     "kimictl_tuned_cat",
     "kimictl_tuned_catfold",
+    "stock_pdlsi",
+    "vllm_plan_pdlsi",
+    "kimictl_tuned_cat_pdlsi",
+    "kimictl_tuned_catfold_pdlsi",
+    "kimictl_tuned_cat_pdlsi_late",
 )
+# twins whose two stand-ins are layer_elem's PDL copy (same bytes) instead of torch's copy: in the
+# PDL chain, as the attention and expert kernels of the fast path are, so the kernels after a
+# stand-in may launch and stream weights while it runs; twin -> its layer (same ops; the tuned
+# twins search their own picks in their own layer)
+PDLSI = {v + "_pdlsi": v for v in ("stock", "vllm_plan", "kimictl_tuned_cat",
+                                   "kimictl_tuned_catfold")}  # fmt: skip
+# the same with the stand-ins' trigger at their end: the next kernels launch only as one ends
+PDLSI["kimictl_tuned_cat_pdlsi_late"] = "kimictl_tuned_cat"
 # variants whose GEMM picks are searched in the layer -> their plan-key tag
 TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf", "kimictl_tuned_cat": "@tunedc",
-         "kimictl_tuned_catfold": "@tunedcf"}  # fmt: skip
+         "kimictl_tuned_catfold": "@tunedcf", "kimictl_tuned_cat_pdlsi": "@tunedcp",
+         "kimictl_tuned_catfold_pdlsi": "@tunedcfp", "kimictl_tuned_cat_pdlsi_late": "@tunedcpl"
+         }  # fmt: skip
 ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
 FOLD_MS = (1, 2, 4, 8, 16)  # Ms with tcpro builds (kimictl_tuned_fold runs at these M only)
 FOLD_VARIANT = "kimictl_tuned_fold"
@@ -90,8 +105,10 @@ FOLD_VARIANT = "kimictl_tuned_fold"
 FOLDED = {"o_proj_gate": ("gate", ("mla",)), "shared_down_situ": ("situ", ("mla", "kda"))}
 CAT_VARIANT = "kimictl_tuned_cat"
 CATFOLD_VARIANT = "kimictl_tuned_catfold"  # cat with MLA's gate folded into o_proj (MLA only)
-FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",)}  # variant -> its folds
-CATS = (CAT_VARIANT, CATFOLD_VARIANT)
+FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",),
+         CATFOLD_VARIANT + "_pdlsi": ("o_proj_gate",)}  # variant -> its folds  # fmt: skip
+CATS = (CAT_VARIANT, CATFOLD_VARIANT, *(v for v, base in PDLSI.items() if base in
+                                      (CAT_VARIANT, CATFOLD_VARIANT)))  # fmt: skip
 # the cat variants run these two as one GEMM over their concatenated K (both write the hidden
 # rows the layer sums), searched among the table's fastest at latent_up's point and the front's
 CAT = ("latent_up", "shared_down")
@@ -319,7 +336,8 @@ def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
 
     from kimictl.kernels.layer_elem import elem_configs, elem_ref
 
-    proto = {c.op + ("" if c.op != "rms" else str(c.width)): c for c in elem_configs((kind,), (1,))}
+    proto = {c.op + ("" if c.op not in ("rms", "copy") else str(c.width)): c
+             for c in elem_configs((kind,), (1,)) if c.op != "copy" or not c.x_w}  # fmt: skip
 
     def run(key: str, x: Any, w: Any, r: Any) -> tuple[Any, Any]:
         cfg = proto[key]
@@ -349,8 +367,11 @@ def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
     def rmssitu(x: Any, w: Any, f: Any) -> Any:
         return run("rmssitu", x, w, f)[0].view(x.shape[0], -1)
 
+    def standin(xs: list[Any], width: int) -> Any:
+        return run(f"copy{width}", xs[0][:, :width], None, None)[0].view(-1, width)
+
     return {"addrms": addrms, "rms": rms, "qkvnorm": qkvnorm, "gate": gate, "situ": situ,
-            "rmssitu": rmssitu}  # fmt: skip
+            "rmssitu": rmssitu, "standin": standin}  # fmt: skip
 
 
 def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], device: str = "cuda"
@@ -363,7 +384,8 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
     from kimictl.kernels.layer_elem import elem_configs
 
     cfgs = elem_configs(kinds)
-    names = {(c.op, c.m, c.width): c.name for c in cfgs}
+    names = {(c.op, c.m, c.width): c.name for c in cfgs if c.op != "copy"}
+    copies = {(c.m, c.width, c.x_w, c.late): c.name for c in cfgs if c.op == "copy"}
     by_op = {c.op: c for c in cfgs}
     situ_cfg, cat_cfg = by_op["situ"], by_op["rmssitu"]
     q_w, kv_w = (by_op["qkvnorm"].width, by_op["qkvnorm"].seg2) if "qkvnorm" in by_op else (0, 0)
@@ -440,6 +462,22 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
     def _(x: torch.Tensor, w: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         return x.new_empty((x.shape[0], cat_cfg.width + cat_cfg.seg2))
 
+    @torch.library.custom_op("layerbench::e_standin", mutates_args=(),
+                             schema="(Tensor[] xs, int width, bool late) -> Tensor")  # fmt: skip
+    def e_standin(xs: list[torch.Tensor], width: int, late: bool) -> torch.Tensor:
+        x = xs[0]  # read at its own row stride (a slice of a fused GEMM's output) where built
+        stride = x.stride(0) if x.stride(1) == 1 else -1
+        name = copies.get((x.shape[0], width, 0 if stride == width else stride, late))
+        if name is None:
+            x, name = x[:, :width].contiguous(), copies[(x.shape[0], width, 0, late)]
+        y = x.new_empty((x.shape[0], width))
+        launch(name, x, dummy, y, dummy)
+        return y
+
+    @e_standin.register_fake
+    def _(xs: list[torch.Tensor], width: int, late: bool) -> torch.Tensor:
+        return xs[0].new_empty((xs[0].shape[0], width))
+
     def addrms(h: Any, res: Any, w: Any) -> tuple[Any, Any]:
         y = e_addrms(h, res, w).unflatten(0, (2, -1))
         return y[0], y[1]
@@ -450,7 +488,8 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
         return out[: m * q_w].view(m, q_w), out[m * q_w :].view(m, kv_w)
 
     return {"addrms": addrms, "rms": e_rms, "qkvnorm": qkvnorm, "gate": e_gate, "situ": e_situ,
-            "rmssitu": e_rmssitu}  # fmt: skip
+            "rmssitu": e_rmssitu, "standin": lambda xs, width: e_standin(xs, width, False),
+            "standin_late": lambda xs, width: e_standin(xs, width, True)}  # fmt: skip
 
 
 def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
@@ -1001,21 +1040,23 @@ def smoke() -> int:
         ref = make_layer(kind, mm, mm_res, standin)(
             h.double(), res.double(), {k: v.double() for k, v in w.items()}
         )
-        for label, hf, fold, split, el, al, gf, ct in (
-            ("plain", False, False, False, False, False, False, False),
-            ("vllm", False, False, True, False, False, False, False),
-            ("hfused", True, False, False, False, False, False, False),
-            ("norm", True, True, False, False, False, False, False),
-            ("elem", True, False, False, True, False, False, False),
-            ("elemnorm", True, True, False, True, False, False, False),
-            ("elem_all", True, False, False, True, True, False, False),
-            ("tuned_fold", True, False, False, True, True, True, False),
-            ("tuned_cat", True, False, False, True, True, False, True),
-            ("tuned_catfold", True, False, False, True, True, True, True),
+        for label, hf, fold, split, el, al, gf, ct, pd in (
+            ("plain", False, False, False, False, False, False, False, False),
+            ("vllm", False, False, True, False, False, False, False, False),
+            ("hfused", True, False, False, False, False, False, False, False),
+            ("norm", True, True, False, False, False, False, False, False),
+            ("elem", True, False, False, True, False, False, False, False),
+            ("elemnorm", True, True, False, True, False, False, False, False),
+            ("elem_all", True, False, False, True, True, False, False, False),
+            ("tuned_fold", True, False, False, True, True, True, False, False),
+            ("tuned_cat", True, False, False, True, True, False, True, False),
+            ("tuned_catfold", True, False, False, True, True, True, True, False),
+            ("tuned_cat_pdlsi", True, False, False, True, True, False, True, True),
         ):  # fmt: skip
-            layer = make_layer(kind, mm, mm_res, standin, hfused=hf, o_res=hf, norm_fold=fold,
-                               split_gate=split, elem=elem_torch(kind) if el else None,
-                               all_k=al, fold=gf, cat=ct)  # fmt: skip
+            ops = elem_torch(kind) if el else None
+            si = ops["standin"] if ops and pd else standin
+            layer = make_layer(kind, mm, mm_res, si, hfused=hf, o_res=hf, norm_fold=fold,
+                               split_gate=split, elem=ops, all_k=al, fold=gf, cat=ct)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -1041,15 +1082,22 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 r = row[v]
                 lo, hi = r["spread"]
                 nodes = (r["nodes"] or {}).get("kernel", "?")
+                # a _pdlsi twin against the faster stand-in form of stock (*)
+                x = f"{r['vs_best']['stock']:.3f}*" if v in PDLSI else f"{r['vs_stock']:.3f}"
                 lines.append(
                     f"| {row['m']} | {v} | {r['us']:.1f} ({lo:.1f}-{hi:.1f}) | "
-                    f"{r['vs_stock']:.3f} | {nodes} | {r['tbps']:.2f} | "
+                    f"{x} | {nodes} | {r['tbps']:.2f} | "
                     f"{r['rel_err_out']:.1e} | {r['graph_equals_eager']} |"
                 )
             lines.append(
                 f"| {row['m']} | (stand-ins alone) | {row['standins_us']:.1f} | | 2 | | | |"
             )
+            if "standins_pdl_us" in row:
+                lines.append(f"| {row['m']} | (PDL stand-ins alone) | "
+                             f"{row['standins_pdl_us']:.1f} | | 2 | | | |")  # fmt: skip
         lines.append("")
+    if any(v in PDLSI for layer in doc["layers"].values() for row in layer["rows"] for v in row):
+        lines.append("\\* against the faster of stock and stock_pdlsi (the same stand-in forms)")
     return "\n".join(lines)
 
 
@@ -1111,10 +1159,10 @@ def main() -> int:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
     # every variant's layer is the same code object (a closure): dynamo keeps one cache entry per
-    # (variant, kind, M=1 or dynamic M), 20 here, past the default limit of 8 (then: eager!)
+    # (variant, kind, M=1 or dynamic M), up to 36 per kind here, past the default limit of 8 (then: eager!)
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+            setattr(torch._dynamo.config, knob, 128)
     kinds = tuple(args.kinds.split(","))
     lib = open_library(args.build / "sm_90a", relink=True)
     plan = kernel_plan(kinds)
@@ -1149,7 +1197,7 @@ def main() -> int:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     if pre_e.returncode != 0:
-        variants = tuple(v for v in variants if v not in ELEM)
+        variants = tuple(v for v in variants if v not in ELEM and v not in PDLSI)
     stamp(f"elem preflight rc={pre_e.returncode}: {pre_e.stdout.strip()} {pre_e.stderr[-500:]}")
     elem_ops = register_elem_ops(lib.launch, kinds)
     vllm_used: dict[str, Any] = {}
@@ -1169,7 +1217,7 @@ def main() -> int:
 
     except Exception as exc:  # no artifacts, a link error: the run goes on without (b)
         vllm_err = f"{type(exc).__name__}: {exc}"
-        variants = tuple(v for v in variants if v != "vllm_plan")
+        variants = tuple(v for v in variants if not v.startswith("vllm_plan"))
     stamp(f"vLLM plan: {vllm_err or 'linked'}")
     if args.variants:
         keep = {"stock", *args.variants.split(",")}
@@ -1193,11 +1241,16 @@ def main() -> int:
         return xs[0][:, :width].clone()
 
     def build(kind: str, variant: str) -> Callable[..., Any]:
+        si = standin
+        if variant in PDLSI:
+            si = elem_ops["standin_late" if variant.endswith("_late") else "standin"]
+        if variant not in ELEM:  # stock and vLLM's plan: the twin runs its layer's ops
+            variant = PDLSI.get(variant, variant)
         if variant == "vllm_plan":
-            fn = make_layer(kind, vgemm, cublas_mm_res, standin, split_gate=True)
+            fn = make_layer(kind, vgemm, cublas_mm_res, si, split_gate=True)
             return torch.compile(fn)
         if variant in ELEM:
-            fn = make_layer(kind, kgemm, kgemm_res, standin, hfused=True, o_res=True,
+            fn = make_layer(kind, kgemm, kgemm_res, si, hfused=True, o_res=True,
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
                             all_k=variant == "kimictl_elem_all" or variant in TUNED,
                             plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
@@ -1205,7 +1258,7 @@ def main() -> int:
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
-                        standin, hfused=variant.endswith("hfused"),
+                        si, hfused=variant.endswith("hfused"),
                         o_res=variant in ("kimictl_hfused", "kimictl_norm"),
                         norm_fold=variant == "kimictl_norm")  # fmt: skip
         return torch.compile(fn)  # M is marked dynamic per call; weights stay static
@@ -1347,22 +1400,32 @@ def main() -> int:
             lat_in = torch.empty((m, ops["routed_experts"].k), device="cuda", dtype=torch.bfloat16)
 
             def standins(a: Any, b: Any, w: Any, c: Any = core_in, lt: Any = lat_in,
-                         nc: int = ops["attention_core"].n,
-                         nl: int = ops["routed_experts"].n) -> Any:  # fmt: skip
-                return standin([c], nc), standin([lt], nl)
+                         nc: int = ops["attention_core"].n, nl: int = ops["routed_experts"].n,
+                         si: Callable[..., Any] = standin) -> Any:  # fmt: skip
+                return si([c], nc), si([lt], nl)
 
             graphs["standins"] = capture(standins, None, None, ws)[0]
+            if any(v in PDLSI for v in active):  # the PDL copies alone, back to back
+                graphs["standins_pdl"] = capture(
+                    lambda a, b, w: standins(a, b, w, si=elem_ops["standin"]), None, None, ws
+                )[0]
             times: dict[str, list[float]] = {v: [] for v in graphs}
             for _ in range(args.rounds):  # interleaved: drift hits every variant alike
                 for v, g in graphs.items():
                     times[v].append(replay_us(g, args.replays) / COPIES)
             base = statistics.median(times["stock"])
+            # the faster stand-in form of each baseline: what a _pdlsi twin is held against
+            best = {b: min(statistics.median(times[v]) for v in (b, b + "_pdlsi") if v in times)
+                    for b in ("stock", "vllm_plan") if b in times}  # fmt: skip
             row["standins_us"] = statistics.median(times.pop("standins"))
+            if "standins_pdl" in times:
+                row["standins_pdl_us"] = statistics.median(times.pop("standins_pdl"))
             for tv, found in tuned.items():
                 row[tv].update(found)
             for v in active:
                 us = statistics.median(times[v])
                 row[v].update(us=us, spread=[min(times[v]), max(times[v])], vs_stock=us / base,
+                              vs_best={b: us / t for b, t in best.items()},
                               tbps=wb / us / 1e6, pct_of_copy_ceiling=
                               100 * wb / us / 1e6 / COPY_CEILING_TBPS)  # fmt: skip
             if args.profile:  # where each variant's layer time goes, kernel by kernel

@@ -28,6 +28,8 @@ def test_variants_follow_the_layer_op_list():
             ("rmssitu", mla["latent_norm"].k),  # then the act columns (seg2)
             ("qkvnorm", mla["q_b"].k),  # the q_a part; kv_a is the second segment
             ("gate", mla["out_gate"].n),
+            ("copy", mla["attention_core"].n),  # the stand-ins (layer_h200's _pdlsi layers)
+            ("copy", mla["routed_experts"].n),
         }
     situ = next(c for c in cfgs if c.op == "situ")
     assert situ.x_w == mla["router"].n + mla["latent_down"].n + mla["shared_gate_up"].n
@@ -38,8 +40,15 @@ def test_variants_follow_the_layer_op_list():
     assert (cat.off, cat.aux_w, cat.beta, cat.lbeta) == (situ.off, situ.x_w, situ.beta, situ.lbeta)
     qkv = next(c for c in cfgs if c.op == "qkvnorm")
     assert qkv.width + qkv.seg2 == mla["q_kv_a_norm"].k and qkv.x_w == mla["qkv_a_g"].n
+    # each stand-in copy reads its input at the row stride the layer hands it, or contiguous
+    copies = {(c.width, c.x_w) for c in cfgs if c.op == "copy" and c.m == 1 and c.late}
+    assert copies == {(c.width, c.x_w) for c in cfgs if c.op == "copy" and c.m == 1 and not c.late}
+    core, lat = mla["attention_core"].n, mla["routed_experts"].n
+    kda = {op.name: op for op in dense_layer_ops("kda")}
+    assert copies == {(core, mla["q_b"].n), (core, kda["kda_in"].n), (core, 0), (lat, situ.x_w),
+                      (lat, 0)}  # fmt: skip
     # KDA has no q/kv norms and no output gate
-    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ", "rmssitu"}
+    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ", "rmssitu", "copy"}
 
 
 def test_not_shipped_and_bad_shapes_refused():
@@ -47,6 +56,8 @@ def test_not_shipped_and_bad_shapes_refused():
     assert "layer_elem" not in {c.kernel for c in kbuild.ALL_CONFIGS}
     with pytest.raises(ValueError, match="multiples of 8"):
         LayerElemConfig("rms", 1, 7164)
+    with pytest.raises(ValueError, match="late applies"):
+        LayerElemConfig("rms", 1, 64, late=True)
     with pytest.raises(ValueError, match="op must be"):
         LayerElemConfig("softmax", 1, 64)
     assert LayerElemConfig("rms", 4, 3584).name == "elem_rms_m4_w3584"

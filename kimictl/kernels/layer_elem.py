@@ -23,6 +23,11 @@ has no dynamic sizes and the GEMM ABI's four pointers carry any tensors (build.p
   output [M, aux_w] with gate_up from `off`; Y = flat [M, width + seg2]: per row rms(X) * W, then
   SiTU(g) * lin(u) (seg2 columns). That row is the x of latent_up and shared_down run as one GEMM
   over their concatenated K (both write the same hidden rows, and the layer adds them).
+- copy: X [M, x_w or width] (a view at its row stride x_w); Y = flat [M * width] = X[:, :width].
+  The benchmark's stand-in for the attention core and the routed experts in its `_pdlsi` layers:
+  the same bytes as the torch copy, but in the PDL chain like the real kernels it stands for.
+  `late`: it triggers its dependents after its stores instead of first (a kernel that lets the
+  next one launch only as it ends).
 All math in fp32, outputs rounded once to bf16 (logits: exact fp32 of the bf16 GEMM output).
 """
 
@@ -34,7 +39,7 @@ from typing import Any
 __all__ = ["ELEM_CONFIGS", "EPS", "LayerElemConfig", "elem_configs"]
 
 EPS = 1e-6  # benchmarks/layer_h200.py's rms_norm_eps (the same value in every variant)
-OPS = ("addrms", "rms", "qkvnorm", "gate", "situ", "rmssitu")
+OPS = ("addrms", "rms", "qkvnorm", "gate", "situ", "rmssitu", "copy")
 LAYER_MS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -43,7 +48,7 @@ class LayerElemConfig:
     op: str
     m: int
     width: int  # elements per row the op writes (first segment for qkvnorm)
-    x_w: int = 0  # row width of X when it is wider than `width` (a fused GEMM's output)
+    x_w: int = 0  # row width of X when it is wider than `width` (a fused GEMM's output, a view)
     seg2: int = 0  # qkvnorm: width of the second normed segment; rmssitu: act columns
     off: int = 0  # gate: column of the gate in R; situ: of gate_up in X; rmssitu: in R
     aux_w: int = 0  # gate, rmssitu: row width of R; situ: fp32 logits written to R
@@ -51,6 +56,7 @@ class LayerElemConfig:
     lbeta: float = 0.0  # situ: linear-part beta
     threads: int = 128
     pdl: bool = True
+    late: bool = False  # copy: trigger the dependents at the end instead of first
     kernel: str = "layer_elem"
     rows: int = 1  # manifest field every family carries (one token row per CTA)
 
@@ -60,6 +66,8 @@ class LayerElemConfig:
         for v in (self.width, self.x_w, self.seg2, self.off, self.aux_w):
             if v % 8:
                 raise ValueError("widths and offsets must be multiples of 8 (16-byte vectors)")
+        if self.late and (self.op != "copy" or not self.pdl):
+            raise ValueError("late applies to the PDL copy only")
 
     @property
     def name(self) -> str:
@@ -68,7 +76,8 @@ class LayerElemConfig:
             for tag, v in (("x", self.x_w), ("s", self.seg2), ("o", self.off), ("a", self.aux_w))
             if v
         )
-        return f"elem_{self.op}_m{self.m}_w{self.width}{extra}{'' if self.pdl else '_nopdl'}"
+        tail = ("" if self.pdl else "_nopdl") + ("_late" if self.late else "")
+        return f"elem_{self.op}_m{self.m}_w{self.width}{extra}{tail}"
 
 
 def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = LAYER_MS
@@ -119,8 +128,22 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                         "gate", m, ops["out_gate"].n, off=q_a + kv_a + rope, aux_w=qkv
                     ),  # fmt: skip
                 ]
-            out.update((c.name, c) for c in cfgs)
+            out.update((c.name, c) for c in cfgs + copy_configs(kind, m))
     return tuple(out.values())
+
+
+def copy_configs(kind: str, m: int) -> list[LayerElemConfig]:
+    """The stand-in copies of one layer at M: each stand-in's input at the row stride the layer
+    hands it (a GEMM's output or a column slice of a fused one), and contiguous (a fallback);
+    each with the early and the late trigger."""
+    from kimictl.kernels.layer_ops import dense_layer_ops
+
+    ops = {op.name: op for op in dense_layer_ops(kind)}
+    core, lat = ops["attention_core"].n, ops["routed_experts"].n
+    src = ops["q_b"].n if kind == "mla" else ops["kda_in"].n  # the core's input rows
+    front = sum(ops[n].n for n in ("router", "latent_down", "shared_gate_up"))
+    return [LayerElemConfig("copy", m, w, x_w=x, late=late) for w, x in
+            ((core, src), (core, 0), (lat, front), (lat, 0)) for late in (False, True)]  # fmt: skip
 
 
 ELEM_CONFIGS: tuple[LayerElemConfig, ...] = ()  # built on request (layer_h200.py --make-build)
@@ -153,6 +176,8 @@ def _compile_elem(cfg: LayerElemConfig, arch: str) -> Any:
         args = (t((m, w)), dummy, t((m * w,)), t((m, cfg.aux_w)))
     elif cfg.op == "situ":
         args = (t((m, cfg.x_w)), dummy, t((m * w,)), t((m, cfg.aux_w), Float32))
+    elif cfg.op == "copy":
+        args = (t((m, cfg.x_w or w)), dummy, t((m * w,)), dummy)
     else:  # rmssitu
         args = (t((m, w)), t((w,)), t((m * (w + cfg.seg2),)), t((m, cfg.aux_w)))
     stream = cutlass.runtime.make_fake_stream()
@@ -177,6 +202,8 @@ def elem_ref(cfg: LayerElemConfig, x: Any, w: Any, r: Any) -> tuple[Any, Any]:
         q = norm(x[:, :wd], w[:wd])
         kv = norm(x[:, wd : wd + cfg.seg2], w[wd:])
         return torch.cat([q.flatten(), kv.flatten()]), None
+    if cfg.op == "copy":
+        return x[:, :wd].flatten(), None
     if cfg.op == "gate":
         return (x * torch.sigmoid(r[:, cfg.off : cfg.off + wd])).flatten(), None
 
@@ -210,6 +237,8 @@ def elem_tensors(cfg: LayerElemConfig, gen: Any, device: Any) -> tuple[Any, Any,
         ny = m * (wd + cfg.seg2)
     elif cfg.op == "gate":
         x, w, r, ny = rnd(m, wd), dummy, rnd(m, cfg.aux_w, scale=3.0), m * wd
+    elif cfg.op == "copy":
+        x, w, r, ny = rnd(m, cfg.x_w or wd), dummy, dummy, m * wd
     elif cfg.op == "rmssitu":
         x, w = rnd(m, wd, scale=3.0), 1 + rnd(1, wd, scale=0.1)
         r, ny = rnd(m, cfg.aux_w, scale=8.0), m * (wd + cfg.seg2)

@@ -161,7 +161,7 @@ class LayerElem:
         gY = cute.zipped_divide(mY, (VEC,))
         smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout((2, self.threads // 32)), 16)
-        if const_expr(self.pdl):
+        if const_expr(self.pdl and not cfg.late):
             cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.op == "addrms"):
             # new residual = bf16(h + r); the norm reads the rounded sum (vLLM's fused op)
@@ -214,6 +214,18 @@ class LayerElem:
                         sg = half + half * cute.math.tanh(g32[e] * half, approx=True)
                         fo[e] = (a32[e] * sg).to(BFloat16)
                     cute.copy(atom, fo, gY[(None, row * nv + v)])
+        elif const_expr(self.op == "copy"):  # the stand-in: y = x[:, :width], in the PDL chain
+            nv, per = self._vectors(cfg.width)
+            fx = cute.make_rmem_tensor((VEC, per), BFloat16)
+            if const_expr(self.pdl):
+                cute.arch.griddepcontrol_wait()
+            self._load_row(gX, row, 0, cfg.width, fx, tidx)
+            for j in cutlass.range_constexpr(per):
+                v = j * self.threads + tidx
+                if v < nv:
+                    cute.copy(atom, fx[None, j], gY[(None, row * nv + v)])
+            if const_expr(self.pdl and cfg.late):
+                cute.arch.griddepcontrol_launch_dependents()
         elif const_expr(self.op == "rmssitu"):  # one row of latent_up + shared_down's x
             # every load in flight before any math: one round trip to memory, which the GEMM
             # after this kernel keeps busy streaming its weights (PDL)
