@@ -1159,7 +1159,7 @@ def main() -> int:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
     # every variant's layer is the same code object (a closure): dynamo keeps one cache entry per
-    # (variant, kind, M=1 or dynamic M), up to 36 per kind here, past the default limit of 8 (then: eager!)
+    # (variant, kind, M=1 or dynamic M), up to 72 here, past the default limit of 8 (then: eager!)
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 128)
