@@ -880,7 +880,7 @@ def fold_ok(cands: dict[tuple[str, int, bool], list[str]], kind: str, m: int,
             variant: str = FOLD_VARIANT) -> bool:  # fmt: skip
     """A fold variant runs at (kind, M) only where every folded GEMM it launches has a tcpro
     build that passed its preflight (the cat-and-fold one: on MLA only, the gate its one fold)."""
-    if variant == CATFOLD_VARIANT and kind != "mla":
+    if PDLSI.get(variant, variant) == CATFOLD_VARIANT and kind != "mla":
         return False
     keys = [(op + tuned_tag(kind, variant), m, True)
             for op in FOLDS[variant] if kind in FOLDED[op][1]]  # fmt: skip

@@ -170,3 +170,24 @@ def test_the_cat_and_fold_variant_folds_mlas_gate_only(lh):
     assert {k[1] for k in mine if k[0] == "o_proj_gate"} == set(lh.FOLD_MS)
     assert lh.fold_ok(cands, "mla", 1, lh.CATFOLD_VARIANT)
     assert not lh.fold_ok(cands, "kda", 1, lh.CATFOLD_VARIANT)  # KDA has no gate: it is cat
+
+
+def test_each_pdl_standin_twin_searches_its_layers_picks_itself(lh):
+    """The _pdlsi twins run their layer with layer_elem's PDL copy as the stand-ins: the tuned
+    ones search the same candidates as their layer under their own plan keys; the cat-and-fold
+    twin, like its layer, runs on MLA only."""
+    cands = lh.tune_candidates(("mla", "kda"))
+    for twin, base in lh.PDLSI.items():
+        if base not in lh.TUNED:
+            continue
+        for kind in ("mla", "kda"):
+            mine, theirs = lh.tuned_tag(kind, twin), lh.tuned_tag(kind, base)
+            assert mine != theirs
+            got = {(k[0].removesuffix(mine), *k[1:]): v for k, v in cands.items()
+                   if k[0].endswith(mine)}  # fmt: skip
+            want = {(k[0].removesuffix(theirs), *k[1:]): v for k, v in cands.items()
+                    if k[0].endswith(theirs)}  # fmt: skip
+            assert got and got == want
+        if twin in lh.FOLDS:  # the gate fold: MLA's
+            assert lh.fold_ok(cands, "mla", 1, twin) and not lh.fold_ok(cands, "kda", 1, twin)
+    assert set(lh.FOLDS) & set(lh.PDLSI) == {lh.CATFOLD_VARIANT + "_pdlsi"}
