@@ -14,13 +14,29 @@ division cost ~100 instructions an element, on SMs the PDL-launched GEMM already
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, const_expr
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
-from kimictl.kernels.layer_elem import EPS, LayerElemConfig
+from kimictl.kernels.layer_elem import EPS, PF_CHUNK, LayerElemConfig
 
 __all__ = ["LayerElem"]
 
 VEC = 8  # bf16 elements per 16-byte vector
+
+
+@dsl_user_op
+def prefetch_l2(gaddr, nbytes, *, loc=None, ip=None):
+    """Pull `nbytes` (a multiple of 16) from global memory into L2; nothing is written."""
+    llvm.inline_asm(
+        None,
+        [Int64(gaddr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.prefetch.L2.global [$0], $1;",
+        "l,r",
+        has_side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
 
 
 class LayerElem:
@@ -226,6 +242,17 @@ class LayerElem:
                     cute.copy(atom, fx[None, j], gY[(None, row * nv + v)])
             if const_expr(self.pdl and cfg.late):
                 cute.arch.griddepcontrol_launch_dependents()
+        elif const_expr(self.op == "prefetch"):  # a later GEMM's first weight bytes into L2
+            n_chunks = cfg.width * 2 // PF_CHUNK
+            base = mX.iterator.toint()
+            for j in cutlass.range_constexpr((n_chunks + self.threads - 1) // self.threads):
+                c = j * self.threads + tidx
+                if c < n_chunks:
+                    prefetch_l2(base + Int64(c) * PF_CHUNK, PF_CHUNK)
+            if tidx == 0:
+                cute.copy(atom, gX[(None, (0, 0))], gY[(None, 0)])
+            if const_expr(self.pdl):  # the kernels after this one wait for the one before it
+                cute.arch.griddepcontrol_wait()
         elif const_expr(self.op == "rmssitu"):  # one row of latent_up + shared_down's x
             # every load in flight before any math: one round trip to memory, which the GEMM
             # after this kernel keeps busy streaming its weights (PDL)
