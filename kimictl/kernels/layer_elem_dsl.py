@@ -242,15 +242,11 @@ class LayerElem:
                     cute.copy(atom, fx[None, j], gY[(None, row * nv + v)])
             if const_expr(self.pdl and cfg.late):
                 cute.arch.griddepcontrol_launch_dependents()
-        elif const_expr(self.op == "prefetch"):  # a later GEMM's first weight bytes into L2
-            n_chunks = cfg.width * 2 // PF_CHUNK
-            base = mX.iterator.toint()
-            for j in cutlass.range_constexpr((n_chunks + self.threads - 1) // self.threads):
-                c = j * self.threads + tidx
-                if c < n_chunks:
-                    prefetch_l2(base + Int64(c) * PF_CHUNK, PF_CHUNK)
+        elif const_expr(self.op == "prefetch"):  # chunk `row` of a later GEMM's weight into L2
             if tidx == 0:
-                cute.copy(atom, gX[(None, (0, 0))], gY[(None, 0)])
+                prefetch_l2(mX.iterator.toint() + Int64(row) * PF_CHUNK, PF_CHUNK)
+                if row == 0:
+                    cute.copy(atom, gX[(None, (0, 0))], gY[(None, 0)])
             if const_expr(self.pdl):  # the kernels after this one wait for the one before it
                 cute.arch.griddepcontrol_wait()
         elif const_expr(self.op == "rmssitu"):  # one row of latent_up + shared_down's x
@@ -301,6 +297,8 @@ class LayerElem:
         mR: cute.Tensor,
         stream: cuda.CUstream,
     ) -> None:
+        # one CTA per token row; prefetch: one per chunk
+        ctas = self.cfg.width * 2 // PF_CHUNK if const_expr(self.op == "prefetch") else self.m
         self.kernel(mX, mW, mY, mR).launch(
-            grid=(self.m, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=(ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
