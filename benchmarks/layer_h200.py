@@ -84,8 +84,6 @@ VARIANTS = (
     "kimictl_tuned_cat_pdlsi",
     "kimictl_tuned_catfold_pdlsi",
     "kimictl_tuned_cat_pdlsi_late",
-    "kimictl_tuned_cat_pdlsi_pf8",
-    "kimictl_tuned_cat_pdlsi_pf24",
 )
 # twins whose two stand-ins are layer_elem's PDL copy (same bytes) instead of torch's copy: in the
 # PDL chain, as the attention and expert kernels of the fast path are, so the kernels after a
@@ -95,15 +93,10 @@ PDLSI = {v + "_pdlsi": v for v in ("stock", "vllm_plan", "kimictl_tuned_cat",
                                    "kimictl_tuned_catfold")}  # fmt: skip
 # the same with the stand-ins' trigger at their end: the next kernels launch only as one ends
 PDLSI["kimictl_tuned_cat_pdlsi_late"] = "kimictl_tuned_cat"
-# cat with PDL stand-ins, each big GEMM's weight prefetched into L2 (at most the cap) by a kernel
-# after the GEMM before it: twin -> cap in bytes (layer_elem.PF_CAPS)
-PREFETCH = {"kimictl_tuned_cat_pdlsi_pf8": 8 << 20, "kimictl_tuned_cat_pdlsi_pf24": 24 << 20}
-PDLSI.update(dict.fromkeys(PREFETCH, "kimictl_tuned_cat"))
 # variants whose GEMM picks are searched in the layer -> their plan-key tag
 TUNED = {"kimictl_tuned": "@tuned", "kimictl_tuned_fold": "@tunedf", "kimictl_tuned_cat": "@tunedc",
          "kimictl_tuned_catfold": "@tunedcf", "kimictl_tuned_cat_pdlsi": "@tunedcp",
-         "kimictl_tuned_catfold_pdlsi": "@tunedcfp", "kimictl_tuned_cat_pdlsi_late": "@tunedcpl",
-         "kimictl_tuned_cat_pdlsi_pf8": "@tunedcp8", "kimictl_tuned_cat_pdlsi_pf24": "@tunedcp24"
+         "kimictl_tuned_catfold_pdlsi": "@tunedcfp", "kimictl_tuned_cat_pdlsi_late": "@tunedcpl"
          }  # fmt: skip
 ELEM = ("kimictl_elem", "kimictl_elemnorm", "kimictl_elem_all", *TUNED)  # elementwise: kimictl
 FOLD_MS = (1, 2, 4, 8, 16)  # Ms with tcpro builds (kimictl_tuned_fold runs at these M only)
@@ -158,8 +151,8 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
                standin: Callable[..., Any], *, hfused: bool = False, o_res: bool = False,
                norm_fold: bool = False, split_gate: bool = False,
                elem: dict[str, Callable[..., Any]] | None = None, all_k: bool = False,
-               plan_tag: str = ALL, fold: bool = False, cat: bool = False,
-               mm_pf: Callable[..., Any] | None = None) -> Callable[..., Any]:  # fmt: skip
+               plan_tag: str = ALL, fold: bool = False, cat: bool = False
+               ) -> Callable[..., Any]:  # fmt: skip
     """The layer's op sequence on any dtype (bf16 for the variants, float64 for the reference).
     `elem` (with hfused and o_res): the elementwise ops as kimictl kernels (elem_torch's
     signatures); the shared expert then runs before the routed stand-in, so the kernels from the
@@ -170,10 +163,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     SiTU kernel's fp32 copy holds the same values, and only exists because the front GEMM
     computes the router in bf16. `cat` (with elem and all_k): latent_up and shared_down as one
     GEMM over their concatenated K, its x row [rms(routed) * w | SiTU * mul] from one elementwise
-    kernel (rmssitu) after the routed stand-in, which takes the bf16 logits as with `fold`.
-    `mm_pf` (x, w, next w, op): q_b / f_b, o_proj, the front GEMM and the cat GEMM each followed by
-    a prefetch of the next big GEMM's first weight bytes into L2 (the cat GEMM's: the next layer
-    copy's input projection, w["next_first"])."""
+    kernel (rmssitu) after the routed stand-in, which takes the bf16 logits as with `fold`."""
     import torch
 
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
@@ -200,9 +190,6 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         r = (up(x) + up(r)).to(x.dtype)
         return rms(r, w), r
 
-    def mmp(x: Any, wt: Any, nxt: Any, op: str) -> Any:
-        return mm_pf(x, wt, nxt, op) if mm_pf else mm(x, wt, op)
-
     def layer(h: Any, res: Any, w: dict[str, Any]) -> tuple[Any, Any]:
         if elem:
             x, res = elem["addrms"](h, res, w["input_norm"])
@@ -224,7 +211,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             else:
                 q_c = rms(q_c, w["q_kv_a_norm"][:q_a])
                 kv_c = rms(kv_c, w["q_kv_a_norm"][q_a:])
-            q = mmp(q_c, w["q_b"], w["o_proj"], "q_b" + tag)
+            q = mm(q_c, w["q_b"], "q_b" + tag)
             a = standin([q, kv_c, k_pe], core_n)
             if fold:
                 gate_src = y  # o_proj reads the gate columns of the fused qkv_a/gate output
@@ -238,13 +225,13 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             y = mm(x, w["kda_in"], "kda_in" + tag)
             qkv, g2, f_a, b = y.split([3 * core_n, core_n, d, heads, y.shape[-1]
                                        - 4 * core_n - d - heads], -1)[:4]  # fmt: skip
-            g1 = mmp(f_a, w["f_b"], w["o_proj"], "f_b" + tag)
+            g1 = mm(f_a, w["f_b"], "f_b" + tag)
             a = standin([qkv, g1, g2, b], core_n)
         if all_k and elem:  # o_proj plain, its add in the norm kernel (same launch count)
             if fold and kind == "mla":
                 o = mm_res(a, w["o_proj"], gate_src, "o_proj_gate" + tag)
             else:
-                o = mmp(a, w["o_proj"], w["front"], "o_proj" + tag)
+                o = mm(a, w["o_proj"], "o_proj" + tag)
             x2, res = elem["addrms"](o, res, w["post_attention_norm"])
         elif o_res:  # residual added in the o_proj epilogue; the norm has no add left
             res = mm_res(a, w["o_proj"], res, "o_proj")
@@ -260,7 +247,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
             f = mm(x2, w["front_g"], "front_norm")
             logits, latent, gu = f.split(front_n, -1)
         elif hfused:
-            f = mmp(x2, w["front"], w[CAT_OP], "front" + tag)
+            f = mm(x2, w["front"], "front" + tag)
             logits, latent, gu = f.split(front_n, -1)
         else:
             logits = mm(x2, w["router"], "router")
@@ -269,8 +256,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
         if elem and cat:  # out = [rms(routed) | act] @ [latent_up | shared_down]^T: one GEMM
             routed = standin([latent, logits], lat)
             xc = elem["rmssitu"](routed, w["latent_norm"], f)
-            nxt = w.get("next_first", w["qkv_a_g" if kind == "mla" else "kda_in"])
-            return mmp(xc, w[CAT_OP], nxt, CAT_OP + tag), res
+            return mm(xc, w[CAT_OP], CAT_OP + tag), res
         if elem and fold:  # shared_down computes SiTU * mul from f as it loads it
             act, s = f, None
             routed = standin([latent, logits], lat)
@@ -298,16 +284,11 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     return layer
 
 
-def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any, Any, Any, Any]:
+def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any, Any, Any]:
     """Opaque ops: the stand-in (a copy) and the kimictl GEMMs, whose variant is looked up at
-    launch time by (op, M), so one compiled graph serves every M; and a GEMM followed by an L2
-    prefetch of a later GEMM's weight (layer_elem's `prefetch`, at most `cap` bytes)."""
+    launch time by (op, M), so one compiled graph serves every M."""
     import torch
     import torch.nn.functional as F
-
-    from kimictl.kernels.layer_elem import prefetch_width
-
-    scratch: dict[str, torch.Tensor] = {}  # the prefetch kernel's proof-of-life row
 
     @torch.library.custom_op("layerbench::standin", mutates_args=(),
                              schema="(Tensor[] xs, int width) -> Tensor")  # fmt: skip
@@ -346,24 +327,7 @@ def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any,
     def _(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor, op: str) -> torch.Tensor:
         return x.new_empty((x.shape[0], w.shape[0]))
 
-    @torch.library.custom_op(
-        "layerbench::gemm_pf", mutates_args=(),
-        schema="(Tensor x, Tensor w, Tensor nxt, int cap, str op) -> Tensor")  # fmt: skip
-    def gemm_pf(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor, cap: int, op: str
-                ) -> torch.Tensor:  # fmt: skip
-        y = launch(x, w, None, op)
-        if "y" not in scratch:
-            scratch["y"] = torch.empty((1, 8), dtype=x.dtype, device=x.device)
-        dummy = scratch["y"]
-        name = f"elem_prefetch_m1_w{prefetch_width(nxt.numel(), cap)}"
-        lib.launch(name, nxt.view(1, -1), dummy, dummy, dummy)
-        return y
-
-    @gemm_pf.register_fake
-    def _(x: torch.Tensor, w: torch.Tensor, nxt: torch.Tensor, cap: int, op: str) -> torch.Tensor:
-        return x.new_empty((x.shape[0], w.shape[0]))
-
-    return standin, gemm, gemm_res, gemm_pf
+    return standin, gemm, gemm_res
 
 
 def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
@@ -1068,11 +1032,6 @@ def smoke() -> int:
             return (y if cfg.op == "gate" else y + r.float()).to(x.dtype)
         return torch.addmm(r, normed(x, op), w.t())
 
-    def mm_pf(x: Any, w: Any, nxt: Any, op: str) -> Any:  # the prefetch only moves bytes
-        if nxt.dim() != 2 or nxt.shape[1] != 7168 and nxt.shape[0] != 7168:
-            raise ValueError(f"{op}: prefetches a {tuple(nxt.shape)} tensor, not a big weight")
-        return mm(x, w, op)
-
     gen = torch.Generator().manual_seed(0)
     for kind in ("mla", "kda"):
         w = make_weights(kind, gen, "cpu")
@@ -1093,14 +1052,11 @@ def smoke() -> int:
             ("tuned_cat", True, False, False, True, True, False, True, False),
             ("tuned_catfold", True, False, False, True, True, True, True, False),
             ("tuned_cat_pdlsi", True, False, False, True, True, False, True, True),
-            ("tuned_cat_pdlsi_pf", True, False, False, True, True, False, True, True),
         ):  # fmt: skip
             ops = elem_torch(kind) if el else None
             si = ops["standin"] if ops and pd else standin
-            pf = mm_pf if label.endswith("_pf") else None
             layer = make_layer(kind, mm, mm_res, si, hfused=hf, o_res=hf, norm_fold=fold,
-                               split_gate=split, elem=ops, all_k=al, fold=gf, cat=ct,
-                               mm_pf=pf)  # fmt: skip
+                               split_gate=split, elem=ops, all_k=al, fold=gf, cat=ct)  # fmt: skip
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
@@ -1214,7 +1170,7 @@ def main() -> int:
     if absent:  # build check: every kernel the plan launches is in the linked library
         stamp(f"error: the build lacks {', '.join(absent[:8])}: run --make-build")
         return 1
-    standin, kgemm, kgemm_res, kgemm_pf = register_ops(lib, plan)
+    standin, kgemm, kgemm_res = register_ops(lib, plan)
     pre_k = subprocess.run(
         [sys.executable, __file__, "--preflight-new", "--build", str(args.build)],
         capture_output=True, text=True, timeout=120, check=False,
@@ -1298,10 +1254,7 @@ def main() -> int:
                             norm_fold=variant == "kimictl_elemnorm", elem=elem_ops,
                             all_k=variant == "kimictl_elem_all" or variant in TUNED,
                             plan_tag=tuned_tag(kind, variant) if variant in TUNED else ALL,
-                            fold=variant in FOLDS, cat=variant in CATS,
-                            mm_pf=(lambda x, w, nxt, op, cap=PREFETCH[variant]:
-                                   kgemm_pf(x, w, nxt, cap, op)) if variant in PREFETCH else None
-                            )  # fmt: skip
+                            fold=variant in FOLDS, cat=variant in CATS)  # fmt: skip
             return torch.compile(fn)
         kim = variant.startswith("kimictl")
         fn = make_layer(kind, kgemm if kim else cublas_mm, kgemm_res if kim else cublas_mm_res,
@@ -1370,9 +1323,6 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for kind in kinds:  # everything compiled first; then M outer, so a timeout costs large M
         ws = [make_weights(kind, gen, "cuda") for _ in range(COPIES)]
-        first = "qkv_a_g" if kind == "mla" else "kda_in"
-        for i, w in enumerate(ws):  # what the cat GEMM of copy i prefetches: copy i + 1's first
-            w["next_first"] = ws[(i + 1) % COPIES][first]
         fns = {v: build(kind, v) for v in variants}
         for v, fn in fns.items():  # the dynamic-M graph first, then M=1's own
             for m in (2, 1):

@@ -19,7 +19,7 @@ def test_variants_follow_the_layer_op_list():
     assert len(set(names)) == len(names)
     mla = {op.name: op for op in dense_layer_ops("mla")}
     for m in LAYER_MS:
-        at_m = {(c.op, c.width) for c in cfgs if c.m == m and c.op != "prefetch"}  # M-free
+        at_m = {(c.op, c.width) for c in cfgs if c.m == m}
         assert at_m == {
             ("addrms", mla["input_norm"].k),
             ("rms", mla["post_attention_norm"].k),
@@ -48,22 +48,7 @@ def test_variants_follow_the_layer_op_list():
     assert copies == {(core, mla["q_b"].n), (core, kda["kda_in"].n), (core, 0), (lat, situ.x_w),
                       (lat, 0)}  # fmt: skip
     # KDA has no q/kv norms and no output gate
-    kda_ops = {c.op for c in elem_configs(("kda",))}
-    assert kda_ops == {"addrms", "rms", "situ", "rmssitu", "copy", "prefetch"}
-
-
-def test_prefetches_pull_whole_chunks_of_the_big_weights_never_past_their_end():
-    from kimictl.kernels.layer_elem import PF_CAPS, PF_CHUNK, prefetch_configs, prefetch_width
-
-    for kind in ("mla", "kda"):
-        ops = {op.name: op for op in dense_layer_ops(kind)}
-        o_proj = ops["o_proj"].n * ops["o_proj"].k
-        widths = {c.width for c in prefetch_configs(kind)}
-        assert widths == {prefetch_width(n, cap) for n in (o_proj, 10**9) for cap in PF_CAPS}
-    assert prefetch_width(o_proj, 24 << 20) == o_proj  # 22 MB, whole 64 KB chunks: all of it
-    assert prefetch_width(o_proj + 5, 24 << 20) == o_proj  # never the partial last chunk
-    assert prefetch_width(10**9, 8 << 20) * 2 == 8 << 20
-    assert all(2 * w % PF_CHUNK == 0 for w in widths)
+    assert {c.op for c in elem_configs(("kda",))} == {"addrms", "rms", "situ", "rmssitu", "copy"}
 
 
 def test_not_shipped_and_bad_shapes_refused():
@@ -71,10 +56,6 @@ def test_not_shipped_and_bad_shapes_refused():
     assert "layer_elem" not in {c.kernel for c in kbuild.ALL_CONFIGS}
     with pytest.raises(ValueError, match="multiples of 8"):
         LayerElemConfig("rms", 1, 7164)
-    with pytest.raises(ValueError, match="prefetch: m = 1"):
-        LayerElemConfig("prefetch", 2, 32768)
-    with pytest.raises(ValueError, match="prefetch: m = 1"):
-        LayerElemConfig("prefetch", 1, 32760)
     with pytest.raises(ValueError, match="late applies"):
         LayerElemConfig("rms", 1, 64, late=True)
     with pytest.raises(ValueError, match="op must be"):

@@ -191,10 +191,3 @@ def test_each_pdl_standin_twin_searches_its_layers_picks_itself(lh):
         if twin in lh.FOLDS:  # the gate fold: MLA's
             assert lh.fold_ok(cands, "mla", 1, twin) and not lh.fold_ok(cands, "kda", 1, twin)
     assert set(lh.FOLDS) & set(lh.PDLSI) == {lh.CATFOLD_VARIANT + "_pdlsi"}
-
-
-def test_the_prefetch_twins_caps_are_built_ones(lh):
-    from kimictl.kernels.layer_elem import PF_CAPS
-
-    assert set(lh.PREFETCH.values()) <= set(PF_CAPS)
-    assert all(lh.PDLSI[v] == lh.CAT_VARIANT and v in lh.TUNED for v in lh.PREFETCH)

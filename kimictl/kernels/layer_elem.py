@@ -28,11 +28,6 @@ has no dynamic sizes and the GEMM ABI's four pointers carry any tensors (build.p
   the same bytes as the torch copy, but in the PDL chain like the real kernels it stands for.
   `late`: it triggers its dependents after its stores instead of first (a kernel that lets the
   next one launch only as it ends).
-- prefetch: X = a later GEMM's weight (flat); its first `width` elements are pulled into L2
-  (cp.async.bulk.prefetch.L2), then `griddepcontrol.wait`, so the kernels after it still wait for
-  the one before it. One 32-thread CTA per PF_CHUNK bytes, one instruction each: an SM issues
-  bulk prefetches at about 0.23 TB/s (one CTA took 35 us for 8 MB on the H200), so the bytes are
-  spread over the GPU. Y[:8] = X[:8] (proof it ran). M plays no part (m = 1).
 All math in fp32, outputs rounded once to bf16 (logits: exact fp32 of the bf16 GEMM output).
 """
 
@@ -44,9 +39,7 @@ from typing import Any
 __all__ = ["ELEM_CONFIGS", "EPS", "LayerElemConfig", "elem_configs"]
 
 EPS = 1e-6  # benchmarks/layer_h200.py's rms_norm_eps (the same value in every variant)
-OPS = ("addrms", "rms", "qkvnorm", "gate", "situ", "rmssitu", "copy", "prefetch")
-PF_CHUNK = 65536  # bytes one prefetch instruction asks for
-PF_CAPS = (8 << 20, 24 << 20)  # bytes a prefetch kernel pulls (at most the weight's size)
+OPS = ("addrms", "rms", "qkvnorm", "gate", "situ", "rmssitu", "copy")
 LAYER_MS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -75,8 +68,6 @@ class LayerElemConfig:
                 raise ValueError("widths and offsets must be multiples of 8 (16-byte vectors)")
         if self.late and (self.op != "copy" or not self.pdl):
             raise ValueError("late applies to the PDL copy only")
-        if self.op == "prefetch" and (self.m != 1 or (2 * self.width) % PF_CHUNK):
-            raise ValueError(f"prefetch: m = 1 and a whole number of {PF_CHUNK}-byte chunks")
 
     @property
     def name(self) -> str:
@@ -138,27 +129,7 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                     ),  # fmt: skip
                 ]
             out.update((c.name, c) for c in cfgs + copy_configs(kind, m))
-        out.update((c.name, c) for c in prefetch_configs(kind))
     return tuple(out.values())
-
-
-def prefetch_width(numel: int, cap: int) -> int:
-    """Elements a prefetch of at most `cap` bytes pulls from a weight of `numel` bf16 elements:
-    whole chunks, never past the weight's end."""
-    return min(cap, 2 * numel) // PF_CHUNK * PF_CHUNK // 2
-
-
-def prefetch_configs(kind: str) -> list[LayerElemConfig]:
-    """One prefetch per (GEMM weight the layer's cat variants prefetch, cap)."""
-    from kimictl.kernels.layer_ops import dense_layer_ops
-
-    ops = {op.name: op for op in dense_layer_ops(kind)}
-    front = sum(ops[n].n for n in ("router", "latent_down", "shared_gate_up")) * ops["router"].k
-    cat = ops["latent_up"].n * (ops["latent_up"].k + ops["shared_down"].k)
-    first = ops["qkv_a_g" if kind == "mla" else "kda_in"]
-    sizes = (ops["o_proj"].n * ops["o_proj"].k, front, cat, first.n * first.k)
-    return [LayerElemConfig("prefetch", 1, prefetch_width(n, c), threads=32)
-            for n in sizes for c in PF_CAPS]  # fmt: skip
 
 
 def copy_configs(kind: str, m: int) -> list[LayerElemConfig]:
@@ -207,8 +178,6 @@ def _compile_elem(cfg: LayerElemConfig, arch: str) -> Any:
         args = (t((m, cfg.x_w)), dummy, t((m * w,)), t((m, cfg.aux_w), Float32))
     elif cfg.op == "copy":
         args = (t((m, cfg.x_w or w)), dummy, t((m * w,)), dummy)
-    elif cfg.op == "prefetch":
-        args = (t((1, w)), dummy, t((8,)), dummy)
     else:  # rmssitu
         args = (t((m, w)), t((w,)), t((m * (w + cfg.seg2),)), t((m, cfg.aux_w)))
     stream = cutlass.runtime.make_fake_stream()
@@ -235,8 +204,6 @@ def elem_ref(cfg: LayerElemConfig, x: Any, w: Any, r: Any) -> tuple[Any, Any]:
         return torch.cat([q.flatten(), kv.flatten()]), None
     if cfg.op == "copy":
         return x[:, :wd].flatten(), None
-    if cfg.op == "prefetch":
-        return x.flatten()[:8], None
     if cfg.op == "gate":
         return (x * torch.sigmoid(r[:, cfg.off : cfg.off + wd])).flatten(), None
 
@@ -272,8 +239,6 @@ def elem_tensors(cfg: LayerElemConfig, gen: Any, device: Any) -> tuple[Any, Any,
         x, w, r, ny = rnd(m, wd), dummy, rnd(m, cfg.aux_w, scale=3.0), m * wd
     elif cfg.op == "copy":
         x, w, r, ny = rnd(m, cfg.x_w or wd), dummy, dummy, m * wd
-    elif cfg.op == "prefetch":
-        x, w, r, ny = rnd(1, wd), dummy, dummy, 8
     elif cfg.op == "rmssitu":
         x, w = rnd(m, wd, scale=3.0), 1 + rnd(1, wd, scale=0.1)
         r, ny = rnd(m, cfg.aux_w, scale=8.0), m * (wd + cfg.seg2)

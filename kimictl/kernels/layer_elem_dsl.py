@@ -14,29 +14,13 @@ division cost ~100 instructions an element, on SMs the PDL-launched GEMM already
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Int64, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass import BFloat16, Float32, const_expr
 
-from kimictl.kernels.layer_elem import EPS, PF_CHUNK, LayerElemConfig
+from kimictl.kernels.layer_elem import EPS, LayerElemConfig
 
 __all__ = ["LayerElem"]
 
 VEC = 8  # bf16 elements per 16-byte vector
-
-
-@dsl_user_op
-def prefetch_l2(gaddr, nbytes, *, loc=None, ip=None):
-    """Pull `nbytes` (a multiple of 16) from global memory into L2; nothing is written."""
-    llvm.inline_asm(
-        None,
-        [Int64(gaddr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.prefetch.L2.global [$0], $1;",
-        "l,r",
-        has_side_effects=True,
-        loc=loc,
-        ip=ip,
-    )
 
 
 class LayerElem:
@@ -242,13 +226,6 @@ class LayerElem:
                     cute.copy(atom, fx[None, j], gY[(None, row * nv + v)])
             if const_expr(self.pdl and cfg.late):
                 cute.arch.griddepcontrol_launch_dependents()
-        elif const_expr(self.op == "prefetch"):  # chunk `row` of a later GEMM's weight into L2
-            if tidx == 0:
-                prefetch_l2(mX.iterator.toint() + Int64(row) * PF_CHUNK, PF_CHUNK)
-                if row == 0:
-                    cute.copy(atom, gX[(None, (0, 0))], gY[(None, 0)])
-            if const_expr(self.pdl):  # the kernels after this one wait for the one before it
-                cute.arch.griddepcontrol_wait()
         elif const_expr(self.op == "rmssitu"):  # one row of latent_up + shared_down's x
             # every load in flight before any math: one round trip to memory, which the GEMM
             # after this kernel keeps busy streaming its weights (PDL)
@@ -297,8 +274,6 @@ class LayerElem:
         mR: cute.Tensor,
         stream: cuda.CUstream,
     ) -> None:
-        # one CTA per token row; prefetch: one per chunk
-        ctas = self.cfg.width * 2 // PF_CHUNK if const_expr(self.op == "prefetch") else self.m
         self.kernel(mX, mW, mY, mR).launch(
-            grid=(ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=(self.m, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
