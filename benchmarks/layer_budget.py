@@ -14,7 +14,9 @@ every elementwise op, every kernel boundary and f_b. Beside it, what kimictl_ele
 them: its layer time minus the stand-ins minus its own picks' table times (n/a where a pick has
 no table time: shared_down's residual form on cuBLAS at M = 32). Last, the same budget for the
 cat layers (kimictl_tuned_cat): latent_up and shared_down as one GEMM over K = 3584 + 768, an
-estimate, since the table has no K = 4352 point: latent_up's fastest time scaled by bytes.
+estimate, since the table has no K = 4352 point: latent_up's fastest time scaled by bytes; and
+what the cat layer has left if its stand-ins cost nothing beside the GEMMs (the PDL stand-ins of
+layer_h200.py's _pdlsi layers let the next GEMMs stream while a stand-in runs).
 
 Usage: python3 benchmarks/layer_budget.py [LAYER_JSON]
 """
@@ -108,14 +110,14 @@ def main() -> int:
     table = DispatchTable.load(TABLE)
     print("| kind | M | target | allows us | best GEMMs alone us | stand-ins us | left for the "
           "rest us | elem_all us | its GEMMs us | its rest us | cat: GEMMs alone us (est.) | "
-          "cat: left us |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "cat: left us | cat, stand-ins hidden: left us |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in budget(run, table):
         for label, us in r["targets"].items():
             left = us - r["gemms_best"] - r["standins"]
             cat_left = us - r["gemms_cat"] - r["standins"]
             cells = (us, r["gemms_best"], r["standins"], left, r["elem_all"], r["elem_all_gemms"],
-                     r["elem_all_rest"], r["gemms_cat"], cat_left)  # fmt: skip
+                     r["elem_all_rest"], r["gemms_cat"], cat_left, us - r["gemms_cat"])  # fmt: skip
             text = " | ".join("n/a" if math.isnan(v) else f"{v:.1f}" for v in cells)
             print(f"| {r['kind'].upper()} | {r['m']} | {label} | {text} |")
     return 0
