@@ -191,3 +191,26 @@ def test_each_pdl_standin_twin_searches_its_layers_picks_itself(lh):
         if twin in lh.FOLDS:  # the gate fold: MLA's
             assert lh.fold_ok(cands, "mla", 1, twin) and not lh.fold_ok(cands, "kda", 1, twin)
     assert set(lh.FOLDS) & set(lh.PDLSI) == {lh.CATFOLD_VARIANT + "_pdlsi"}
+
+
+def test_report_holds_each_pdl_twin_against_the_faster_stock_form(lh):
+    """--report on a recorded H200 run with the _pdlsi twins: a twin's "x stock" is its time over
+    the faster of stock and stock_pdlsi (marked *), every other variant's over stock's."""
+    import json
+
+    run = Path(__file__).parents[1] / "benchmarks" / "results" / "layer_h200_pdlsi_run6.json"
+    doc = json.loads(run.read_text())
+    text = lh.render_markdown(doc)
+    mla = text.split("**KDA**")[0]
+    rows = {(int(c[1]), c[2]): c[4] for line in mla.splitlines()
+            if (c := [x.strip() for x in line.split("|")])[0] == "" and len(c) > 5
+            and c[1].isdigit()}  # fmt: skip
+    row = next(r for r in doc["layers"]["mla"]["rows"] if r["m"] == 4)
+    fast = min(row["stock"]["us"], row["stock_pdlsi"]["us"])
+    twin = row["kimictl_tuned_cat_pdlsi"]["us"]
+    assert rows[(4, "kimictl_tuned_cat_pdlsi")] == f"{twin / fast:.3f}*"
+    assert (
+        rows[(4, "kimictl_tuned_cat")]
+        == f"{row['kimictl_tuned_cat']['us'] / row['stock']['us']:.3f}"
+    )
+    assert "against the faster of stock and stock_pdlsi" in text
