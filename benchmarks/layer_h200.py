@@ -27,7 +27,13 @@ only M dynamic) and replayed as one CUDA graph:
   table's fastest kimictl kernels, the wgmma residual tiles of layer_res_configs() and
   cuBLAS, the whole layer graph timed for each; every candidate checked against fp64 first);
   kimictl_tuned_fold (M <= 16): the same search with MLA's sigmoid gate folded into o_proj's and
-  SiTU * mul into shared_down's x loads (tcpro kernels), one or two elementwise launches fewer.
+  SiTU * mul into shared_down's x loads (tcpro kernels), one or two elementwise launches fewer;
+  kimictl_tuned_cat(fold): latent_up and shared_down as one GEMM over their concatenated K.
+- _pdlsi twins (stock, vllm_plan, the cat layers): the same layers with the two stand-ins as
+  layer_elem's PDL copy (same bytes) in place of torch's copy, so the kernels after a stand-in may
+  launch early, as after the fast path's PDL attention and expert kernels; `_late`: the copy
+  triggers its dependents at its end. A twin's `vs_best` holds it against the faster stand-in
+  form of stock and of vLLM's plan.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
