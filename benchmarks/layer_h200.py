@@ -111,8 +111,8 @@ FOLD_VARIANT = "kimictl_tuned_fold"
 FOLDED = {"o_proj_gate": ("gate", ("mla",)), "shared_down_situ": ("situ", ("mla", "kda"))}
 CAT_VARIANT = "kimictl_tuned_cat"
 CATFOLD_VARIANT = "kimictl_tuned_catfold"  # cat with MLA's gate folded into o_proj (MLA only)
-FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",),
-         CATFOLD_VARIANT + "_pdlsi": ("o_proj_gate",)}  # variant -> its folds  # fmt: skip
+FOLDS = {FOLD_VARIANT: tuple(FOLDED), CATFOLD_VARIANT: ("o_proj_gate",)}  # variant -> its folds
+FOLDS |= {twin: FOLDS[b] for twin, b in PDLSI.items() if b in FOLDS}  # a twin: its layer's folds
 CATS = (CAT_VARIANT, CATFOLD_VARIANT, *(v for v, base in PDLSI.items() if base in
                                       (CAT_VARIANT, CATFOLD_VARIANT)))  # fmt: skip
 # the cat variants run these two as one GEMM over their concatenated K (both write the hidden

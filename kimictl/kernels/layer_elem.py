@@ -93,6 +93,8 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
     for kind in kinds:
         ops = {op.name: op for op in dense_layer_ops(kind)}
         router, lat, gu = ops["router"].n, ops["latent_down"].n, ops["shared_gate_up"].n
+        core, routed = ops["attention_core"].n, ops["routed_experts"].n
+        src = ops["q_b" if kind == "mla" else "kda_in"].n  # the attention stand-in's input rows
         for m in ms:
             cfgs = [
                 LayerElemConfig("addrms", m, h),
@@ -128,22 +130,14 @@ def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = 
                         "gate", m, ops["out_gate"].n, off=q_a + kv_a + rope, aux_w=qkv
                     ),  # fmt: skip
                 ]
-            out.update((c.name, c) for c in cfgs + copy_configs(kind, m))
+            # the stand-in copies: each input at the row stride the layer hands it (a GEMM's
+            # output or a column slice of the front GEMM's), and contiguous (a fallback); each
+            # with the early and the late trigger
+            cfgs += [LayerElemConfig("copy", m, w, x_w=x, late=late) for w, x in
+                     ((core, src), (core, 0), (routed, router + lat + gu), (routed, 0))
+                     for late in (False, True)]  # fmt: skip
+            out.update((c.name, c) for c in cfgs)
     return tuple(out.values())
-
-
-def copy_configs(kind: str, m: int) -> list[LayerElemConfig]:
-    """The stand-in copies of one layer at M: each stand-in's input at the row stride the layer
-    hands it (a GEMM's output or a column slice of a fused one), and contiguous (a fallback);
-    each with the early and the late trigger."""
-    from kimictl.kernels.layer_ops import dense_layer_ops
-
-    ops = {op.name: op for op in dense_layer_ops(kind)}
-    core, lat = ops["attention_core"].n, ops["routed_experts"].n
-    src = ops["q_b"].n if kind == "mla" else ops["kda_in"].n  # the core's input rows
-    front = sum(ops[n].n for n in ("router", "latent_down", "shared_gate_up"))
-    return [LayerElemConfig("copy", m, w, x_w=x, late=late) for w, x in
-            ((core, src), (core, 0), (lat, front), (lat, 0)) for late in (False, True)]  # fmt: skip
 
 
 ELEM_CONFIGS: tuple[LayerElemConfig, ...] = ()  # built on request (layer_h200.py --make-build)
