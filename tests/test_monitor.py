@@ -120,15 +120,19 @@ def serving(texts: list[str]) -> Iterator[ReplayServer]:
         pass
 
 
+def captures() -> list[str]:
+    return [(FIX / f"load_t{i}.txt").read_text() for i in range(3)]
+
+
 @pytest.fixture
 def replay() -> Iterator[ReplayServer]:
-    yield from serving([(FIX / f"load_t{i}.txt").read_text() for i in range(3)])
+    yield from serving(captures())
 
 
 @pytest.fixture
 def replay_going_on() -> Iterator[ReplayServer]:
     """The three captures, then traffic going on at the last step's rate for 100 more scrapes."""
-    yield from serving(continued([(FIX / f"load_t{i}.txt").read_text() for i in range(3)], 100))
+    yield from serving(continued(captures(), 100))
 
 
 async def wait_for(pilot: Any, cond: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -308,7 +312,6 @@ def test_once_json_against_replayed_server(
 ) -> None:
     # traffic goes on past the captures: --once's window ends wherever the scrapes fall in time
     # (a stalled scrape on a loaded box once left it only repeats of the last capture: 0 tok/s)
-    replay = replay_going_on
     assert (
         main(
             [
@@ -319,7 +322,7 @@ def test_once_json_against_replayed_server(
                 "0.5s",
                 "--interval",
                 "0.1",
-                f"x={replay.url}",
+                f"x={replay_going_on.url}",
             ]
         )
         == 0
