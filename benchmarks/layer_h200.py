@@ -90,6 +90,7 @@ VARIANTS = (
     "kimictl_tuned_cat_pdlsi",
     "kimictl_tuned_catfold_pdlsi",
     "kimictl_tuned_cat_pdlsi_late",
+    "kimictl_chain_pdlsi",
 )
 # twins whose two stand-ins are layer_elem's PDL copy (same bytes) instead of torch's copy: in the
 # PDL chain, as the attention and expert kernels of the fast path are, so the kernels after a
@@ -125,6 +126,10 @@ TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GE
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 NORM_VARIANTS = ("kimictl_norm", "kimictl_elemnorm")  # wsnorm GEMMs: M in NORM_MS only
+# the dense part as three persistent kernels, the stand-ins PDL copies (kimictl/kernels/
+# layer_chain.py): M in CHAIN_MS only; held against the faster stand-in form like the _pdlsi twins
+CHAIN_VARIANT = "kimictl_chain_pdlsi"
+STANDIN_PDL = (*PDLSI, CHAIN_VARIANT)
 
 
 def ops_by_name(kind: str) -> dict[str, Any]:
@@ -150,6 +155,9 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
     # RMSNorm weights folded into the GEMM that follows the norm (the wsnorm kernels)
     for name, norm in (("front", "post_attention_norm"), ("latent_up", "latent_norm")):
         w[name + "_g"] = (w[name].float() * w[norm].float()).to(torch.bfloat16)
+    from kimictl.kernels.layer_chain import chain_weights
+
+    w.update(chain_weights(kind, w))  # the chain segments' flat buffers (and barrier words)
     return w
 
 
@@ -758,10 +766,132 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
     return WsNormConfig(m, *best, residual=residual, early=True).name
 
 
+def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
+                      picks: dict[str, str] | None = None) -> Callable[..., Any]:  # fmt: skip
+    """The opaque op launching one chain segment: (x, r, w, layer, seg) -> its flat Y, on the
+    variant `picks` names for "layer/seg/m" (the default ring where it names none)."""
+    import torch
+
+    from kimictl.kernels.layer_chain import chain_configs
+
+    every = {c.name: c for c in chain_configs(kinds)}
+    cfgs = {(c.layer, c.seg, c.m): c for c in every.values() if (c.ring, c.slot) == (3, 7)}
+    for key, name in (picks or {}).items():
+        layer, seg, m = key.split("/")
+        cfgs[(layer, seg, int(m))] = every[name]
+    per_token = {(c.layer, c.seg): c.sizes["y"] // c.m for c in cfgs.values()}
+
+    @torch.library.custom_op("layerbench::chain", mutates_args=(),
+                             schema="(Tensor x, Tensor r, Tensor w, str layer, str seg) -> Tensor")  # fmt: skip
+    def chain(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, layer: str, seg: str
+              ) -> torch.Tensor:  # fmt: skip
+        cfg = cfgs[(layer, seg, x.shape[0])]
+        y = x.new_empty((cfg.sizes["y"],))
+        launch(cfg.name, x.contiguous(), w.view(1, -1), y, r.contiguous())
+        return y
+
+    @chain.register_fake
+    def _(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, layer: str, seg: str
+          ) -> torch.Tensor:  # fmt: skip
+        return x.new_empty((x.shape[0] * per_token[(layer, seg)],))
+
+    return chain
+
+
+def make_chain_layer(kind: str, chain: Callable[..., Any], standin: Callable[..., Any]
+                     ) -> Callable[..., Any]:  # fmt: skip
+    """The layer as segments a, b, c with the stand-ins between them (layer_chain.py): the
+    attention stand-in reads q (MLA) or the packed projection (KDA) at its row stride, the routed
+    one the latent columns of the front GEMM's output."""
+    from kimictl.kernels.layer_chain import segment
+
+    ops = ops_by_name(kind)
+    hid, core, lat = ops["input_norm"].k, ops["attention_core"].n, ops["routed_experts"].n
+    router = ops["router"].n
+    src = segment(kind, "a", 1)[0][1 if kind == "mla" else 0]  # the stage writing core's input
+    src_off, src_w = src.out  # per token (M = 1): offsets scale with M
+    front = segment(kind, "b", 1)[0][1].out[1]
+
+    def layer(h: Any, res: Any, w: dict[str, Any]) -> tuple[Any, Any]:
+        m = h.shape[0]
+        ya = chain(h, res, w["chain_a"], kind, "a")
+        a = standin([ya[m * src_off : m * (src_off + src_w)].view(m, src_w)], core)
+        yb = chain(a, ya, w["chain_b"], kind, "b")
+        f = yb[m * hid :].view(m, front)
+        out = chain(standin([f[:, router : router + lat]], lat), yb, w["chain_c"], kind, "c")
+        return out.view(m, hid), yb[: m * hid].view(m, hid)
+
+    return layer
+
+
+def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
+    """Child process, two parts, one JSON line per result. First every chain variant, alone, in
+    a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time and weight TB/s.
+    Then the layer on each segment's fastest variant, once per (kind, M), eager, three times
+    (the barrier word must reopen each time) vs fp64. A segment whose grid barrier never opens
+    hangs this child, not the main run (its timeout)."""
+    import torch
+
+    from kimictl.kernels.harness import open_library
+    from kimictl.kernels.layer_chain import CHAIN_MS, chain_configs
+
+    lib = open_library(build / "sm_90a")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    best: dict[str, tuple[float, str]] = {}
+    for cfg in chain_configs(kinds):
+        sz = cfg.sizes
+        x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
+                for b in ("x", "r"))  # fmt: skip
+        w = (0.02 * torch.randn(sz["w"], generator=gen, device="cuda")).to(torch.bfloat16)
+        w[-8:] = 0  # the barrier word
+        y = torch.empty(sz["y"], device="cuda", dtype=torch.bfloat16)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            for _ in range(10):
+                lib.launch(cfg.name, x, w.view(1, -1), y, r)
+        times = []
+        for _ in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 100)  # us per launch
+        us = statistics.median(times)
+        key = f"{cfg.layer}/{cfg.seg}/{cfg.m}"
+        best[key] = min(best.get(key, (us, cfg.name)), (us, cfg.name))
+        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - 8) / us}),
+              flush=True)  # fmt: skip
+    picks = {key: name for key, (_, name) in best.items()}
+    print(json.dumps({"picks": picks}), flush=True)
+    chain = register_chain_op(lib.launch, kinds, picks)
+    si = register_elem_ops(lib.launch, kinds)["standin"]
+    for kind in kinds:
+        w = make_weights(kind, gen, "cuda")
+        wref = {k: v.double() for k, v in w.items()}
+        ref_layer = make_layer(kind, lambda x, wt, op: x @ wt.t(),
+                               lambda x, wt, r, op: r + x @ wt.t(),
+                               lambda xs, width: xs[0][:, :width].clone())  # fmt: skip
+        fn = make_chain_layer(kind, chain, si)
+        for m in CHAIN_MS:
+            h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            ref = ref_layer(h.double(), res.double(), wref)
+            outs = [fn(h, res, w) for _ in range(3)]
+            torch.cuda.synchronize()
+            err = max(max(rel_err(o[0], ref[0]), rel_err(o[1], ref[1])) for o in outs)
+            same = all(torch.equal(o[0], outs[0][0]) for o in outs)
+            print(json.dumps({"kind": kind, "m": m, "rel_err": err, "repeat_equal": same,
+                              "ok": err <= TOL and same}), flush=True)  # fmt: skip
+    return 0
+
+
 def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm
     and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
+    from kimictl.kernels.layer_chain import chain_configs
     from kimictl.kernels.layer_elem import elem_configs
     from kimictl.kernels.tcpro_gemm import pro_configs
     from kimictl.kernels.wgstride_gemm import stride_configs
@@ -770,9 +900,9 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
     names |= {v for vs in tune_candidates(kinds).values() for v in vs if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
-    names |= {c.name for c in elem_configs(kinds)}
+    names |= {c.name for c in (*elem_configs(kinds), *chain_configs(kinds))}
     every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *pro_configs(),
-             *stride_configs(), *elem_configs(kinds))  # fmt: skip
+             *stride_configs(), *elem_configs(kinds), *chain_configs(kinds))  # fmt: skip
     by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
     if missing:
@@ -922,6 +1052,7 @@ def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
 GEMM_MARKS = {  # kernel-name fragments -> group, first match wins (inductor's Triton kernel
     # names carry the ops they fuse, "gemm" included, so Triton is matched first)
     "triton": ("triton",),
+    "kimictl_chain": ("layerchain",),
     "kimictl_elem": ("layerelem",),
     "kimictl_gemm": ("kimictl",),
     "vllm_gemm": ("vllm", "skinny", "fused_a_gemm"),
@@ -1066,7 +1197,18 @@ def smoke() -> int:
             out = layer(h, res, w)
             errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
             print(kind, label, tuple(out[0].shape), "rel err", errs)
+        out = make_chain_layer(kind, chain_torch(), standin)(h, res, w)  # the segments' model
+        errs = f"out {rel_err(out[0], ref[0]):.2e} res {rel_err(out[1], ref[1]):.2e}"
+        print(kind, "chain", tuple(out[0].shape), "rel err", errs)
     return 0
+
+
+def chain_torch() -> Callable[..., Any]:
+    """register_chain_op's op in torch (layer_chain.segment_ref): the CPU smoke and tests."""
+    from kimictl.kernels.layer_chain import chain_configs, segment_ref
+
+    cfgs = {(c.layer, c.seg, c.m): c for c in chain_configs()}
+    return lambda x, r, w, layer, seg: segment_ref(cfgs[(layer, seg, x.shape[0])], x, r, w)
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
@@ -1089,7 +1231,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 lo, hi = r["spread"]
                 nodes = (r["nodes"] or {}).get("kernel", "?")
                 # a _pdlsi twin against the faster stand-in form of stock (*)
-                x = f"{r['vs_best']['stock']:.3f}*" if v in PDLSI else f"{r['vs_stock']:.3f}"
+                x = f"{r['vs_best']['stock']:.3f}*" if v in STANDIN_PDL else f"{r['vs_stock']:.3f}"
                 lines.append(
                     f"| {row['m']} | {v} | {r['us']:.1f} ({lo:.1f}-{hi:.1f}) | "
                     f"{x} | {nodes} | {r['tbps']:.2f} | "
@@ -1102,7 +1244,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 lines.append(f"| {row['m']} | (PDL stand-ins alone) | "
                              f"{row['standins_pdl_us']:.1f} | | 2 | | | |")  # fmt: skip
         lines.append("")
-    if any(v in PDLSI for layer in doc["layers"].values() for row in layer["rows"] for v in row):
+    if any(v in STANDIN_PDL for layer in doc["layers"].values() for row in layer["rows"]
+           for v in row):  # fmt: skip
         lines.append("\\* against the faster of stock and stock_pdlsi (the same stand-in forms)")
     return "\n".join(lines)
 
@@ -1132,6 +1275,7 @@ def main() -> int:
     ap.add_argument("--preflight-norm", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-elem", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-new", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--preflight-chain", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
     if args.report:
@@ -1152,6 +1296,8 @@ def main() -> int:
         return preflight_elem(args.build, tuple(args.kinds.split(",")))
     if args.preflight_new:
         return preflight_new(args.build)
+    if args.preflight_chain:
+        return preflight_chain(args.build, tuple(args.kinds.split(",")))
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -1203,9 +1349,30 @@ def main() -> int:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     if pre_e.returncode != 0:
-        variants = tuple(v for v in variants if v not in ELEM and v not in PDLSI)
+        variants = tuple(v for v in variants if v not in ELEM and v not in STANDIN_PDL)
     stamp(f"elem preflight rc={pre_e.returncode}: {pre_e.stdout.strip()} {pre_e.stderr[-500:]}")
     elem_ops = register_elem_ops(lib.launch, kinds)
+    chain_ok: set[tuple[str, int]] = set()
+    chain_picks: dict[str, str] = {}
+    chain_sweep: list[dict[str, Any]] = []
+    if CHAIN_VARIANT in variants and (not args.variants or CHAIN_VARIANT in args.variants):
+        try:
+            pre_c = subprocess.run(
+                [sys.executable, __file__, "--preflight-chain", "--build", str(args.build),
+                 "--kinds", args.kinds],
+                capture_output=True, text=True, timeout=240, check=False,
+            )  # fmt: skip
+            chain_out, chain_err = json_lines(pre_c.stdout), pre_c.stderr[-500:]
+        except subprocess.TimeoutExpired as exc:  # a barrier that never opened
+            text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            chain_out, chain_err = json_lines(text), "timed out after 240 s"
+        chain_ok = {(r["kind"], r["m"]) for r in chain_out if r.get("ok")}
+        chain_picks = next((r["picks"] for r in chain_out if "picks" in r), {})
+        chain_sweep = [r for r in chain_out if "sweep" in r]
+        stamp(f"chain preflight: {[r for r in chain_out if 'sweep' not in r]} {chain_err}")
+    if not chain_ok:
+        variants = tuple(v for v in variants if v != CHAIN_VARIANT)
+    chain_op = register_chain_op(lib.launch, kinds, chain_picks)
     vllm_used: dict[str, Any] = {}
     try:  # baseline (b): vLLM 0.33.0's SM90 plan for the projections
         vllm_mm, vllm_keep = load_vllm_plan(args.vllm_art, args.vllm_shim, Path("/tmp/layerbench"))
@@ -1247,6 +1414,8 @@ def main() -> int:
         return xs[0][:, :width].clone()
 
     def build(kind: str, variant: str) -> Callable[..., Any]:
+        if variant == CHAIN_VARIANT:
+            return torch.compile(make_chain_layer(kind, chain_op, elem_ops["standin"]))
         si = standin
         if variant in PDLSI:
             si = elem_ops["standin_late" if variant.endswith("_late") else "standin"]
@@ -1321,6 +1490,7 @@ def main() -> int:
             "err": pre_e.stderr[-2000:],
         },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
+        "chain": {"picks": chain_picks, "sweep": chain_sweep},
         "vllm_plan": {"error": vllm_err, "used": vllm_used},
         "layers": {},
     }
@@ -1361,6 +1531,7 @@ def main() -> int:
                 for v, fn in fns.items()
                 if (v not in NORM_VARIANTS or m in NORM_MS)
                 and (v not in FOLDS or (m in FOLD_MS and fold_ok(cands, kind, m, v)))
+                and (v != CHAIN_VARIANT or (kind, m) in chain_ok)
             }
             tuned: dict[str, dict[str, Any]] = {}
             for tv in (v for v in TUNED if v in active):  # picks first, searched in this layer
@@ -1411,7 +1582,7 @@ def main() -> int:
                 return si([c], nc), si([lt], nl)
 
             graphs["standins"] = capture(standins, None, None, ws)[0]
-            if any(v in PDLSI for v in active):  # the PDL copies alone, back to back
+            if any(v in STANDIN_PDL for v in active):  # the PDL copies alone, back to back
                 graphs["standins_pdl"] = capture(
                     lambda a, b, w: standins(a, b, w, si=elem_ops["standin"]), None, None, ws
                 )[0]

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "layer_h200.py"
 TOL = 2e-2  # layer_h200.TOL: a bf16 layer vs fp64 through ~10 rounded stages
 LABELS = {"plain", "vllm", "hfused", "norm", "elem", "elemnorm", "elem_all", "tuned_fold",
-          "tuned_cat", "tuned_catfold", "tuned_cat_pdlsi"}  # fmt: skip
+          "tuned_cat", "tuned_catfold", "tuned_cat_pdlsi", "chain"}  # fmt: skip
 
 
 def test_every_variant_computes_the_fp64_layer():

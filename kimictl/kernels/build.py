@@ -103,6 +103,11 @@ FAMILIES: dict[str, Family] = {
         "layer_elem", "ELEM_CONFIGS", "_compile_elem", ("layer_elem.py", "layer_elem_dsl.py"),
         shipped=False,
     ),
+    # issue 17: the layer's dense part as three persistent kernels (layer_h200.py builds them)
+    "layer_chain": Family(
+        "layer_chain", "CHAIN_CONFIGS", "_compile_chain",
+        ("layer_chain.py", "layer_chain_dsl.py", "layer_elem_dsl.py"), shipped=False,
+    ),
 }  # fmt: skip
 _HERE = Path(__file__).resolve().parent
 

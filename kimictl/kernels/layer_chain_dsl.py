@@ -1,0 +1,276 @@
+# The DSL traces this body: shapes and elements are DSL values mypy cannot type.
+# mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg"
+"""The CuTe DSL body of the persistent layer segments (see layer_chain.py for the design and ABI).
+
+The norms and SiTU * mul reuse layer_elem's per-row helpers with 512 threads, writing into shared
+memory instead of global. Activations another CTA wrote in this launch are read with ld.global.cg
+(L2, never a stale L1 line); weights with L1 no-allocate, as in wstream.
+"""
+
+# No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, const_expr
+
+from kimictl.kernels.layer_chain import COUNTER, GROUP, THREADS, LayerChainConfig, arrive_add
+from kimictl.kernels.layer_elem_dsl import VEC, LayerElem
+
+__all__ = ["LayerChain"]
+
+GROUPS = THREADS // GROUP
+WARPS_PER_GROUP = GROUP // 32
+
+
+class LayerChain(LayerElem):
+    def __init__(self, cfg: LayerChainConfig) -> None:
+        self.cfg = cfg
+        self.m = cfg.m
+        self.threads = THREADS  # LayerElem's helpers split a row over every thread
+        self.pdl = cfg.pdl
+        self.stages = cfg.stages
+        self.sizes = cfg.sizes
+        self.kmax = max(s.k for s in self.stages)
+        self.rmax = max(cfg.rows_of(s) for s in self.stages)
+        self.slot = cfg.slot
+
+    @cute.jit
+    def _load_vecs(
+        self,
+        g: cute.Tensor,
+        base: cutlass.Constexpr,
+        width: cutlass.Constexpr,
+        dst: cute.Tensor,
+        tidx: cutlass.Int32,
+        atom: cute.CopyAtom,
+    ) -> None:
+        """dst[:, j] = flat[base + (j * threads + tidx) * 8 ..] (zeros past `width`)."""
+        nv, per = self._vectors(width)
+        for j in cutlass.range_constexpr(per):
+            v = j * self.threads + tidx
+            if v < nv:
+                cute.copy(atom, g[(None, base // VEC + v)], dst[None, j])
+            else:
+                dst[None, j].fill(0.0)
+
+    @cute.jit
+    def _build_x(self, i: cutlass.Constexpr, bufs: dict, gW: cute.Tensor, sXv: cute.Tensor,
+                 gY: cute.Tensor, sRed: cute.Tensor, tidx: cutlass.Int32,
+                 bidx: cutlass.Int32) -> None:  # fmt: skip
+        """Stage i's x, every token row, into shared memory (row stride kmax)."""
+        st = self.stages[i]
+        atom_cg = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
+                                      load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)  # fmt: skip
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        src, base, ld = st.src
+        src2, base2, ld2 = st.src2
+        width = st.width if const_expr(st.pro == "rmssitu") else st.k
+        nv, per = self._vectors(width)
+        for m in cutlass.range_constexpr(self.m):
+            fx = cute.make_rmem_tensor((VEC, per), BFloat16)
+            self._load_vecs(bufs[src], base + m * ld, width, fx, tidx, atom_cg)
+            if const_expr(st.pro in ("addrms", "rms", "rmssitu")):
+                fw = cute.make_rmem_tensor((VEC, per), BFloat16)
+                self._load_vecs(gW, st.g_off, width, fw, tidx, atom)
+                if const_expr(st.pro == "addrms"):  # new residual = bf16(h + r), what is normed
+                    fr = cute.make_rmem_tensor((VEC, per), BFloat16)
+                    self._load_vecs(bufs[src2], base2 + m * ld2, width, fr, tidx, atom_cg)
+                    for j in cutlass.range_constexpr(per):
+                        x32 = fx[None, j].load().to(Float32)
+                        r32 = fr[None, j].load().to(Float32)
+                        for e in cutlass.range_constexpr(VEC):
+                            fx[e, j] = (x32[e] + r32[e]).to(BFloat16)
+                        v = j * self.threads + tidx
+                        if bidx == 0 and v < nv:
+                            cute.copy(atom, fx[None, j], gY[(None, st.res_out // VEC
+                                                             + m * (width // VEC) + v)])  # fmt: skip
+                self._norm_store(fx, fw, sXv, width, m * self.kmax, sRed, m, tidx)
+                if const_expr(st.pro == "rmssitu"):  # then SiTU(g) * lin(u) over k - width
+                    half = st.k - width
+                    _, per_s = self._vectors(half)
+                    fg = cute.make_rmem_tensor((VEC, per_s), BFloat16)
+                    fu = cute.make_rmem_tensor((VEC, per_s), BFloat16)
+                    self._load_vecs(bufs[src2], base2 + m * ld2, half, fg, tidx, atom_cg)
+                    self._load_vecs(bufs[src2], base2 + m * ld2 + half, half, fu, tidx, atom_cg)
+                    self._situ_store(fg, fu, sXv, half, m * self.kmax + width, tidx)
+            elif const_expr(st.pro == "gate"):  # a * sigmoid(gate), sigmoid on hardware tanh
+                fg = cute.make_rmem_tensor((VEC, per), BFloat16)
+                fo = cute.make_rmem_tensor((VEC,), BFloat16)
+                self._load_vecs(bufs[src2], base2 + m * ld2, width, fg, tidx, atom_cg)
+                hf = Float32(0.5)
+                for j in cutlass.range_constexpr(per):
+                    v = j * self.threads + tidx
+                    if v < nv:
+                        a32 = fx[None, j].load().to(Float32)
+                        g32 = fg[None, j].load().to(Float32)
+                        for e in cutlass.range_constexpr(VEC):
+                            sg = hf + hf * cute.math.tanh(g32[e] * hf, approx=True)
+                            fo[e] = (a32[e] * sg).to(BFloat16)
+                        cute.copy(atom, fo, sXv[(None, m * (self.kmax // VEC) + v)])
+            else:  # plain
+                for j in cutlass.range_constexpr(per):
+                    v = j * self.threads + tidx
+                    if v < nv:
+                        cute.copy(atom, fx[None, j], sXv[(None, m * (self.kmax // VEC) + v)])
+        if const_expr(st.side[1] > 0):  # MLA: kv_c's norm, by the last CTA (no GEMM reads it)
+            s_base, s_w, s_g, s_out = st.side
+            if bidx == self.cfg.ctas - 1:
+                _, per_k = self._vectors(s_w)
+                for m in cutlass.range_constexpr(self.m):
+                    fk = cute.make_rmem_tensor((VEC, per_k), BFloat16)
+                    fkw = cute.make_rmem_tensor((VEC, per_k), BFloat16)
+                    self._load_vecs(gY, s_base + m * st.src[2], s_w, fk, tidx, atom_cg)
+                    self._load_vecs(gW, s_g, s_w, fkw, tidx, atom)
+                    self._norm_store(fk, fkw, gY, s_w, s_out + m * s_w, sRed, self.m + m, tidx)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _issue(self, i: cutlass.Constexpr, gW: cute.Tensor, sWv: cute.Tensor, blk: cutlass.Int32,
+               slot: cutlass.Int32, grp: cutlass.Int32, gt: cutlass.Int32) -> None:  # fmt: skip
+        """cp.async this thread's weight vectors of row block `blk` into its ring slot, as one
+        commit group (empty past the last block, so every thread counts groups alike)."""
+        st = self.stages[i]
+        kv_total = st.k // VEC
+        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(
+            cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), BFloat16,
+            num_bits_per_copy=128)  # fmt: skip
+        n_blocks = (st.n + self.cfg.rows_of(st) - 1) // self.cfg.rows_of(st)
+        if blk < n_blocks:
+            for u in cutlass.range_constexpr(st.unroll):
+                kv = u * GROUP + gt
+                for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
+                    row = cutlass.min(blk * self.cfg.rows_of(st) + r, st.n - 1)
+                    if kv < kv_total:
+                        j = (grp * self.cfg.ring + slot) * self.slot + u * self.cfg.rows_of(st) + r
+                        cute.copy(atom, gW[(None, st.w_off // VEC + row * kv_total + kv)],
+                                  sWv[(None, j * GROUP + gt)])  # fmt: skip
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _stage(self, i: cutlass.Constexpr, bufs: dict, flat: dict, gW: cute.Tensor,
+               gY: cute.Tensor, sXv: cute.Tensor, sWv: cute.Tensor, sRed: cute.Tensor,
+               sAcc: cute.Tensor, cnt: cute.Pointer, old: Int32, tidx: cutlass.Int32,
+               bidx: cutlass.Int32) -> None:  # fmt: skip
+        st = self.stages[i]
+        ring = self.cfg.ring
+        kv_total = st.k // VEC
+        grp = tidx // GROUP
+        gt = tidx % GROUP
+        warp = gt // 32
+        lane = tidx % 32
+        n_blocks = (st.n + self.cfg.rows_of(st) - 1) // self.cfg.rows_of(st)
+        n_groups = self.cfg.ctas * GROUPS
+        gid = bidx * GROUPS + grp
+        tW = cute.make_rmem_tensor((VEC,), BFloat16)
+        tX = cute.make_rmem_tensor((VEC, self.m), BFloat16)
+        # two partial sums per output: half the dependent FMA chain a 16-byte vector makes
+        acc = cute.make_rmem_tensor((self.m, self.cfg.rows_of(st), 2), Float32)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        # 1) the first ring - 1 blocks' weights in flight before this stage's inputs exist
+        for p in cutlass.range_constexpr(ring - 1):
+            self._issue(i, gW, sWv, gid + p * n_groups, p, grp, gt)
+        # 2) wait for them: the previous kernel (PDL) or every CTA's previous stage (barrier)
+        if const_expr(i == 0):
+            if const_expr(self.pdl):
+                cute.arch.griddepcontrol_wait()
+        else:
+            if tidx == 0:
+                cur = cute.arch.load(cnt, Int32, sem="acquire", scope="gpu")
+                while (cur ^ old) >= 0:  # same top bit: someone has not arrived
+                    cur = cute.arch.load(cnt, Int32, sem="acquire", scope="gpu")
+                cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_threads()
+        self._build_x(i, bufs, gW, sXv, gY, sRed, tidx, bidx)
+        for blk in cutlass.range(gid, n_blocks, n_groups):
+            it = (blk - gid) // n_groups
+            # keep ring - 1 blocks in flight: the slot refilled is the one computed last trip
+            self._issue(i, gW, sWv, blk + (ring - 1) * n_groups, (it + ring - 1) % ring, grp, gt)
+            cute.arch.cp_async_wait_group(ring - 1)  # this thread's vectors of `blk` landed
+            base = (grp * ring + it % ring) * self.slot
+            acc.fill(0.0)
+            for u in cutlass.range_constexpr(st.unroll):
+                kv = u * GROUP + gt
+                if kv < kv_total:
+                    for m in cutlass.range_constexpr(self.m):
+                        cute.copy(atom, sXv[(None, m * (self.kmax // VEC) + kv)], tX[None, m])
+                    for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
+                        cute.copy(atom, sWv[(None, (base + u * self.cfg.rows_of(st) + r) * GROUP + gt)], tW)
+                        w32 = tW.load().to(Float32)
+                        for m in cutlass.range_constexpr(self.m):
+                            x32 = tX[None, m].load().to(Float32)
+                            s0, s1 = acc[m, r, 0], acc[m, r, 1]
+                            for e in cutlass.range_constexpr(0, VEC, 2):
+                                s0 = s0 + w32[e] * x32[e]
+                                s1 = s1 + w32[e + 1] * x32[e + 1]
+                            acc[m, r, 0], acc[m, r, 1] = s0, s1
+            # group reduction: shuffles, then one smem slot per warp (two parities, so the next
+            # block's partials cannot overwrite ones a slow reader still needs)
+            par = it % 2
+            for m in cutlass.range_constexpr(self.m):
+                for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
+                    v = cute.arch.warp_reduction_sum(acc[m, r, 0] + acc[m, r, 1])
+                    if lane == 0:
+                        sAcc[par, grp, warp, m * self.cfg.rows_of(st) + r] = v
+            cute.arch.barrier(barrier_id=1 + grp, number_of_threads=GROUP)
+            if gt < self.m * self.cfg.rows_of(st):
+                mm = gt // self.cfg.rows_of(st)
+                row = blk * self.cfg.rows_of(st) + gt % self.cfg.rows_of(st)
+                if row < st.n:
+                    s = Float32(0.0)
+                    for w in cutlass.range_constexpr(WARPS_PER_GROUP):
+                        s = s + sAcc[par, grp, w, gt]
+                    idx = st.out[0] + mm * st.out[1] + row
+                    if const_expr(st.epi_res is not None):
+                        rb, rbase, rld = st.epi_res
+                        s = s.to(BFloat16).to(Float32) + flat[rb][rbase + mm * rld + row].to(
+                            Float32)  # fmt: skip
+                    flat["y"][idx] = s.to(BFloat16)
+        cute.arch.cp_async_wait_group(0)  # the ring is free for the next stage
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if const_expr(self.pdl):  # every CTA is resident once all have passed this point
+            cute.arch.griddepcontrol_launch_dependents()
+        smem = cutlass.memory.SmemAllocator()
+        sX = smem.allocate_tensor(BFloat16, cute.make_layout((self.m * self.kmax,)), 16)
+        ring_len = THREADS * self.cfg.ring * self.slot * VEC  # every group's ring of slots
+        sW = smem.allocate_tensor(BFloat16, cute.make_layout((ring_len,)), 128)
+        sRed = smem.allocate_tensor(Float32, cute.make_layout((2 * self.m, THREADS // 32)), 16)
+        sAcc = smem.allocate_tensor(
+            Float32, cute.make_layout((2, GROUPS, WARPS_PER_GROUP, self.m * self.rmax)), 16
+        )
+        sXv = cute.zipped_divide(sX, (VEC,))
+        sWv = cute.zipped_divide(sW, (VEC,))
+        gY = cute.zipped_divide(mY, (VEC,))
+        gW = cute.zipped_divide(mW, (VEC,))
+        bufs = {"x": cute.zipped_divide(mX, (VEC,)), "r": cute.zipped_divide(mR, (VEC,)),
+                "y": gY}  # fmt: skip
+        flat = {"x": mX, "r": mR, "y": mY}
+        cnt = cute.recast_ptr(mW.iterator + (self.sizes["w"] - COUNTER), dtype=Int32)
+        old = Int32(0)
+        for i in cutlass.range_constexpr(len(self.stages)):
+            self._stage(i, bufs, flat, gW, gY, sXv, sWv, sRed, sAcc, cnt, old, tidx, bidx)
+            if const_expr(i + 1 < len(self.stages)):  # arrive: this CTA's outputs are written
+                cute.arch.sync_threads()
+                if tidx == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    inc = Int32(arrive_add(False, self.cfg.ctas))
+                    if bidx == 0:
+                        inc = Int32(arrive_add(True, self.cfg.ctas))
+                    old = cute.arch.atomic_add(cnt, inc, sem="release", scope="gpu")
+
+    @cute.jit
+    def __call__(
+        self,
+        mX: cute.Tensor,
+        mW: cute.Tensor,
+        mY: cute.Tensor,
+        mR: cute.Tensor,
+        stream: cuda.CUstream,
+    ) -> None:
+        self.kernel(mX, mW, mY, mR).launch(
+            grid=(self.cfg.ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.pdl,
+            min_blocks_per_mp=2, preferred_smem_carveout=100,
+        )  # two CTAs per SM: this segment's and the next one's
