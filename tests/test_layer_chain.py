@@ -56,7 +56,7 @@ def test_barrier_word_flips_once_per_barrier_in_any_arrival_order():
         assert word % 2**31 == 0
 
 
-def test_configs_fit_two_ctas_per_sm_and_bad_ones_are_refused():
+def test_configs_fit_one_sm_and_bad_ones_are_refused():
     cfgs = chain_configs()
     assert len({c.name for c in cfgs}) == len(cfgs)
     assert {(c.layer, c.seg, c.m) for c in cfgs if (c.ring, c.slot) == (3, 7) or c.m == 2} == {
@@ -71,7 +71,7 @@ def test_configs_fit_two_ctas_per_sm_and_bad_ones_are_refused():
     with pytest.raises(ValueError, match="cannot hold one row"):
         LayerChainConfig("mla", "b", 1, slot=5)  # K = 7168 needs 7 vectors a thread
     with pytest.raises(ValueError, match="shared memory"):
-        LayerChainConfig("mla", "a", 2, ring=4)
+        LayerChainConfig("mla", "a", 2, ring=4)  # 4 x 7 x 16 B x 512 threads + x: 257 KB
     with pytest.raises(ValueError, match="no chain segment"):
         LayerChainConfig("mla", "d", 1)
 

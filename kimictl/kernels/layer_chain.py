@@ -58,12 +58,14 @@ __all__ = [
 
 CHAIN_MS = (1, 2)  # the SIMT stream serves these (see above)
 SEGMENTS = ("a", "b", "c")
-THREADS = 256
+THREADS = 512
 GROUP = 128  # threads splitting K for one row block
 COUNTER = 8  # bf16 elements after the weights: the barrier word (16 bytes, aligned)
-# bytes of shared memory a CTA may hold so that two fit on one H200 SM (228 KB, 1 KB reserved per
-# CTA): the next segment's CTA is then resident while this one runs, and streams its first blocks
-SMEM = 113 * 1024
+# shared memory one CTA may hold on the H200. One CTA per SM, on purpose: with two (256 threads,
+# <= 113 KB each) the next segment's CTAs became resident early, but the layer ran 1.6-24 us
+# slower (benchmarks/results/layer_h200_chain_run3.json), the tail of a segment could then place
+# two of the next segment's CTAs on one SM, and the grid barrier waits for the slowest SM
+SMEM = 227 * 1024
 
 
 def arrive_add(first: bool, ctas: int) -> int:

@@ -271,6 +271,5 @@ class LayerChain(LayerElem):
         stream: cuda.CUstream,
     ) -> None:
         self.kernel(mX, mW, mY, mR).launch(
-            grid=(self.cfg.ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.pdl,
-            min_blocks_per_mp=2, preferred_smem_carveout=100,
-        )  # two CTAs per SM: this segment's and the next one's
+            grid=(self.cfg.ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.pdl
+        )
