@@ -781,8 +781,9 @@ def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
         cfgs[(layer, seg, int(m))] = every[name]
     per_token = {(c.layer, c.seg): c.sizes["y"] // c.m for c in cfgs.values()}
 
-    @torch.library.custom_op("layerbench::chain", mutates_args=(),
-                             schema="(Tensor x, Tensor r, Tensor w, str layer, str seg) -> Tensor")  # fmt: skip
+    schema = "(Tensor x, Tensor r, Tensor w, str layer, str seg) -> Tensor"
+
+    @torch.library.custom_op("layerbench::chain", mutates_args=(), schema=schema)
     def chain(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, layer: str, seg: str
               ) -> torch.Tensor:  # fmt: skip
         cfg = cfgs[(layer, seg, x.shape[0])]

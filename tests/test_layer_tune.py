@@ -214,3 +214,19 @@ def test_report_holds_each_pdl_twin_against_the_faster_stock_form(lh):
         == f"{row['kimictl_tuned_cat']['us'] / row['stock']['us']:.3f}"
     )
     assert "against the faster of stock and stock_pdlsi" in text
+
+
+def test_report_holds_the_chain_layer_against_the_faster_stock_form(lh):
+    """The persistent-kernel layer runs with PDL stand-ins too: --report marks it like a twin."""
+    import json
+
+    run = Path(__file__).parents[1] / "benchmarks" / "results" / "layer_h200_chain_run6.json"
+    doc = json.loads(run.read_text())
+    kda = lh.render_markdown(doc).split("**KDA**")[1]
+    rows = {(int(c[1]), c[2]): (c[4], c[5]) for line in kda.splitlines()
+            if (c := [x.strip() for x in line.split("|")])[0] == "" and len(c) > 5
+            and c[1].isdigit()}  # fmt: skip
+    row = next(r for r in doc["layers"]["kda"]["rows"] if r["m"] == 1)
+    fast = min(row["stock"]["us"], row["stock_pdlsi"]["us"])
+    chain = row[lh.CHAIN_VARIANT]
+    assert rows[(1, lh.CHAIN_VARIANT)] == (f"{chain['us'] / fast:.3f}*", "5")

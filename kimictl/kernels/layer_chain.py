@@ -1,13 +1,12 @@
 """The dense part of a K3 decode layer as three persistent kernels: no launch floor between GEMMs.
 
 Issue 17's budget (benchmarks/layer_budget.py) shows what per-kernel layers cannot do: every launch
-pays a ramp and a tail, and the GEMMs of a 12-kernel layer stream 3.3-3.5 TB/s against 4.4-4.5 for
-one large wstream GEMM. Here each part of the layer between two stand-ins is ONE kernel: a
-persistent grid of one 512-thread CTA per SM runs the part's GEMMs as stages, with a grid-wide
-barrier between dependent stages. Before a stage waits (on `griddepcontrol.wait` for the first,
-on the barrier after that) every group has issued its first weight loads, so the bytes of the
-next GEMM are already moving while the previous one drains: the launch floor a PDL chain pays
-per kernel is paid once per segment.
+pays a ramp and a tail, and the GEMMs of a 10-kernel dense layer stream 3.3-3.5 TB/s against
+4.4-4.5 for one large wstream GEMM. Here each part of the layer between two stand-ins is ONE
+kernel: a persistent grid of one 512-thread CTA per SM runs the part's GEMMs as stages, with a
+grid-wide barrier between dependent stages. Before a stage waits (on `griddepcontrol.wait` for the
+first, on the barrier after that) every group has its first weight blocks in flight, so the ramp
+a kernel pays is paid once per segment, not once per GEMM.
 
 The segments (cat layer: latent_up and shared_down as one GEMM over their concatenated K):
 - a: add + RMSNorm -> qkv_a/gate (MLA) or the packed KDA projection -> barrier -> q/kv norms and
@@ -20,10 +19,12 @@ The stand-ins run between the segments as benchmark-owned PDL copies (layer_elem
 The math is the SIMT weight stream of wstream (fp32 FMA, bf16 in and out), so it serves M = 1 and
 2, where that loop streams at the copy ceiling; at M >= 3 its FMAs cost more than the bytes.
 
-Work split: a CTA holds 4 groups of 128 threads; a group owns `rows` weight rows at a time and
-splits K over its threads (one trip: every weight load of a row block is in flight before any
-FMA). Each stage first builds its whole x (norms, gate, SiTU: every CTA computes the per-token
-sums itself) in shared memory, so the groups read x from there.
+Work split: a CTA holds 4 groups of 128 threads; a group owns a block of weight rows at a time
+(as many as one ring slot holds) and splits K over its threads. Each thread cp.asyncs its own
+16-byte weight vectors into its slots of a `ring`-slot ring in shared memory, ring - 1 blocks
+ahead, and reads back only what it copied (so the ring needs no CTA barrier). Each stage first
+builds its whole x (norms, gate, SiTU: every CTA computes the per-token sums itself) in shared
+memory, so the groups read x from there. Two partial sums per output halve the FMA chain.
 
 ABI (build.py's four pointers, all flat bf16, shapes static per variant):
 - X: the segment's input from the previous kernel (a: h; b: the attention stand-in's output;
@@ -62,7 +63,7 @@ THREADS = 512
 GROUP = 128  # threads splitting K for one row block
 COUNTER = 8  # bf16 elements after the weights: the barrier word (16 bytes, aligned)
 # shared memory one CTA may hold on the H200. One CTA per SM, on purpose: with two (256 threads,
-# <= 113 KB each) the next segment's CTAs became resident early, but the layer ran 1.6-24 us
+# <= 113 KB each) the next segment's CTAs became resident early, but the layer ran 1.2-24 us
 # slower (benchmarks/results/layer_h200_chain_run3.json), the tail of a segment could then place
 # two of the next segment's CTAs on one SM, and the grid barrier waits for the slowest SM
 SMEM = 227 * 1024
@@ -138,8 +139,8 @@ class LayerChainConfig:
 
     @property
     def name(self) -> str:
-        tail = ("" if self.pdl else "_nopdl") + (f"_r{self.ring}s{self.slot}" if
-                                                 (self.ring, self.slot) != (3, 7) else "")  # fmt: skip
+        ring = f"_r{self.ring}s{self.slot}" if (self.ring, self.slot) != (3, 7) else ""
+        tail = ("" if self.pdl else "_nopdl") + ring
         return f"chain_{self.layer}_{self.seg}_m{self.m}{tail}"
 
     @property
@@ -174,6 +175,7 @@ def segment(layer: str, seg: str, m: int) -> tuple[tuple[ChainStage, ...], dict[
     """The stages and flat buffer sizes of one segment at M tokens (see the module docstring)."""
     d = _dims(layer)
     h = d["h"]
+    stages: tuple[ChainStage, ...]
     if seg == "a":
         n1 = d["n1"]
         s1 = ChainStage(n1, h, h, "addrms", ("x", 0, h), ("r", 0, h), g_off=0, res_out=0,

@@ -1,5 +1,5 @@
 # The DSL traces this body: shapes and elements are DSL values mypy cannot type.
-# mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg"
+# mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg,assignment"
 """The CuTe DSL body of the persistent layer segments (see layer_chain.py for the design and ABI).
 
 The norms and SiTU * mul reuse layer_elem's per-row helpers with 512 threads, writing into shared
@@ -82,8 +82,8 @@ class LayerChain(LayerElem):
                             fx[e, j] = (x32[e] + r32[e]).to(BFloat16)
                         v = j * self.threads + tidx
                         if bidx == 0 and v < nv:
-                            cute.copy(atom, fx[None, j], gY[(None, st.res_out // VEC
-                                                             + m * (width // VEC) + v)])  # fmt: skip
+                            out = st.res_out // VEC + m * (width // VEC) + v
+                            cute.copy(atom, fx[None, j], gY[(None, out)])
                 self._norm_store(fx, fw, sXv, width, m * self.kmax, sRed, m, tidx)
                 if const_expr(st.pro == "rmssitu"):  # then SiTU(g) * lin(u) over k - width
                     half = st.k - width
@@ -154,6 +154,7 @@ class LayerChain(LayerElem):
         st = self.stages[i]
         ring = self.cfg.ring
         kv_total = st.k // VEC
+        rows = self.cfg.rows_of(st)
         grp = tidx // GROUP
         gt = tidx % GROUP
         warp = gt // 32
@@ -193,8 +194,8 @@ class LayerChain(LayerElem):
                 if kv < kv_total:
                     for m in cutlass.range_constexpr(self.m):
                         cute.copy(atom, sXv[(None, m * (self.kmax // VEC) + kv)], tX[None, m])
-                    for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
-                        cute.copy(atom, sWv[(None, (base + u * self.cfg.rows_of(st) + r) * GROUP + gt)], tW)
+                    for r in cutlass.range_constexpr(rows):
+                        cute.copy(atom, sWv[(None, (base + u * rows + r) * GROUP + gt)], tW)
                         w32 = tW.load().to(Float32)
                         for m in cutlass.range_constexpr(self.m):
                             x32 = tX[None, m].load().to(Float32)
