@@ -34,6 +34,9 @@ only M dynamic) and replayed as one CUDA graph:
   launch early, as after the fast path's PDL attention and expert kernels; `_late`: the copy
   triggers its dependents at its end. A twin's `vs_best` holds it against the faster stand-in
   form of stock and of vLLM's plan.
+- kimictl_chain_pdlsi (M = 1, 2): the cat layer as three persistent kernels, one per part between
+  the PDL stand-ins (kimictl/kernels/layer_chain.py); each segment on the (ring, slot) variant a
+  child preflight timed fastest alone, the layer checked against fp64 there first.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -834,7 +837,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     import torch
 
     from kimictl.kernels.harness import open_library
-    from kimictl.kernels.layer_chain import CHAIN_MS, chain_configs
+    from kimictl.kernels.layer_chain import CHAIN_MS, COUNTER, chain_configs
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -844,7 +847,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
         x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
                 for b in ("x", "r"))  # fmt: skip
         w = (0.02 * torch.randn(sz["w"], generator=gen, device="cuda")).to(torch.bfloat16)
-        w[-8:] = 0  # the barrier word
+        w[-COUNTER:] = 0  # the barrier word
         y = torch.empty(sz["y"], device="cuda", dtype=torch.bfloat16)
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
@@ -862,7 +865,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
         us = statistics.median(times)
         key = f"{cfg.layer}/{cfg.seg}/{cfg.m}"
         best[key] = min(best.get(key, (us, cfg.name)), (us, cfg.name))
-        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - 8) / us}),
+        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - COUNTER) / us}),
               flush=True)  # fmt: skip
     picks = {key: name for key, (_, name) in best.items()}
     print(json.dumps({"picks": picks}), flush=True)
@@ -889,8 +892,9 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
 
 
 def make_build(out: Path, kinds: tuple[str, ...]) -> int:
-    """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm
-    and layer_elem variants into `out` (objects whose source is unchanged are reused); sm_90a."""
+    """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm,
+    layer_elem and layer_chain variants into `out` (objects whose source is unchanged are
+    reused); sm_90a."""
     from kimictl.kernels.build import ALL_CONFIGS, EXPERIMENTAL_CONFIGS, build
     from kimictl.kernels.layer_chain import chain_configs
     from kimictl.kernels.layer_elem import elem_configs

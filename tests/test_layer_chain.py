@@ -13,6 +13,7 @@ import pytest
 from kimictl.kernels import build as kbuild
 from kimictl.kernels.layer_chain import (
     CHAIN_MS,
+    COUNTER,
     SEGMENTS,
     SMEM,
     LayerChainConfig,
@@ -31,12 +32,12 @@ def test_segments_stream_every_gemm_weight_of_the_layer_once():
         for m in CHAIN_MS:
             stages = [st for seg in SEGMENTS for st in segment(kind, seg, m)[0]]
             assert sum(st.n * st.k for st in stages) == gemm_bytes
-            weights = sum(segment(kind, seg, m)[1]["w"] - 8 for seg in SEGMENTS)
+            weights = sum(segment(kind, seg, m)[1]["w"] - COUNTER for seg in SEGMENTS)
             assert weights == gemm_bytes + norm_elems  # each W: its norms and GEMMs, nothing else
             for seg in SEGMENTS:
                 stages, sizes = segment(kind, seg, m)
                 for st in stages:
-                    assert st.w_off + st.n * st.k <= sizes["w"] - 8
+                    assert st.w_off + st.n * st.k <= sizes["w"] - COUNTER
                     assert st.out[0] + (m - 1) * st.out[1] + st.n <= sizes["y"]
 
 

@@ -48,6 +48,7 @@ from typing import Any
 __all__ = [
     "CHAIN_CONFIGS",
     "CHAIN_MS",
+    "COUNTER",
     "ChainStage",
     "LayerChainConfig",
     "arrive_add",
