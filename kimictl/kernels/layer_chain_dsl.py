@@ -2,13 +2,12 @@
 # mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg,assignment"
 """The CuTe DSL body of the persistent layer segments (see layer_chain.py for the design and ABI).
 
-The norms and SiTU * mul reuse layer_elem's per-row helpers with 512 threads, writing into shared
-memory instead of global. Activations another CTA wrote in this launch are read with ld.global.cg
-(L2, never a stale L1 line); weights with L1 no-allocate, as in wstream.
+The loads, norms, gate and SiTU * mul reuse layer_elem's per-row helpers with 512 threads, writing
+into shared memory instead of global, and its launch (grid `ctas`). Activations another CTA wrote
+in this launch are read with ld.global.cg (L2, never a stale L1 line); weights with L1
+no-allocate, as in wstream.
 """
 
-# No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
@@ -28,30 +27,12 @@ class LayerChain(LayerElem):
         self.m = cfg.m
         self.threads = THREADS  # LayerElem's helpers split a row over every thread
         self.pdl = cfg.pdl
+        self.ctas = cfg.ctas  # LayerElem's launch: a persistent grid
         self.stages = cfg.stages
         self.sizes = cfg.sizes
         self.kmax = max(s.k for s in self.stages)
         self.rmax = max(cfg.rows_of(s) for s in self.stages)
         self.slot = cfg.slot
-
-    @cute.jit
-    def _load_vecs(
-        self,
-        g: cute.Tensor,
-        base: cutlass.Constexpr,
-        width: cutlass.Constexpr,
-        dst: cute.Tensor,
-        tidx: cutlass.Int32,
-        atom: cute.CopyAtom,
-    ) -> None:
-        """dst[:, j] = flat[base + (j * threads + tidx) * 8 ..] (zeros past `width`)."""
-        nv, per = self._vectors(width)
-        for j in cutlass.range_constexpr(per):
-            v = j * self.threads + tidx
-            if v < nv:
-                cute.copy(atom, g[(None, base // VEC + v)], dst[None, j])
-            else:
-                dst[None, j].fill(0.0)
 
     @cute.jit
     def _build_x(self, i: cutlass.Constexpr, bufs: dict, gW: cute.Tensor, sXv: cute.Tensor,
@@ -68,13 +49,13 @@ class LayerChain(LayerElem):
         nv, per = self._vectors(width)
         for m in cutlass.range_constexpr(self.m):
             fx = cute.make_rmem_tensor((VEC, per), BFloat16)
-            self._load_vecs(bufs[src], base + m * ld, width, fx, tidx, atom_cg)
+            self._load_row(bufs[src], 0, base + m * ld, width, fx, tidx, True, atom_cg)
             if const_expr(st.pro in ("addrms", "rms", "rmssitu")):
                 fw = cute.make_rmem_tensor((VEC, per), BFloat16)
-                self._load_vecs(gW, st.g_off, width, fw, tidx, atom)
+                self._load_row(gW, 0, st.g_off, width, fw, tidx, True)
                 if const_expr(st.pro == "addrms"):  # new residual = bf16(h + r), what is normed
                     fr = cute.make_rmem_tensor((VEC, per), BFloat16)
-                    self._load_vecs(bufs[src2], base2 + m * ld2, width, fr, tidx, atom_cg)
+                    self._load_row(bufs[src2], 0, base2 + m * ld2, width, fr, tidx, True, atom_cg)
                     for j in cutlass.range_constexpr(per):
                         x32 = fx[None, j].load().to(Float32)
                         r32 = fr[None, j].load().to(Float32)
@@ -90,23 +71,15 @@ class LayerChain(LayerElem):
                     _, per_s = self._vectors(half)
                     fg = cute.make_rmem_tensor((VEC, per_s), BFloat16)
                     fu = cute.make_rmem_tensor((VEC, per_s), BFloat16)
-                    self._load_vecs(bufs[src2], base2 + m * ld2, half, fg, tidx, atom_cg)
-                    self._load_vecs(bufs[src2], base2 + m * ld2 + half, half, fu, tidx, atom_cg)
+                    self._load_row(bufs[src2], 0, base2 + m * ld2, half, fg, tidx, True, atom_cg)
+                    self._load_row(
+                        bufs[src2], 0, base2 + m * ld2 + half, half, fu, tidx, True, atom_cg
+                    )
                     self._situ_store(fg, fu, sXv, half, m * self.kmax + width, tidx)
-            elif const_expr(st.pro == "gate"):  # a * sigmoid(gate), sigmoid on hardware tanh
+            elif const_expr(st.pro == "gate"):  # a * sigmoid(gate)
                 fg = cute.make_rmem_tensor((VEC, per), BFloat16)
-                fo = cute.make_rmem_tensor((VEC,), BFloat16)
-                self._load_vecs(bufs[src2], base2 + m * ld2, width, fg, tidx, atom_cg)
-                hf = Float32(0.5)
-                for j in cutlass.range_constexpr(per):
-                    v = j * self.threads + tidx
-                    if v < nv:
-                        a32 = fx[None, j].load().to(Float32)
-                        g32 = fg[None, j].load().to(Float32)
-                        for e in cutlass.range_constexpr(VEC):
-                            sg = hf + hf * cute.math.tanh(g32[e] * hf, approx=True)
-                            fo[e] = (a32[e] * sg).to(BFloat16)
-                        cute.copy(atom, fo, sXv[(None, m * (self.kmax // VEC) + v)])
+                self._load_row(bufs[src2], 0, base2 + m * ld2, width, fg, tidx, True, atom_cg)
+                self._gate_store(fx, fg, sXv, width, m * self.kmax, tidx)
             else:  # plain
                 for j in cutlass.range_constexpr(per):
                     v = j * self.threads + tidx
@@ -119,8 +92,8 @@ class LayerChain(LayerElem):
                 for m in cutlass.range_constexpr(self.m):
                     fk = cute.make_rmem_tensor((VEC, per_k), BFloat16)
                     fkw = cute.make_rmem_tensor((VEC, per_k), BFloat16)
-                    self._load_vecs(gY, s_base + m * st.src[2], s_w, fk, tidx, atom_cg)
-                    self._load_vecs(gW, s_g, s_w, fkw, tidx, atom)
+                    self._load_row(gY, 0, s_base + m * st.src[2], s_w, fk, tidx, True, atom_cg)
+                    self._load_row(gW, 0, s_g, s_w, fkw, tidx, True)
                     self._norm_store(fk, fkw, gY, s_w, s_out + m * s_w, sRed, self.m + m, tidx)
         cute.arch.sync_threads()
 
@@ -131,17 +104,17 @@ class LayerChain(LayerElem):
         commit group (empty past the last block, so every thread counts groups alike)."""
         st = self.stages[i]
         kv_total = st.k // VEC
+        rows = self.cfg.rows_of(st)
         atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(
             cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), BFloat16,
             num_bits_per_copy=128)  # fmt: skip
-        n_blocks = (st.n + self.cfg.rows_of(st) - 1) // self.cfg.rows_of(st)
-        if blk < n_blocks:
+        if blk < (st.n + rows - 1) // rows:
             for u in cutlass.range_constexpr(st.unroll):
                 kv = u * GROUP + gt
-                for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
-                    row = cutlass.min(blk * self.cfg.rows_of(st) + r, st.n - 1)
+                for r in cutlass.range_constexpr(rows):
+                    row = cutlass.min(blk * rows + r, st.n - 1)
                     if kv < kv_total:
-                        j = (grp * self.cfg.ring + slot) * self.slot + u * self.cfg.rows_of(st) + r
+                        j = (grp * self.cfg.ring + slot) * self.slot + u * rows + r
                         cute.copy(atom, gW[(None, st.w_off // VEC + row * kv_total + kv)],
                                   sWv[(None, j * GROUP + gt)])  # fmt: skip
         cute.arch.cp_async_commit_group()
@@ -159,13 +132,13 @@ class LayerChain(LayerElem):
         gt = tidx % GROUP
         warp = gt // 32
         lane = tidx % 32
-        n_blocks = (st.n + self.cfg.rows_of(st) - 1) // self.cfg.rows_of(st)
+        n_blocks = (st.n + rows - 1) // rows
         n_groups = self.cfg.ctas * GROUPS
         gid = bidx * GROUPS + grp
         tW = cute.make_rmem_tensor((VEC,), BFloat16)
         tX = cute.make_rmem_tensor((VEC, self.m), BFloat16)
         # two partial sums per output: half the dependent FMA chain a 16-byte vector makes
-        acc = cute.make_rmem_tensor((self.m, self.cfg.rows_of(st), 2), Float32)
+        acc = cute.make_rmem_tensor((self.m, rows, 2), Float32)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         # 1) the first ring - 1 blocks' weights in flight before this stage's inputs exist
         for p in cutlass.range_constexpr(ring - 1):
@@ -208,14 +181,14 @@ class LayerChain(LayerElem):
             # block's partials cannot overwrite ones a slow reader still needs)
             par = it % 2
             for m in cutlass.range_constexpr(self.m):
-                for r in cutlass.range_constexpr(self.cfg.rows_of(st)):
+                for r in cutlass.range_constexpr(rows):
                     v = cute.arch.warp_reduction_sum(acc[m, r, 0] + acc[m, r, 1])
                     if lane == 0:
-                        sAcc[par, grp, warp, m * self.cfg.rows_of(st) + r] = v
+                        sAcc[par, grp, warp, m * rows + r] = v
             cute.arch.barrier(barrier_id=1 + grp, number_of_threads=GROUP)
-            if gt < self.m * self.cfg.rows_of(st):
-                mm = gt // self.cfg.rows_of(st)
-                row = blk * self.cfg.rows_of(st) + gt % self.cfg.rows_of(st)
+            if gt < self.m * rows:
+                mm = gt // rows
+                row = blk * rows + gt % rows
                 if row < st.n:
                     s = Float32(0.0)
                     for w in cutlass.range_constexpr(WARPS_PER_GROUP):
@@ -261,16 +234,3 @@ class LayerChain(LayerElem):
                     if bidx == 0:
                         inc = Int32(arrive_add(True, self.cfg.ctas))
                     old = cute.arch.atomic_add(cnt, inc, sem="release", scope="gpu")
-
-    @cute.jit
-    def __call__(
-        self,
-        mX: cute.Tensor,
-        mW: cute.Tensor,
-        mY: cute.Tensor,
-        mR: cute.Tensor,
-        stream: cuda.CUstream,
-    ) -> None:
-        self.kernel(mX, mW, mY, mR).launch(
-            grid=(self.cfg.ctas, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=self.pdl
-        )

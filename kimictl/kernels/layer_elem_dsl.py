@@ -30,6 +30,7 @@ class LayerElem:
         self.m = cfg.m
         self.threads = cfg.threads
         self.pdl = cfg.pdl
+        self.ctas = cfg.m  # grid: one CTA per token row
 
     def _vectors(self, width: cutlass.Constexpr) -> tuple[int, int]:
         """(16-byte vectors in `width` columns, vectors per thread)."""
@@ -46,11 +47,15 @@ class LayerElem:
         dst: cute.Tensor,
         tidx: cutlass.Int32,
         flat: cutlass.Constexpr = False,
+        atom: cute.CopyAtom | None = None,
     ) -> None:
         """dst[:, j] = src[row, col0 + (j * threads + tidx) * 8 ..] (zeros past `width`); flat:
-        src is 1-D (a norm weight) and row is ignored."""
+        src is 1-D (a norm weight) and row is ignored; atom: the load (a plain one if None)."""
         nv, per = self._vectors(width)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        if const_expr(atom is None):
+            atom = cute.make_copy_atom(
+                cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128
+            )
         for j in cutlass.range_constexpr(per):
             v = j * self.threads + tidx
             if v < nv:
@@ -151,6 +156,31 @@ class LayerElem:
                     fo[e] = (a * lbeta * cute.math.tanh(u32[e] * ilbeta, approx=True)).to(BFloat16)
                 cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
 
+    @cute.jit
+    def _gate_store(
+        self,
+        fa: cute.Tensor,
+        fg: cute.Tensor,
+        gY: cute.Tensor,
+        width: cutlass.Constexpr,
+        y_base: cutlass.Int32,
+        tidx: cutlass.Int32,
+    ) -> None:
+        """y[y_base ..] = a * sigmoid(g) over `width` columns (sigmoid on the hardware tanh)."""
+        nv, per = self._vectors(width)
+        fo = cute.make_rmem_tensor((VEC,), BFloat16)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        half = Float32(0.5)
+        for j in cutlass.range_constexpr(per):
+            v = j * self.threads + tidx
+            if v < nv:
+                a32 = fa[None, j].load().to(Float32)
+                g32 = fg[None, j].load().to(Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    sg = half + half * cute.math.tanh(g32[e] * half, approx=True)
+                    fo[e] = (a32[e] * sg).to(BFloat16)
+                cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         cfg = self.cfg
@@ -195,25 +225,15 @@ class LayerElem:
                                    self.m * cfg.width + row * cfg.seg2, sRed, 1, tidx)  # fmt: skip
         elif const_expr(self.op == "gate"):
             # y = a * sigmoid(gate); gate = R[row, off:off + width]
-            nv, per = self._vectors(cfg.width)
+            _, per = self._vectors(cfg.width)
             gR = cute.zipped_divide(mR, (1, VEC))
             fa = cute.make_rmem_tensor((VEC, per), BFloat16)
             fg = cute.make_rmem_tensor((VEC, per), BFloat16)
-            fo = cute.make_rmem_tensor((VEC,), BFloat16)
-            half = Float32(0.5)
             if const_expr(self.pdl):
                 cute.arch.griddepcontrol_wait()
             self._load_row(gX, row, 0, cfg.width, fa, tidx)
             self._load_row(gR, row, cfg.off, cfg.width, fg, tidx)
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    a32 = fa[None, j].load().to(Float32)
-                    g32 = fg[None, j].load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        sg = half + half * cute.math.tanh(g32[e] * half, approx=True)
-                        fo[e] = (a32[e] * sg).to(BFloat16)
-                    cute.copy(atom, fo, gY[(None, row * nv + v)])
+            self._gate_store(fa, fg, gY, cfg.width, row * cfg.width, tidx)
         elif const_expr(self.op == "copy"):  # the stand-in: y = x[:, :width], in the PDL chain
             nv, per = self._vectors(cfg.width)
             fx = cute.make_rmem_tensor((VEC, per), BFloat16)
@@ -275,5 +295,5 @@ class LayerElem:
         stream: cuda.CUstream,
     ) -> None:
         self.kernel(mX, mW, mY, mR).launch(
-            grid=(self.m, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
+            grid=(self.ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl
         )
