@@ -301,6 +301,13 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     return layer
 
 
+def ref_layer(kind: str) -> Callable[..., Any]:
+    """The reference every variant is checked against (run in fp64): the op sequence with plain
+    matmuls and the stand-in as a copy of its first input's leading columns."""
+    return make_layer(kind, lambda x, w, op: x @ w.t(), lambda x, w, r, op: r + x @ w.t(),
+                      lambda xs, width: xs[0][:, :width].clone())  # fmt: skip
+
+
 def register_ops(lib: Any, plan: dict[tuple[str, int, bool], str]) -> tuple[Any, Any, Any]:
     """Opaque ops: the stand-in (a copy) and the kimictl GEMMs, whose variant is looked up at
     launch time by (op, M), so one compiled graph serves every M."""
@@ -874,17 +881,15 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     for kind in kinds:
         w = make_weights(kind, gen, "cuda")
         wref = {k: v.double() for k, v in w.items()}
-        ref_layer = make_layer(kind, lambda x, wt, op: x @ wt.t(),
-                               lambda x, wt, r, op: r + x @ wt.t(),
-                               lambda xs, width: xs[0][:, :width].clone())  # fmt: skip
+        ref = ref_layer(kind)
         fn = make_chain_layer(kind, chain, si)
         for m in CHAIN_MS:
             h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
             res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
-            ref = ref_layer(h.double(), res.double(), wref)
+            want = ref(h.double(), res.double(), wref)
             outs = [fn(h, res, w) for _ in range(3)]
             torch.cuda.synchronize()
-            err = max(max(rel_err(o[0], ref[0]), rel_err(o[1], ref[1])) for o in outs)
+            err = max(max(rel_err(o[0], want[0]), rel_err(o[1], want[1])) for o in outs)
             same = all(torch.equal(o[0], outs[0][0]) for o in outs)
             print(json.dumps({"kind": kind, "m": m, "rel_err": err, "repeat_equal": same,
                               "ok": err <= TOL and same}), flush=True)  # fmt: skip
@@ -1409,15 +1414,6 @@ def main() -> int:
     def cublas_mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
         return torch.addmm(r, x, w.t())
 
-    def ref_mm(x: Any, w: Any, op: str) -> Any:
-        return x @ w.t()
-
-    def ref_mm_res(x: Any, w: Any, r: Any, op: str) -> Any:
-        return r + x @ w.t()
-
-    def ref_standin(xs: list[Any], width: int) -> Any:
-        return xs[0][:, :width].clone()
-
     def build(kind: str, variant: str) -> Callable[..., Any]:
         if variant == CHAIN_VARIANT:
             return torch.compile(make_chain_layer(kind, chain_op, elem_ops["standin"]))
@@ -1514,7 +1510,7 @@ def main() -> int:
         setups[kind] = {
             "ws": ws,
             "wref": {k: v.double() for k, v in ws[0].items()},
-            "ref": make_layer(kind, ref_mm, ref_mm_res, ref_standin),
+            "ref": ref_layer(kind),
             "fns": fns,
         }
         doc["layers"][kind] = {"weight_bytes": weight_bytes(kind), "rows": []}
