@@ -34,9 +34,10 @@ only M dynamic) and replayed as one CUDA graph:
   launch early, as after the fast path's PDL attention and expert kernels; `_late`: the copy
   triggers its dependents at its end. A twin's `vs_best` holds it against the faster stand-in
   form of stock and of vLLM's plan.
-- kimictl_chain_pdlsi (M = 1, 2): the cat layer as three persistent kernels, one per part between
-  the PDL stand-ins (kimictl/kernels/layer_chain.py); each segment on the (ring, slot) variant a
-  child preflight timed fastest alone, the layer checked against fp64 there first.
+- kimictl_chain_pdlsi (M = 1, 2, 4): the cat layer as three persistent kernels, one per part
+  between the PDL stand-ins (kimictl/kernels/layer_chain.py); each segment on the (math, ring,
+  slot) variant a child preflight timed fastest alone among those whose output matched fp64, the
+  layer checked against fp64 there first.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
 copy is 230-261 MB, the L2 is 60 MB), median replay / COPIES, variants interleaved over rounds.
 Checks: each variant's single-layer output (and residual) vs an fp64 run of the same op sequence,
@@ -779,13 +780,15 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
 def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
                       picks: dict[str, str] | None = None) -> Callable[..., Any]:  # fmt: skip
     """The opaque op launching one chain segment: (x, r, w, layer, seg) -> its flat Y, on the
-    variant `picks` names for "layer/seg/m" (the default ring where it names none)."""
+    variant `picks` names for "layer/seg/m" (the first one where it names none)."""
     import torch
 
     from kimictl.kernels.layer_chain import chain_configs
 
     every = {c.name: c for c in chain_configs(kinds)}
-    cfgs = {(c.layer, c.seg, c.m): c for c in every.values() if (c.ring, c.slot) == (3, 7)}
+    cfgs: dict[tuple[str, str, int], Any] = {}
+    for c in every.values():  # the first variant of each segment where `picks` names none
+        cfgs.setdefault((c.layer, c.seg, c.m), c)
     for key, name in (picks or {}).items():
         layer, seg, m = key.split("/")
         cfgs[(layer, seg, int(m))] = every[name]
@@ -837,14 +840,15 @@ def make_chain_layer(kind: str, chain: Callable[..., Any], standin: Callable[...
 
 def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     """Child process, two parts, one JSON line per result. First every chain variant, alone, in
-    a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time and weight TB/s.
-    Then the layer on each segment's fastest variant, once per (kind, M), eager, three times
-    (the barrier word must reopen each time) vs fp64. A segment whose grid barrier never opens
+    a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time, weight TB/s and
+    its output vs its torch model in fp64 (only variants within TOL are picked). Then the layer
+    on each segment's fastest variant, once per (kind, M), eager, three times (the barrier word
+    must reopen each time) vs fp64. A segment whose grid barrier never opens
     hangs this child, not the main run (its timeout)."""
     import torch
 
     from kimictl.kernels.harness import open_library
-    from kimictl.kernels.layer_chain import CHAIN_MS, COUNTER, chain_configs
+    from kimictl.kernels.layer_chain import CHAIN_MS, COUNTER, chain_configs, segment_ref
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -870,10 +874,13 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
             torch.cuda.synchronize()
             times.append(a.elapsed_time(b) * 100)  # us per launch
         us = statistics.median(times)
+        # the segment's own output (the last launch of the replays) vs its torch model in fp64
+        err = rel_err(y, segment_ref(cfg, x.double(), r.double(), w.double()))
         key = f"{cfg.layer}/{cfg.seg}/{cfg.m}"
-        best[key] = min(best.get(key, (us, cfg.name)), (us, cfg.name))
-        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - COUNTER) / us}),
-              flush=True)  # fmt: skip
+        if err <= TOL:  # a variant that computes something else is never picked
+            best[key] = min(best.get(key, (us, cfg.name)), (us, cfg.name))
+        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - COUNTER) / us,
+                          "rel_err": err}), flush=True)  # fmt: skip
     picks = {key: name for key, (_, name) in best.items()}
     print(json.dumps({"picks": picks}), flush=True)
     chain = register_chain_op(lib.launch, kinds, picks)
@@ -1370,12 +1377,12 @@ def main() -> int:
             pre_c = subprocess.run(
                 [sys.executable, __file__, "--preflight-chain", "--build", str(args.build),
                  "--kinds", args.kinds],
-                capture_output=True, text=True, timeout=240, check=False,
+                capture_output=True, text=True, timeout=420, check=False,
             )  # fmt: skip
             chain_out, chain_err = json_lines(pre_c.stdout), pre_c.stderr[-500:]
         except subprocess.TimeoutExpired as exc:  # a barrier that never opened
             text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-            chain_out, chain_err = json_lines(text), "timed out after 240 s"
+            chain_out, chain_err = json_lines(text), "timed out after 420 s"
         chain_ok = {(r["kind"], r["m"]) for r in chain_out if r.get("ok")}
         chain_picks = next((r["picks"] for r in chain_out if "picks" in r), {})
         chain_sweep = [r for r in chain_out if "sweep" in r]

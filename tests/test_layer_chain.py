@@ -1,7 +1,9 @@
 """The dense layer as three persistent kernels (issue 17, kimictl/kernels/layer_chain.py): the
 segments cover the layer's op list, the grid barrier's word reopens without a reset, bad configs
 are refused, and the segments compile for sm_90a (skipped without the DSL). That the segments'
-offsets compute the layer is checked against fp64 by tests/test_layer_variants.py ("chain")."""
+offsets compute the layer is checked against fp64 by tests/test_layer_variants.py ("chain"); that
+each variant's kernel computes its segment is checked on the H200 (benchmarks/layer_h200.py's chain
+preflight, each variant vs segment_ref in fp64)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ from kimictl.kernels import build as kbuild
 from kimictl.kernels.layer_chain import (
     CHAIN_MS,
     COUNTER,
+    KGROUP,
     SEGMENTS,
+    SIMT_MS,
     SMEM,
+    WARPS,
     LayerChainConfig,
     arrive_add,
     chain_configs,
@@ -60,27 +65,47 @@ def test_barrier_word_flips_once_per_barrier_in_any_arrival_order():
 def test_configs_fit_one_sm_and_bad_ones_are_refused():
     cfgs = chain_configs()
     assert len({c.name for c in cfgs}) == len(cfgs)
-    assert {(c.layer, c.seg, c.m) for c in cfgs if (c.ring, c.slot) == (3, 7) or c.m == 2} == {
+    assert {(c.layer, c.seg, c.m) for c in cfgs} == {
         (k, s, m) for k in ("mla", "kda") for s in SEGMENTS for m in CHAIN_MS
     }
+    assert {c.m for c in cfgs if c.math == "simt"} == set(SIMT_MS)
+    assert {c.m for c in cfgs if c.math == "mma"} == set(CHAIN_MS) - set(SIMT_MS)
     for c in cfgs:
         assert c.smem_bytes <= SMEM
-        assert all(c.rows_of(st) >= 1 for st in c.stages)
+        if c.math == "simt":
+            assert all(c.rows_of(st) >= 1 for st in c.stages)
     assert not kbuild.FAMILIES["layer_chain"].shipped
     with pytest.raises(ValueError, match="m must be"):
-        LayerChainConfig("mla", "a", 4)
+        LayerChainConfig("mla", "a", 4)  # SIMT's FMAs cost more than the bytes at M = 4
+    with pytest.raises(ValueError, match="m must be"):
+        LayerChainConfig("mla", "a", 8, math="mma", ring=2, slot=4)
+    with pytest.raises(ValueError, match="math must be"):
+        LayerChainConfig("mla", "a", 1, math="fp8")
+    with pytest.raises(ValueError, match="even slot"):
+        LayerChainConfig("mla", "c", 4, math="mma", ring=3, slot=5)
     with pytest.raises(ValueError, match="cannot hold one row"):
         LayerChainConfig("mla", "b", 1, slot=5)  # K = 7168 needs 7 vectors a thread
     with pytest.raises(ValueError, match="shared memory"):
         LayerChainConfig("mla", "a", 2, ring=4)  # 4 x 7 x 16 B x 512 threads + x: 257 KB
+    with pytest.raises(ValueError, match="shared memory"):
+        LayerChainConfig("mla", "a", 4, math="mma", ring=5, slot=4)  # 160 KB ring + 57 KB x
     with pytest.raises(ValueError, match="no chain segment"):
         LayerChainConfig("mla", "d", 1)
+
+
+def test_mma_pieces_stream_each_warps_k_groups_once_with_no_empty_piece():
+    for c in (c for c in chain_configs() if c.math == "mma"):
+        per_piece = c.slot // 2  # k-groups of 32 a thread's slot holds (rows g and g + 8)
+        for st in c.stages:
+            per_warp = -(-st.k // (KGROUP * WARPS))  # k-groups of the tile each warp owns
+            assert (c.pieces(st) - 1) * per_piece < per_warp <= c.pieces(st) * per_piece
+            assert st.k % KGROUP == 0  # every k-group whole: the MMAs skip per warp, never lane
 
 
 def test_every_segment_compiles_for_sm90a(tmp_path: Path):
     if kbuild.dsl_version() is None:
         pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
-    one_m = [c for c in chain_configs(ms=(2,)) if (c.ring, c.slot) == (2, 7)]
+    one_m = [c for c in chain_configs(ms=(2, 4)) if (c.ring, c.slot) in ((2, 7), (3, 4))]
     res = kbuild.build("sm_90a", tmp_path, configs=one_m)
     assert {k["name"] for k in res.kernels} == {c.name for c in one_m}
     wrapper = (res.out_dir / kbuild.WRAPPER).read_text()

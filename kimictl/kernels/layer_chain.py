@@ -16,15 +16,21 @@ The segments (cat layer: latent_up and shared_down as one GEMM over their concat
 - c: RMSNorm of the routed output and SiTU * mul -> [latent_up | shared_down].
 The stand-ins run between the segments as benchmark-owned PDL copies (layer_elem `copy`).
 
-The math is the SIMT weight stream of wstream (fp32 FMA, bf16 in and out), so it serves M = 1 and
-2, where that loop streams at the copy ceiling; at M >= 3 its FMAs cost more than the bytes.
-
-Work split: a CTA holds 4 groups of 128 threads; a group owns a block of weight rows at a time
-(as many as one ring slot holds) and splits K over its threads. Each thread cp.asyncs its own
-16-byte weight vectors into its slots of a `ring`-slot ring in shared memory, ring - 1 blocks
-ahead, and reads back only what it copied (so the ring needs no CTA barrier). Each stage first
-builds its whole x (norms, gate, SiTU: every CTA computes the per-token sums itself) in shared
-memory, so the groups read x from there. Two partial sums per output halve the FMA chain.
+Two forms of the math, chosen per variant (`math`), both fp32-accumulating, bf16 in and out:
+- "simt": wstream's SIMT weight stream, M = 1 and 2 only: at M = 2 its FMAs already cost the
+  segments 10-25 % of their M = 1 rate (benchmarks/results/layer_h200_chain_run5.json).
+  A CTA holds 4 groups of 128 threads; a group owns a block of weight rows at a time (as many as
+  one ring slot holds) and splits K over its threads. Two partial sums per output halve the FMA
+  chain.
+- "mma": tcstream's `mma.sync.m16n8k16` with the weights as the 16-row A operand and the tokens
+  as the 8-column B operand (k permuted alike in A and B, so every load stays one 16-byte vector
+  of a thread), M = 1..8 at one MMA per 4 k-vectors whatever M is. The CTA owns a 16-row tile at
+  a time and its 16 warps split K; a tile's vectors stream through the ring in pieces of
+  slot / 2 k-groups (32 k each), and the warps' partial sums meet in shared memory once per tile.
+Either way each thread cp.asyncs its own 16-byte weight vectors into its slots of a `ring`-slot
+ring in shared memory, ring - 1 slots ahead, and reads back only what it copied (so the ring needs
+no CTA barrier). Each stage first builds its whole x (norms, gate, SiTU: every CTA computes the
+per-token sums itself) in shared memory, so the warps read x from there.
 
 ABI (build.py's four pointers, all flat bf16, shapes static per variant):
 - X: the segment's input from the previous kernel (a: h; b: the attention stand-in's output;
@@ -58,10 +64,15 @@ __all__ = [
     "segment_ref",
 ]
 
-CHAIN_MS = (1, 2)  # the SIMT stream serves these (see above)
+SIMT_MS = (1, 2)  # the SIMT stream serves these (see above)
+CHAIN_MS = (1, 2, 4)  # the MMA form serves 1..8; x of M = 8 at K = 7168 leaves too little ring
 SEGMENTS = ("a", "b", "c")
+MATHS = ("simt", "mma")
 THREADS = 512
-GROUP = 128  # threads splitting K for one row block
+GROUP = 128  # simt: threads splitting K for one row block
+WARPS = THREADS // 32  # mma: warps splitting K for one 16-row tile
+TILE = 16  # mma: weight rows per tile (the MMA's M)
+KGROUP = 32  # mma: k per thread quad and MMA pair (four 16-byte vectors)
 COUNTER = 8  # bf16 elements after the weights: the barrier word (16 bytes, aligned)
 # shared memory one CTA may hold on the H200. One CTA per SM, on purpose: with two (256 threads,
 # <= 113 KB each) the next segment's CTAs became resident early, but the layer ran 1.2-24 us
@@ -113,35 +124,54 @@ class LayerChainConfig:
     beta: float = 0.0  # SiTU beta (segment c)
     lbeta: float = 0.0  # SiTU linear-part beta
     pdl: bool = True
+    math: str = "simt"  # simt | mma (see the module docstring)
     kernel: str = "layer_chain"
     rows: int = 1  # manifest field every family carries
 
     def __post_init__(self) -> None:
         if self.layer not in ("mla", "kda") or self.seg not in SEGMENTS:
             raise ValueError(f"no chain segment {self.layer}/{self.seg}")
-        if self.m not in CHAIN_MS:
-            raise ValueError(f"m must be one of {CHAIN_MS}, got {self.m}")
-        if any(st.unroll > self.slot for st in self.stages):
+        if self.math not in MATHS:
+            raise ValueError(f"math must be one of {MATHS}, got {self.math!r}")
+        ms = SIMT_MS if self.math == "simt" else CHAIN_MS
+        if self.m not in ms:
+            raise ValueError(f"m must be one of {ms} for {self.math}, got {self.m}")
+        if self.math == "simt" and any(st.unroll > self.slot for st in self.stages):
             raise ValueError(f"a slot of {self.slot} vectors cannot hold one row of every stage")
+        if self.math == "mma" and (self.slot % 2 or any(st.k % KGROUP for st in self.stages)):
+            raise ValueError("mma needs an even slot (rows g and g + 8) and K a multiple of 32")
         if self.smem_bytes > SMEM:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory: more than {SMEM}")
 
     def rows_of(self, st: ChainStage) -> int:
-        """Weight rows per block of stage `st`: as many as one ring slot holds."""
+        """simt: weight rows per block of stage `st`, as many as one ring slot holds."""
         return self.slot // st.unroll
+
+    def pieces(self, st: ChainStage) -> int:
+        """mma: ring slots one tile of stage `st` streams through (slot / 2 k-groups each of a
+        warp's ceil(K / 32 / WARPS))."""
+        per_warp = -(-st.k // (KGROUP * WARPS))
+        return -(-per_warp // (self.slot // 2))
+
+    @property
+    def acc_floats(self) -> int:
+        """The cross-warp partial sums, two parities: simt per group and row of a block, mma
+        per warp, tile row and token column."""
+        if self.math == "mma":
+            return 2 * WARPS * TILE * 8
+        return 2 * THREADS // 32 * self.m * max(self.rows_of(st) for st in self.stages)
 
     @property
     def smem_bytes(self) -> int:
         """x (every token row of the widest stage), the rings, the reduction slots."""
         kmax = max(st.k for st in self.stages)
-        rmax = max(self.rows_of(st) for st in self.stages)
-        red = 4 * (2 * self.m * THREADS // 32 + 2 * THREADS // 32 * self.m * rmax)
+        red = 4 * (2 * self.m * THREADS // 32 + self.acc_floats)
         return 2 * self.m * kmax + THREADS * self.ring * self.slot * 16 + red
 
     @property
     def name(self) -> str:
         ring = f"_r{self.ring}s{self.slot}" if (self.ring, self.slot) != (3, 7) else ""
-        tail = ("" if self.pdl else "_nopdl") + ring
+        tail = ("" if self.pdl else "_nopdl") + ("_mma" if self.math == "mma" else "") + ring
         return f"chain_{self.layer}_{self.seg}_m{self.m}{tail}"
 
     @property
@@ -222,13 +252,20 @@ def segment(layer: str, seg: str, m: int) -> tuple[tuple[ChainStage, ...], dict[
 
 # (ring, slot) shapes the benchmark times each segment with, alone, before it picks one per
 # segment: deeper rings keep more bytes in flight; a smaller slot leaves room for them where the
-# widest stage needs fewer vectors per row (segment c: K = 4352, 5 vectors)
-RINGS = ((3, 7), (2, 10), (4, 5), (5, 4), (2, 7))
+# widest stage needs fewer vectors per row (segment c: K = 4352, 5 vectors). The SIMT picks of
+# the recorded runs were all ring 2 or 4 with 56-120 KB in flight per CTA; the mma shapes span
+# 64-128 KB. At M = 1 and 2 every mma segment was 7-23 % slower than the SIMT one
+# (benchmarks/results/layer_h200_chain_run12.json), so mma is built for M = 4 only
+RINGS = {
+    "simt": ((3, 7), (2, 10), (4, 5), (5, 4), (2, 7)),
+    "mma": ((2, 8), (3, 4), (3, 6), (4, 4), (5, 4)),
+}
 
 
 def chain_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = CHAIN_MS
                   ) -> tuple[LayerChainConfig, ...]:  # fmt: skip
-    """Every segment at every (ring, slot) of RINGS that fits its stages and shared memory."""
+    """Every segment in every math form and (ring, slot) of RINGS that serves its M and fits its
+    stages and shared memory."""
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
@@ -237,12 +274,16 @@ def chain_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] =
     for kind in kinds:
         for m in ms:
             for seg in SEGMENTS:
-                for ring, slot in RINGS:
-                    try:
-                        out.append(LayerChainConfig(kind, seg, m, ring=ring, slot=slot,
-                                                    beta=beta, lbeta=lbeta))  # fmt: skip
-                    except ValueError:  # a slot too small for a stage's row, or too much smem
+                for math, rings in RINGS.items():
+                    if math == "mma" and m in SIMT_MS:  # SIMT is faster there (below)
                         continue
+                    for ring, slot in rings:
+                        try:
+                            cfg = LayerChainConfig(kind, seg, m, ring=ring, slot=slot, beta=beta,
+                                                   lbeta=lbeta, math=math)  # fmt: skip
+                            out.append(cfg)
+                        except ValueError:  # M not served, a slot too small, too much smem
+                            continue
     return tuple(out)
 
 
