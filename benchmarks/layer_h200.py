@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import statistics
@@ -778,15 +779,19 @@ def norm_variant(table: Any, n: int, k: int, m: int, residual: bool) -> str:
 
 
 def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
-                      picks: dict[str, str] | None = None) -> Callable[..., Any]:  # fmt: skip
+                      picks: dict[str, str] | None = None,
+                      table: dict[tuple[str, str, int], Any] | None = None
+                      ) -> Callable[..., Any]:  # fmt: skip
     """The opaque op launching one chain segment: (x, r, w, layer, seg) -> its flat Y, on the
-    variant `picks` names for "layer/seg/m" (the first one where it names none)."""
+    variant `picks` names for "layer/seg/m" (the first one where it names none). `table`, if
+    given, is filled with the (layer, seg, m) -> config map the op reads at each call, so a caller
+    can switch variants (the preflight's search in the layer)."""
     import torch
 
     from kimictl.kernels.layer_chain import chain_configs
 
     every = {c.name: c for c in chain_configs(kinds)}
-    cfgs: dict[tuple[str, str, int], Any] = {}
+    cfgs: dict[tuple[str, str, int], Any] = {} if table is None else table
     for c in every.values():  # the first variant of each segment where `picks` names none
         cfgs.setdefault((c.layer, c.seg, c.m), c)
     for key, name in (picks or {}).items():
@@ -838,12 +843,36 @@ def make_chain_layer(kind: str, chain: Callable[..., Any], standin: Callable[...
     return layer
 
 
+def graph_us(calls: list[Callable[[], Any]]) -> float:
+    """us per call: `calls` captured in order in one CUDA graph on a side stream, the median of
+    7 timed replays divided by their number."""
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    n = len(calls)
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / n)
+    return statistics.median(times)
+
+
 def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
-    """Child process, two parts, one JSON line per result. First every chain variant, alone, in
-    a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time, weight TB/s and
-    its output vs its torch model in fp64 (only variants within TOL are picked). Then the layer
-    on each segment's fastest variant, once per (kind, M), eager, three times (the barrier word
-    must reopen each time) vs fp64. A segment whose grid barrier never opens
+    """Child process, three parts, one JSON line per result. First every chain variant, alone,
+    in a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time, weight TB/s and
+    its output vs its torch model in fp64 (only variants within TOL can be picked); the fastest
+    per segment is the first pick. Then, per (kind, M), each segment's other variants in turn in
+    the layer (6 layers on 3 weight copies in a graph), kept where the layer runs > 0.3 % faster.
+    Then the layer on the picks, eager, three times (the barrier word must reopen each time) vs
+    fp64. A segment whose grid barrier never opens
     hangs this child, not the main run (its timeout)."""
     import torch
 
@@ -853,6 +882,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)
     best: dict[str, tuple[float, str]] = {}
+    sweep: list[dict[str, Any]] = []
     for cfg in chain_configs(kinds):
         sz = cfg.sizes
         x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
@@ -860,31 +890,47 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
         w = (0.02 * torch.randn(sz["w"], generator=gen, device="cuda")).to(torch.bfloat16)
         w[-COUNTER:] = 0  # the barrier word
         y = torch.empty(sz["y"], device="cuda", dtype=torch.bfloat16)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-            for _ in range(10):
-                lib.launch(cfg.name, x, w.view(1, -1), y, r)
-        times = []
-        for _ in range(7):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 100)  # us per launch
-        us = statistics.median(times)
+        us = graph_us([functools.partial(lib.launch, cfg.name, x, w.view(1, -1), y, r)] * 10)
         # the segment's own output (the last launch of the replays) vs its torch model in fp64
         err = rel_err(y, segment_ref(cfg, x.double(), r.double(), w.double()))
         key = f"{cfg.layer}/{cfg.seg}/{cfg.m}"
         if err <= TOL:  # a variant that computes something else is never picked
             best[key] = min(best.get(key, (us, cfg.name)), (us, cfg.name))
-        print(json.dumps({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - COUNTER) / us,
-                          "rel_err": err}), flush=True)  # fmt: skip
+        sweep.append({"sweep": cfg.name, "us": us, "tbps": 2e-6 * (sz["w"] - COUNTER) / us,
+                      "rel_err": err})  # fmt: skip
+        print(json.dumps(sweep[-1]), flush=True)
     picks = {key: name for key, (_, name) in best.items()}
-    print(json.dumps({"picks": picks}), flush=True)
-    chain = register_chain_op(lib.launch, kinds, picks)
+    table: dict[tuple[str, str, int], Any] = {}
+    chain = register_chain_op(lib.launch, kinds, picks, table)
     si = register_elem_ops(lib.launch, kinds)["standin"]
+    # then each segment's variants in turn inside the layer, the other two fixed: alone, a segment
+    # is timed after itself, in the layer after a stand-in (one pass; a change must gain > 0.3 %)
+    every = {c.name: c for c in chain_configs(kinds)}
+    ok_names = {r["sweep"] for r in sweep if r["rel_err"] <= TOL}
+    for kind in kinds:
+        fn = make_chain_layer(kind, chain, si)
+        ws = [make_weights(kind, gen, "cuda") for _ in range(3)]  # 3 x 230-261 MB: past the L2
+        for m in CHAIN_MS:
+            h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
+            layer = [functools.partial(fn, h, res, ws[i % 3]) for i in range(6)]
+            start = best_us = graph_us(layer)
+            for seg in ("a", "b", "c"):
+                key = f"{kind}/{seg}/{m}"
+                if key not in picks:  # no variant of the segment matched fp64
+                    continue
+                for name in sorted(ok_names):
+                    c = every[name]
+                    if (c.layer, c.seg, c.m) != (kind, seg, m) or name == picks[key]:
+                        continue
+                    table[(kind, seg, m)] = c
+                    us = graph_us(layer)
+                    if us < best_us * 0.997:
+                        best_us, picks[key] = us, name
+                    table[(kind, seg, m)] = every[picks[key]]
+            print(json.dumps({"search": f"{kind}/{m}", "us_alone_picks": start,
+                              "us_layer_picks": best_us}), flush=True)  # fmt: skip
+    print(json.dumps({"picks": picks}), flush=True)
     for kind in kinds:
         w = make_weights(kind, gen, "cuda")
         wref = {k: v.double() for k, v in w.items()}
@@ -1372,6 +1418,7 @@ def main() -> int:
     chain_ok: set[tuple[str, int]] = set()
     chain_picks: dict[str, str] = {}
     chain_sweep: list[dict[str, Any]] = []
+    chain_search: list[dict[str, Any]] = []
     if CHAIN_VARIANT in variants and (not args.variants or CHAIN_VARIANT in args.variants):
         try:
             pre_c = subprocess.run(
@@ -1386,6 +1433,7 @@ def main() -> int:
         chain_ok = {(r["kind"], r["m"]) for r in chain_out if r.get("ok")}
         chain_picks = next((r["picks"] for r in chain_out if "picks" in r), {})
         chain_sweep = [r for r in chain_out if "sweep" in r]
+        chain_search = [r for r in chain_out if "search" in r]
         stamp(f"chain preflight: {[r for r in chain_out if 'sweep' not in r]} {chain_err}")
     if not chain_ok:
         variants = tuple(v for v in variants if v != CHAIN_VARIANT)
@@ -1498,7 +1546,7 @@ def main() -> int:
             "err": pre_e.stderr[-2000:],
         },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
-        "chain": {"picks": chain_picks, "sweep": chain_sweep},
+        "chain": {"picks": chain_picks, "sweep": chain_sweep, "search": chain_search},
         "vllm_plan": {"error": vllm_err, "used": vllm_used},
         "layers": {},
     }
