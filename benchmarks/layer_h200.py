@@ -872,8 +872,8 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     per segment is the first pick. Then, per (kind, M), each segment's other variants in turn in
     the layer (6 layers on 3 weight copies in a graph), kept where the layer runs > 0.3 % faster.
     Then the layer on the picks, eager, three times (the barrier word must reopen each time) vs
-    fp64. A segment whose grid barrier never opens
-    hangs this child, not the main run (its timeout)."""
+    fp64. A segment whose grid barrier never opens hangs this child, not the main run (its
+    timeout)."""
     import torch
 
     from kimictl.kernels.harness import open_library

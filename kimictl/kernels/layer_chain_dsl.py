@@ -22,7 +22,6 @@ from kimictl.kernels.layer_chain import (
     LayerChainConfig,
     arrive_add,
 )
-from kimictl.kernels.layer_elem import EPS
 from kimictl.kernels.layer_elem_dsl import VEC, LayerElem
 from kimictl.kernels.tcstream_gemm_dsl import mma_bf16_16816
 
@@ -97,11 +96,11 @@ class LayerChain(LayerElem):
             self._norm_rows(fx, fw, sXv, width, sRed, tidx)
         for m in cutlass.range_constexpr(self.m):
             if const_expr(st.pro == "rmssitu"):
-                self._situ_store(fg[None, None, m], fu[None, None, m], sXv, half,
-                                 m * self.kmax + width, tidx)  # fmt: skip
+                self._act_store(fu[None, None, m], fg[None, None, m], sXv, half,
+                                m * self.kmax + width, tidx, "situ")  # fmt: skip
             elif const_expr(st.pro == "gate"):  # a * sigmoid(gate)
-                self._gate_store(fx[None, None, m], f2[None, None, m], sXv, width,
-                                 m * self.kmax, tidx)  # fmt: skip
+                self._act_store(fx[None, None, m], f2[None, None, m], sXv, width,
+                                m * self.kmax, tidx, "gate")  # fmt: skip
             elif const_expr(st.pro == "plain"):
                 for j in cutlass.range_constexpr(per):
                     v = j * self.threads + tidx
@@ -115,32 +114,11 @@ class LayerChain(LayerElem):
                    tidx: cutlass.Int32) -> None:  # fmt: skip
         """x[m] = norm(fx[:, :, m]) * fw into shared memory (row m at m * kmax), every token
         row's sum of squares through one CTA barrier (sRed rows 0..m-1)."""
-        nv, per = self._vectors(width)
-        fo = cute.make_rmem_tensor((VEC,), BFloat16)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         for m in cutlass.range_constexpr(self.m):
-            q = Float32(0.0)
-            for j in cutlass.range_constexpr(per):
-                x32 = fx[None, j, m].load().to(Float32)
-                for e in cutlass.range_constexpr(VEC):
-                    q = q + x32[e] * x32[e]
-            q = cute.arch.warp_reduction_sum(q)
-            if tidx % 32 == 0:
-                sRed[m, tidx // 32] = q
+            self._sumsq(fx[None, None, m], width, sRed, m, tidx)
         cute.arch.sync_threads()
         for m in cutlass.range_constexpr(self.m):
-            t = Float32(0.0)
-            for w in cutlass.range_constexpr(THREADS // 32):
-                t = t + sRed[m, w]
-            scale = cute.math.rsqrt(t / Float32(width) + Float32(EPS))
-            for j in cutlass.range_constexpr(per):
-                v = j * self.threads + tidx
-                if v < nv:
-                    x32 = fx[None, j, m].load().to(Float32)
-                    w32 = fw[None, j].load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        fo[e] = (x32[e] * scale * w32[e]).to(BFloat16)
-                    cute.copy(atom, fo, sXv[(None, m * (self.kmax // VEC) + v)])
+            self._scale_store(fx[None, None, m], fw, sXv, width, m * self.kmax, sRed, m, tidx)
 
     @cute.jit
     def _side(self, i: cutlass.Constexpr, gW: cute.Tensor, gY: cute.Tensor, sRed: cute.Tensor,

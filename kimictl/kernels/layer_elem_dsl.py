@@ -79,10 +79,21 @@ class LayerElem:
         tidx: cutlass.Int32,
     ) -> None:
         """y[y_base ..] = norm(x) * w over `width` columns, x and w loaded by _load_row."""
-        nv, per = self._vectors(width)
-        n_warps = self.threads // 32
-        fo = cute.make_rmem_tensor((VEC,), BFloat16)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        self._sumsq(fx, width, sRed, slot, tidx)
+        cute.arch.sync_threads()
+        self._scale_store(fx, fw, gY, width, y_base, sRed, slot, tidx)
+
+    @cute.jit
+    def _sumsq(
+        self,
+        fx: cute.Tensor,
+        width: cutlass.Constexpr,
+        sRed: cute.Tensor,
+        slot: cutlass.Constexpr,
+        tidx: cutlass.Int32,
+    ) -> None:
+        """This warp's part of sum(x^2) into sRed[slot, warp] (a CTA barrier must follow)."""
+        _, per = self._vectors(width)
         q = Float32(0.0)
         for j in cutlass.range_constexpr(per):
             x32 = fx[None, j].load().to(Float32)
@@ -91,9 +102,25 @@ class LayerElem:
         q = cute.arch.warp_reduction_sum(q)
         if tidx % 32 == 0:
             sRed[slot, tidx // 32] = q
-        cute.arch.sync_threads()
+
+    @cute.jit
+    def _scale_store(
+        self,
+        fx: cute.Tensor,
+        fw: cute.Tensor,
+        gY: cute.Tensor,
+        width: cutlass.Constexpr,
+        y_base: cutlass.Int32,
+        sRed: cute.Tensor,
+        slot: cutlass.Constexpr,
+        tidx: cutlass.Int32,
+    ) -> None:
+        """y[y_base ..] = x * rsqrt(mean(x^2) + eps) * w, the warps' sums read from sRed[slot]."""
+        nv, per = self._vectors(width)
+        fo = cute.make_rmem_tensor((VEC,), BFloat16)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         t = Float32(0.0)
-        for w in cutlass.range_constexpr(n_warps):
+        for w in cutlass.range_constexpr(self.threads // 32):
             t = t + sRed[slot, w]
         scale = cute.math.rsqrt(t / Float32(width) + Float32(EPS))
         for j in cutlass.range_constexpr(per):
@@ -128,45 +155,19 @@ class LayerElem:
         self._norm_store(fx, fw, gY, width, y_base, sRed, slot, tidx)
 
     @cute.jit
-    def _situ_store(
+    def _act_store(
         self,
-        fg: cute.Tensor,
-        fu: cute.Tensor,
-        gY: cute.Tensor,
-        width: cutlass.Constexpr,
-        y_base: cutlass.Int32,
-        tidx: cutlass.Int32,
-    ) -> None:
-        """y[y_base ..] = beta*tanh(g/beta)*sigmoid(g) * lb*tanh(u/lb) over `width` columns."""
-        nv, per = self._vectors(width)
-        fo = cute.make_rmem_tensor((VEC,), BFloat16)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        beta, lbeta = Float32(self.cfg.beta), Float32(self.cfg.lbeta)
-        ibeta, ilbeta = Float32(1.0 / self.cfg.beta), Float32(1.0 / self.cfg.lbeta)
-        half = Float32(0.5)
-        for j in cutlass.range_constexpr(per):
-            v = j * self.threads + tidx
-            if v < nv:
-                g32 = fg[None, j].load().to(Float32)
-                u32 = fu[None, j].load().to(Float32)
-                for e in cutlass.range_constexpr(VEC):
-                    g = g32[e]
-                    sg = half + half * cute.math.tanh(g * half, approx=True)
-                    a = beta * cute.math.tanh(g * ibeta, approx=True) * sg
-                    fo[e] = (a * lbeta * cute.math.tanh(u32[e] * ilbeta, approx=True)).to(BFloat16)
-                cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
-
-    @cute.jit
-    def _gate_store(
-        self,
-        fa: cute.Tensor,
+        fx: cute.Tensor,
         fg: cute.Tensor,
         gY: cute.Tensor,
         width: cutlass.Constexpr,
         y_base: cutlass.Int32,
         tidx: cutlass.Int32,
+        act: cutlass.Constexpr,
     ) -> None:
-        """y[y_base ..] = a * sigmoid(g) over `width` columns (sigmoid on the hardware tanh)."""
+        """y[y_base ..] over `width` columns, sigmoid on the hardware tanh: act "gate":
+        x * sigmoid(g); act "situ": beta*tanh(g/beta)*sigmoid(g) * lb*tanh(x/lb) (x is the up
+        half)."""
         nv, per = self._vectors(width)
         fo = cute.make_rmem_tensor((VEC,), BFloat16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
@@ -174,11 +175,20 @@ class LayerElem:
         for j in cutlass.range_constexpr(per):
             v = j * self.threads + tidx
             if v < nv:
-                a32 = fa[None, j].load().to(Float32)
+                x32 = fx[None, j].load().to(Float32)
                 g32 = fg[None, j].load().to(Float32)
                 for e in cutlass.range_constexpr(VEC):
                     sg = half + half * cute.math.tanh(g32[e] * half, approx=True)
-                    fo[e] = (a32[e] * sg).to(BFloat16)
+                    if const_expr(act == "gate"):
+                        fo[e] = (x32[e] * sg).to(BFloat16)
+                    else:
+                        beta, lbeta = Float32(self.cfg.beta), Float32(self.cfg.lbeta)
+                        ibeta = Float32(1.0 / self.cfg.beta)
+                        ilbeta = Float32(1.0 / self.cfg.lbeta)
+                        a = beta * cute.math.tanh(g32[e] * ibeta, approx=True) * sg
+                        fo[e] = (a * lbeta * cute.math.tanh(x32[e] * ilbeta, approx=True)).to(
+                            BFloat16
+                        )
                 cute.copy(atom, fo, gY[(None, y_base // VEC + v)])
 
     @cute.kernel
@@ -233,7 +243,7 @@ class LayerElem:
                 cute.arch.griddepcontrol_wait()
             self._load_row(gX, row, 0, cfg.width, fa, tidx)
             self._load_row(gR, row, cfg.off, cfg.width, fg, tidx)
-            self._gate_store(fa, fg, gY, cfg.width, row * cfg.width, tidx)
+            self._act_store(fa, fg, gY, cfg.width, row * cfg.width, tidx, "gate")
         elif const_expr(self.op == "copy"):  # the stand-in: y = x[:, :width], in the PDL chain
             nv, per = self._vectors(cfg.width)
             fx = cute.make_rmem_tensor((VEC, per), BFloat16)
@@ -264,7 +274,7 @@ class LayerElem:
             self._load_row(gR, row, cfg.off, cfg.seg2, fg, tidx)
             self._load_row(gR, row, cfg.off + cfg.seg2, cfg.seg2, fu, tidx)
             self._load_row(gX, row, 0, cfg.width, fx, tidx)
-            self._situ_store(fg, fu, gY, cfg.seg2, row * row_w + cfg.width, tidx)
+            self._act_store(fu, fg, gY, cfg.seg2, row * row_w + cfg.width, tidx, "situ")
             self._norm_store(fx, fw, gY, cfg.width, row * row_w, sRed, 0, tidx)
         else:  # situ: act = SiTU(g) * lin(u) from X; R = fp32 logits
             nl, per_l = self._vectors(cfg.aux_w)
@@ -276,7 +286,7 @@ class LayerElem:
                 cute.arch.griddepcontrol_wait()
             self._load_row(gX, row, cfg.off, cfg.width, fg, tidx)
             self._load_row(gX, row, cfg.off + cfg.width, cfg.width, fu, tidx)
-            self._situ_store(fg, fu, gY, cfg.width, row * cfg.width, tidx)
+            self._act_store(fu, fg, gY, cfg.width, row * cfg.width, tidx, "situ")
             for j in cutlass.range_constexpr(per_l):
                 v = j * self.threads + tidx
                 if v < nl:
