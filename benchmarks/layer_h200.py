@@ -1361,10 +1361,18 @@ def main() -> int:
         return preflight_new(args.build)
     if args.preflight_chain:
         return preflight_chain(args.build, tuple(args.kinds.split(",")))
+    if not (args.build / "sm_90a" / "manifest.json").is_file():
+        print(f"error: no kernel build in {args.build} (no sm_90a/manifest.json): run "
+              "--make-build first", file=sys.stderr)  # fmt: skip
+        return 1
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device: the layer is timed on an NVIDIA GPU (--smoke and --report "
+              "run without one)", file=sys.stderr)  # fmt: skip
+        return 1
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-
-    import torch
 
     from kimictl.kernels.dispatch import descend
     from kimictl.kernels.harness import open_library
