@@ -1,11 +1,24 @@
 """Proof against the real CPU server (issue 15): with the shipped cpu-demo profile's histogram
 buckets the server-side windowed interactivity (the monitor's computation, observe.metrics) agrees
-with bench's client-side percentiles over the same window; with vLLM's default buckets the same
-window is marked unresolved instead of showing a number."""
+with the clients' own per-request timings over the same window; with vLLM's default buckets the
+same window is marked unresolved instead of showing a number.
+
+How close "agrees" can be: a histogram percentile at quantile q of N requests is interpolated
+inside the bucket that holds the request of rank ceil(q*N) (Prometheus' rank convention), so it
+pins that request's TPOT to one bucket (ratio 1.1) and says nothing finer. bench's own percentiles
+interpolate between order statistics (numpy's convention): at p10 of 16 requests that is between
+the 2nd and 3rd fastest, while the histogram reads the 2nd, and one request running alone at the
+end of a closed loop makes those two differ by more than a bucket. So the check is per rank: the
+clients' request of that rank lies in the server's bucket, give or take the clients' delivery
+jitter (`CLOCK_SLACK`).
+"""
 
 from __future__ import annotations
 
+import bisect
+import csv
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +31,9 @@ from kimictl.runtime.deployment.profiles import load_profile
 pytestmark = pytest.mark.slow
 
 LOAD = ["--input-len", "32", "--output-len", "256", "--concurrency", "2", "--warmup", "2"]
+# The clients time the first and last token on delivery, the engine on generation: a few ms of
+# jitter over a ~2.5 s decode, well under this.
+CLOCK_SLACK = 0.03
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +50,25 @@ def demo_buckets_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 
 
 def _bench(server: Server, tmp_path: Path, prompts: int) -> dict:
-    out = tmp_path / "r.json"
-    args = ["bench", "-t", server.url, *LOAD, "--num-prompts", str(prompts), "--json", str(out)]
+    out, rows = tmp_path / "r.json", tmp_path / "r.csv"
+    out.unlink(missing_ok=True)
+    rows.unlink(missing_ok=True)
+    args = ["bench", "-t", server.url, *LOAD, "--num-prompts", str(prompts)]
+    args += ["--json", str(out), "--csv", str(rows)]
     proc = run_cli_diagnosed(args, timeout=900, server=server)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
+    with rows.open(newline="") as fh:
+        measured = [r for r in csv.DictReader(fh) if r["warmup"] == "0" and r["ok"] == "1"]
+    run["client_tpots_ms"] = sorted(float(r["tpot_ms"]) for r in measured if r["tpot_ms"])
     return run
+
+
+def _bucket_ms(bounds_s: list[float], value_ms: float) -> tuple[float, float]:
+    """The histogram bucket (ms) a percentile of `value_ms` was interpolated in."""
+    i = bisect.bisect_left(bounds_s, value_ms / 1000.0)
+    assert 0 < i < len(bounds_s), (value_ms, "outside the resolved buckets")
+    return bounds_s[i - 1] * 1000.0, bounds_s[i] * 1000.0
 
 
 def _burst_delivered(client: dict, server: dict) -> bool:
@@ -62,18 +91,23 @@ def test_monitor_agrees_with_bench_clients_with_the_shipped_buckets(
         run = _bench(demo_buckets_server, tmp_path, prompts=16)
         client = run["kimictl"]["interactivity_tok_s_per_user"]
         server = run["kimictl"]["server_view"]
+    tpots = run["client_tpots_ms"]
     # `pytest -s` shows the figures (benchmarks/RESULTS.md quotes them)
-    print("\nagreement", json.dumps({"server": server, "client": client}, default=str)[:4000])
-    assert server["requests_finished"] == 16 and server["unresolved"] == {}
-    for server_key, client_key in (
-        ("interactivity_p50", "p50"),
-        ("interactivity_p90", "p90_fast_tail"),
-    ):
-        assert server[server_key] == pytest.approx(client[client_key], rel=0.10), (
+    shown = {"server": server, "client": client, "client_tpots_ms": tpots}
+    print("\nagreement", json.dumps(shown, default=str)[:4000])
+    assert server["requests_finished"] == len(tpots) == 16 and server["unresolved"] == {}
+    bounds = load_profile("cpu-demo").spec.custom_histogram_buckets[buckets.FAMILY]
+    for server_key, q in (("tpot_p50_ms", 0.50), ("tpot_p10_ms", 0.10)):
+        low, high = _bucket_ms(bounds, server[server_key])
+        ranked = tpots[math.ceil(q * len(tpots)) - 1]
+        assert low * (1 - CLOCK_SLACK) <= ranked <= high * (1 + CLOCK_SLACK), (
             server_key,
             server[server_key],
-            client[client_key],
+            (low, high),
+            ranked,
         )
+    # the headline the monitor shows, against bench's: the median is not a tail, 10% holds
+    assert server["interactivity_p50"] == pytest.approx(client["p50"], rel=0.10)
 
 
 def test_default_buckets_mark_the_same_window_unresolved(
