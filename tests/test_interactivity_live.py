@@ -10,7 +10,7 @@ interpolate between order statistics (numpy's convention): at p10 of 16 requests
 the 2nd and 3rd fastest, while the histogram reads the 2nd, and one request running alone at the
 end of a closed loop makes those two differ by more than a bucket. So the check is per rank: the
 clients' request of that rank lies in the server's bucket, give or take the clients' delivery
-jitter (`CLOCK_SLACK`).
+jitter and backlog (`CLOCK_SLACK`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 
 LOAD = ["--input-len", "32", "--output-len", "256", "--concurrency", "2", "--warmup", "2"]
 # The clients time the first and last token on delivery, the engine on generation: a few ms of
-# jitter over a ~2.5 s decode, well under this.
-CLOCK_SLACK = 0.03
+# jitter over a ~2.5 s decode is ~0.2 %; the margin is for the API server's delivery backlog when
+# the 2-core box is loaded (one spin loop beside it kept every rank inside its bucket).
+CLOCK_SLACK = 0.05
 
 
 @pytest.fixture(scope="module")
