@@ -172,6 +172,9 @@ class LayerElem:
         fo = cute.make_rmem_tensor((VEC,), BFloat16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         half = Float32(0.5)
+        if const_expr(act == "situ"):  # the betas once, not per element
+            beta, lbeta = Float32(self.cfg.beta), Float32(self.cfg.lbeta)
+            ibeta, ilbeta = Float32(1.0 / self.cfg.beta), Float32(1.0 / self.cfg.lbeta)
         for j in cutlass.range_constexpr(per):
             v = j * self.threads + tidx
             if v < nv:
@@ -182,9 +185,6 @@ class LayerElem:
                     if const_expr(act == "gate"):
                         fo[e] = (x32[e] * sg).to(BFloat16)
                     else:
-                        beta, lbeta = Float32(self.cfg.beta), Float32(self.cfg.lbeta)
-                        ibeta = Float32(1.0 / self.cfg.beta)
-                        ilbeta = Float32(1.0 / self.cfg.lbeta)
                         a = beta * cute.math.tanh(g32[e] * ibeta, approx=True) * sg
                         fo[e] = (a * lbeta * cute.math.tanh(x32[e] * ilbeta, approx=True)).to(
                             BFloat16
