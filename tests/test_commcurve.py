@@ -1,5 +1,5 @@
 """`kimictl tune --comm-curve`: the measured 2 x H200 all-reduce curve as the model's
-communication term (issue 18). The curve is the committed benchmarks/allreduce.py result."""
+communication term (issue 18). The curve is the committed lab/bench/allreduce.py result."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning.commcurve import load_comm_curve
 from kimictl.runtime.tuning.systems import SYSTEMS
 
-CURVE = Path(__file__).parents[1] / "benchmarks" / "results" / "allreduce_h200x2.json"
+CURVE = Path(__file__).parents[1] / "tests" / "fixtures" / "runs" / "allreduce_h200x2.json"
 ROWS = json.loads(CURVE.read_text())["rows"]
 
 

@@ -1,6 +1,6 @@
 """The checks' math: statistics against known values, the schema validator, and every check's
 scoring on responses recorded from real vLLM CPU servers (tests/fixtures/evals/, captured with
-benchmarks/validate_false_alarms.py --capture: an identical twin and a twin with its last layer
+lab/bench/validate_false_alarms.py --capture: an identical twin and a twin with its last layer
 scaled by 1+1e-2)."""
 
 from __future__ import annotations

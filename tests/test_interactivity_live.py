@@ -93,7 +93,7 @@ def test_monitor_agrees_with_bench_clients_with_the_shipped_buckets(
         client = run["kimictl"]["interactivity_tok_s_per_user"]
         server = run["kimictl"]["server_view"]
     tpots = run["client_tpots_ms"]
-    # `pytest -s` shows the figures (benchmarks/RESULTS.md quotes them)
+    # `pytest -s` shows the figures (docs/results.md quotes them)
     shown = {"server": server, "client": client, "client_tpots_ms": tpots}
     print("\nagreement", json.dumps(shown, default=str)[:4000])
     assert server["requests_finished"] == len(tpots) == 16

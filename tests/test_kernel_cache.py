@@ -1,4 +1,4 @@
-"""doctor's prebuilt-kernel-cache rule and the versioned cache layout (runtime.kernel_cache)."""
+"""doctor's prebuilt-kernel-cache rule and the versioned cache layout (kimictl.kernels.vllm.cache)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kimictl.kernels.vllm.cache import MANIFEST, deployment_hash, find_cache
+from kimictl.kernels.vllm.plan import plan_units
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.kernel_cache import CHECK_ID, kernel_cache_check
 from kimictl.runtime.checks.stack import PackageCheck, StackReport
 from kimictl.runtime.deployment.profiles import load_profile
-from kimictl.runtime.kernel_cache import MANIFEST, deployment_hash, find_cache
-from kimictl.runtime.kernel_plan import plan_units
 
 GB300 = (10, 3)
 

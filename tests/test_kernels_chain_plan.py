@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.bench import CELL_TOP, settle_chains, tune_chain
-from kimictl.kernels.dispatch import (
+from kimictl.kernels.toolchain.bench import CELL_TOP, settle_chains, tune_chain
+from kimictl.kernels.toolchain.dispatch import (
     CHAIN_KIMICTL,
     CHAIN_MARGIN,
     CHAIN_MIX,
@@ -28,11 +28,11 @@ from kimictl.kernels.dispatch import (
     Measurement,
     pick_chain_plan,
 )
-from kimictl.kernels.vllm_plugin import module_plan
+from kimictl.kernels.vllm.plugin import module_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-HARNESS = ROOT / "benchmarks" / "results" / "kernels_vs_vllm"
+HARNESS = ROOT / "tests" / "fixtures" / "runs" / "kernels_vs_vllm"
 LAYER = [(s, n, k) for s, n, k in K3_GEMM_SHAPES if s != "lm_head"]
 QKV_A, O_PROJ = (2112, 7168), (7168, 1536)
 
@@ -223,7 +223,7 @@ def test_recorded_h200_chains_keep_the_fastest_layer_and_the_plugin_follows():
     assert route.provider == "kimictl" and route.us > route.vllm_us
 
 
-CHAIN_RUN = ROOT / "benchmarks" / "results" / "kernels_vs_vllm_chain"
+CHAIN_RUN = ROOT / "tests" / "fixtures" / "runs" / "kernels_vs_vllm_chain"
 
 
 def test_recorded_chain_aware_table_keeps_what_its_bench_measured_fastest():
@@ -341,7 +341,7 @@ def test_tune_chain_on_the_recorded_table_with_a_chain_cost_model(m):
     assert _switches(found[3.0], LAYER) <= _switches(found[0.0], LAYER)
 
 
-TUNED_RUN = ROOT / "benchmarks" / "results" / "kernels_vs_vllm_tuned4"
+TUNED_RUN = ROOT / "tests" / "fixtures" / "runs" / "kernels_vs_vllm_tuned4"
 
 
 def test_recorded_tuned_table_is_what_its_bench_kept_and_what_the_harness_timed():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.kernels.node import KERNEL_STACK, plan_stack
 from kimictl.runtime.checks.hardware import Unavailable
+from kimictl.runtime.checks.kernel_stack import KERNEL_STACK, plan_stack
 from kimictl.runtime.checks.stack import PINNED, PackageCheck, StackReport
 
 
@@ -48,7 +48,7 @@ def test_build_rejects_unknown_arch(capsys):
 
 
 def test_build_out_that_is_a_file_is_bad_input_and_the_file_survives(tmp_path):
-    from kimictl.kernels.build import dsl_version
+    from kimictl.kernels.toolchain.build import dsl_version
 
     if dsl_version() is None:
         pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
@@ -131,9 +131,9 @@ def test_driver_must_support_cuda_13(driver, ok):
 def test_bench_rendering_of_the_recorded_h200_run(capsys):
 
     from kimictl.commands.kernels import _render_bench
-    from kimictl.kernels.bench import BenchReport
+    from kimictl.kernels.toolchain.bench import BenchReport
 
-    path = Path(__file__).parents[1] / "benchmarks" / "results" / "kernels_h200_bench.json"
+    path = Path(__file__).parents[1] / "tests" / "fixtures" / "runs" / "kernels_h200_bench.json"
     raw = json.loads(path.read_text())
     report = BenchReport.from_json(raw)
     # the object recomputes the same summary the device wrote
@@ -151,7 +151,7 @@ def test_bench_rendering_of_the_recorded_h200_run(capsys):
 
 H200_TABLE = Path(__file__).parent / "fixtures" / "kernels" / "bench_h200_table.json"
 H200_FINAL_BENCH = (
-    Path(__file__).parents[1] / "benchmarks" / "results" / "kernels_h200_final_bench.json"
+    Path(__file__).parents[1] / "tests" / "fixtures" / "runs" / "kernels_h200_final_bench.json"
 )
 
 
@@ -180,7 +180,7 @@ def test_table_of_the_recorded_h200_run(capsys):
 def test_table_renders_every_shape_and_the_geomean(capsys):
     assert main(["kernels", "table", "--from", str(H200_TABLE)]) == 0
     out = capsys.readouterr().out
-    from kimictl.kernels.dispatch import K3_GEMM_SHAPES
+    from kimictl.kernels.toolchain.dispatch import K3_GEMM_SHAPES
 
     assert all(name in out for name, _n, _k in K3_GEMM_SHAPES)
     assert "81 of 84 points" in out and "1.39x" in out and "cuBLAS" in out
@@ -258,7 +258,7 @@ def test_table_at_80_columns_keeps_every_cell_whole(capsys):
     import re
     from collections import Counter
 
-    from kimictl.kernels.dispatch import family_of
+    from kimictl.kernels.toolchain.dispatch import family_of
 
     doc = _table_json(capsys, "--from", str(H200_TABLE))
     narrow = _rendered_at(80, "kernels", "table", "--from", str(H200_TABLE))

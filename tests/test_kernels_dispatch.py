@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.kernels.build import ALL_CONFIGS
-from kimictl.kernels.dispatch import (
+from kimictl.kernels.toolchain.build import ALL_CONFIGS
+from kimictl.kernels.toolchain.dispatch import (
     K3_GEMM_SHAPES,
     DispatchTable,
     Measurement,
@@ -130,9 +130,9 @@ def test_recorded_h200_table_never_dispatches_slower_than_cublas():
 
 
 def test_recorded_h200_table_is_three_way_and_never_slower_than_vllms_plan():
-    from kimictl.kernels.dispatch import VLLM_MARGIN
+    from kimictl.kernels.toolchain.dispatch import VLLM_MARGIN
 
-    # one H200 run of benchmarks/kernels_h200.py --vllm-harness: cuBLAS, every kimictl variant
+    # one H200 run of lab/bench/kernels_h200.py --vllm-harness: cuBLAS, every kimictl variant
     # and vLLM 0.33's own SM90 plan (CuTe skinny GEMM, dsv3_fused_a or its cuBLAS fallback)
     table = DispatchTable.load(FIXTURES / "bench_h200_table_3way.json")
     names = {c.name for c in ALL_CONFIGS}
@@ -172,7 +172,7 @@ def test_chain_guard_sends_every_point_of_that_m_to_cublas_and_survives_json():
 
 
 def test_family_restriction_picks_the_best_allowed_kernel_and_survives_json():
-    from kimictl.kernels.dispatch import family_of
+    from kimictl.kernels.toolchain.dispatch import family_of
 
     assert family_of("wgmma_m8_g1_k128_st4_s8") == "wgmma"
     assert family_of("wstream_m1_t128_u7_r2_et") == "wstream"
@@ -195,7 +195,7 @@ def test_family_restriction_picks_the_best_allowed_kernel_and_survives_json():
 
 
 def test_layer_chain_restriction_needs_to_beat_all_families_by_the_margin():
-    from kimictl.kernels.dispatch import ALL_FAMILIES, CHAIN_MARGIN, pick_family_set
+    from kimictl.kernels.toolchain.dispatch import ALL_FAMILIES, CHAIN_MARGIN, pick_family_set
 
     base = 137.6
     # within the margin: keep the per-point winners
@@ -209,7 +209,7 @@ def test_layer_chain_restriction_needs_to_beat_all_families_by_the_margin():
 
 
 def test_settle_chains_restricts_an_m_whose_family_subset_chain_won():
-    from kimictl.kernels.bench import settle_chains
+    from kimictl.kernels.toolchain.bench import settle_chains
 
     t = _table(
         Measurement(7168, 768, 1, 5.4, {"wgmma_m1_a": 3.72, "tcstream_m1_b": 3.86}),

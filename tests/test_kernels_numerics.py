@@ -1,7 +1,7 @@
 """Numerics. CPU: the references (fp32 and fp64 math) against an independent float64 dot product,
 and the host wrapper's input checks (run where torch is: this interpreter or kimictl's CPU vLLM
 runtime). GPU: the verify output recorded on the lent H200 by
-benchmarks/kernels_h200.py, committed as a fixture: it must cover every built variant of the
+lab/bench/kernels_h200.py, committed as a fixture: it must cover every built variant of the
 current kernel source, every M, the odd sizes, and pass every check."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import torch_python
 
-from kimictl.kernels.build import ALL_CONFIGS, source_hash
-from kimictl.kernels.tcstream_gemm import TC_MS
-from kimictl.kernels.verify import REL_TOL, VERIFY_SHAPES
+from kimictl.kernels.gemm.tcstream_gemm import TC_MS
+from kimictl.kernels.toolchain.build import ALL_CONFIGS, source_hash
+from kimictl.kernels.toolchain.verify import REL_TOL, VERIFY_SHAPES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "verify_h200.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def reference_runs() -> dict:
     return _in_torch(
         f"""
         import torch
-        from kimictl.kernels.wstream_gemm import wstream_gemm_ref
+        from kimictl.kernels.gemm.wstream_gemm import wstream_gemm_ref
         out = {{}}
         for m, n, k in {CASES}:
             rng = random.Random(m * 1000 + n * 10 + k)
@@ -87,7 +87,7 @@ def test_host_wrapper_rejects_bad_inputs_before_any_launch():
     out = _in_torch(
         """
         import torch
-        from kimictl.kernels.wstream_gemm import wstream_gemm
+        from kimictl.kernels.gemm.wstream_gemm import wstream_gemm
         bf = torch.bfloat16
         x = torch.zeros((2, 12), dtype=bf)
         msgs = []
@@ -127,7 +127,7 @@ def test_recorded_verify_passed_on_h200(recorded: dict):
 
 def test_recorded_verify_is_of_the_current_kernel_source(recorded: dict):
     assert recorded["manifest"]["source_hash"] == source_hash(), (
-        "kernel source changed since the H200 verify: rerun benchmarks/kernels_h200.py"
+        "kernel source changed since the H200 verify: rerun lab/bench/kernels_h200.py"
     )
 
 

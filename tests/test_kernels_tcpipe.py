@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels import build as kbuild
-from kimictl.kernels.build import embedded_sm
-from kimictl.kernels.tcpipe_gemm import MAX_ACC, PIPE_CONFIGS, SMEM_LIMIT, TcPipeConfig
+from kimictl.kernels.gemm.tcpipe_gemm import MAX_ACC, PIPE_CONFIGS, SMEM_LIMIT, TcPipeConfig
+from kimictl.kernels.toolchain import build as kbuild
+from kimictl.kernels.toolchain.build import embedded_sm
 
 # The two code paths that differ beyond constants: one CTA per row block (shared-memory
 # reduction over 2 k-warps, fused residual) and a 4-CTA cluster splitting K (distributed shared

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels import build as kbuild
-from kimictl.kernels.build import embedded_sm
-from kimictl.kernels.dispatch import K3_GEMM_SHAPES, VLLM_MARGIN, DispatchTable
-from kimictl.kernels.tcws_gemm import BAR_BYTES, SMEM_LIMIT, WS_CONFIGS, WS_SHIPPED, TcWsConfig
+from kimictl.kernels.gemm.tcws_gemm import BAR_BYTES, SMEM_LIMIT, WS_CONFIGS, WS_SHIPPED, TcWsConfig
+from kimictl.kernels.toolchain import build as kbuild
+from kimictl.kernels.toolchain.build import embedded_sm
+from kimictl.kernels.toolchain.dispatch import K3_GEMM_SHAPES, VLLM_MARGIN, DispatchTable
 
 
 def test_name_spells_every_knob():
@@ -57,12 +57,11 @@ def test_sweep_targets_the_dsv3_cells_and_only_the_winners_ship():
     # x producers: one warp per 8 tokens, so each producer thread issues the same chunk count
     assert all(c.x_warps == c.mt // 8 for c in WS_CONFIGS)
     fam = kbuild.FAMILIES["tcws_gemm"]
-    assert fam.shipped and fam.arches == ("sm_90a",)
+    assert fam.arches == ("sm_90a",)
     shipped = [c for c in kbuild.ALL_CONFIGS if c.kernel == "tcws_gemm"]
     assert shipped == list(WS_SHIPPED) and set(WS_SHIPPED) < set(WS_CONFIGS)
-    assert "tcws_gemm" not in {c.kernel for c in kbuild.EXPERIMENTAL_CONFIGS}
     # it reuses tcpipe's fragment helpers: a change there must rebuild tcws
-    assert "tcpipe_gemm_dsl.py" in fam.sources
+    assert "kimictl.kernels.gemm.tcpipe_gemm_dsl" in fam.sources
 
 
 def test_build_exports_tcws_for_hopper_only(tmp_path: Path):
@@ -85,7 +84,7 @@ def test_m4_runs_the_8_token_tile():
     assert cfg.name == "tcws_m4_r16_k8_b256_p6_w2x1"
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/dsv3_cells/dsv3_cells.json"
+RESULTS = Path(__file__).resolve().parents[1] / "tests/fixtures/runs/dsv3_cells/dsv3_cells.json"
 
 
 def test_shipped_variants_won_and_were_verified_in_the_recorded_run():
@@ -109,7 +108,7 @@ def test_shipped_variants_won_and_were_verified_in_the_recorded_run():
 
 ROOT = Path(__file__).resolve().parents[1]
 TCWS_TABLE = ROOT / "tests/fixtures/kernels/bench_h200_table_3way_tcws.json"
-TCWS_RUN = ROOT / "benchmarks/results/kernels_vs_vllm_tcws"
+TCWS_RUN = ROOT / "tests/fixtures/runs/kernels_vs_vllm_tcws"
 DSV3_CELLS = {(2112, 7168), (1536, 7168), (2304, 1536)}  # vLLM runs dsv3_fused_a at M = 4..16
 
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels import build as kbuild
-from kimictl.kernels.build import embedded_sm
-from kimictl.kernels.wgmma_gemm import (
+from kimictl.kernels.gemm.wgmma_gemm import (
     SMEM_LIMIT,
     WGMMA_CONFIGS,
     WGMMA_MS,
     WgmmaConfig,
     _compile_wgmma,
 )
+from kimictl.kernels.toolchain import build as kbuild
+from kimictl.kernels.toolchain.build import embedded_sm
 
 SMALL = [
     WgmmaConfig(16, 1, 128, 4, residual=True),
@@ -189,7 +189,7 @@ def _ptx_of(cfg_args: str, tmp_path: Path) -> str:
     if kbuild.dsl_version() is None:
         pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
     code = (
-        "from kimictl.kernels.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
+        "from kimictl.kernels.gemm.wgmma_gemm import WgmmaConfig, _compile_wgmma; "
         f"_compile_wgmma(WgmmaConfig({cfg_args}))"
     )
     env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx",

@@ -1,5 +1,5 @@
 """The measured dense-layer record (issue 17): read from the real H200 run's JSON
-(tests/fixtures/kernels/layer_h200.json, benchmarks/layer_h200.py on the lent H200), shown by
+(tests/fixtures/kernels/layer_h200.json, lab/bench/layer_h200.py on the lent H200), shown by
 `kimictl kernels layer`, saved as the node's, and used by `kimictl tune` in place of the fitted
 per-kernel overheads."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.kernels.layer_record import KIMICTL_VARIANTS, LayerRecord, read_layer_record
+from kimictl.kernels.toolchain.layer_record import KIMICTL_VARIANTS, LayerRecord, read_layer_record
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.layer_overhead import measured_overheads, overheads_applied
 from kimictl.runtime.tuning.params import PARAMS, param

@@ -17,12 +17,12 @@ from conftest import start_cpu_server_retrying, stop_cpu_server
 
 import kimictl
 from kimictl.cli import main
+from kimictl.kernels.vllm.cache import MANIFEST, deployment_cache
 from kimictl.runtime.checks import hardware
 from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check, node_capability
 from kimictl.runtime.deployment.profiles import load_profile, shipped_profiles_dir
 from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.kernel_cache import MANIFEST, deployment_cache
 from kimictl.runtime.serving import workflow
 from kimictl.runtime.serving.prebuilt import PrebuiltChoice, prebuilt_choice
 from tests.test_kernel_cache import _stack
@@ -46,7 +46,7 @@ def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _build_cache(spec, versions=VERSIONS, capability=H200, folder=None, **override: str) -> Path:  # type: ignore[no-untyped-def]
     """A manifest where `kimictl kernels install --vllm` writes it (or in `folder`), with
     vllm_prebuilt.build_skinny's fields for the stack given; `override` changes a field."""
-    from kimictl.runtime.kernel_cache import deployment_hash
+    from kimictl.kernels.vllm.cache import deployment_hash
 
     cache = deployment_cache(spec, versions=versions, capability=capability)
     assert cache is not None and cache.lookup is not None
@@ -151,7 +151,7 @@ def test_plugin_in_env_of_asks_the_python_behind_the_script(
     import sys
     from importlib.metadata import entry_points
 
-    from kimictl.kernels.vllm_plugin import ENTRY_POINT, GROUP
+    from kimictl.kernels.vllm.plugin import ENTRY_POINT, GROUP
     from kimictl.runtime.serving.prebuilt import plugin_in_env_of
 
     bare = tmp_path / "bare"

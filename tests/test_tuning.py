@@ -303,7 +303,7 @@ def test_lower_acceptance_means_fewer_draft_tokens_are_worth_it() -> None:
 
 # --- measured inputs from kimictl's own kernel bench -------------------------------------------
 
-KERNEL_BENCH = Path(__file__).parent.parent / "benchmarks" / "results" / "kernels_h200_bench.json"
+KERNEL_BENCH = Path(__file__).parent / "fixtures" / "runs" / "kernels_h200_bench.json"
 
 
 def test_least_squares_recovers_a_line() -> None:

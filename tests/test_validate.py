@@ -1,7 +1,7 @@
 """`kimictl validate` end to end: bad input (exit 2, one sentence), unreachable endpoints (exit 1),
 and on real vLLM CPU servers: an identically built twin passes every check, a twin with its last
 decoder layer scaled by 1+1e-2 fails greedy and long-context (exit 1). The 5-run version of the
-last two is benchmarks/validate_false_alarms.py (results in benchmarks/RESULTS.md#validate)."""
+last two is lab/bench/validate_false_alarms.py (results in docs/results.md)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels import vllm_plugin
-from kimictl.kernels.dispatch import DispatchTable, Measurement
+from kimictl.kernels.toolchain.dispatch import DispatchTable, Measurement
+from kimictl.kernels.vllm import plugin as vllm_plugin
 from tests.vllm_k3_gemm_src import FakeTensor, World, bfloat16, ensure_sources, float16
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +244,7 @@ def test_a_broken_table_leaves_vllms_plan(world: World, caplog) -> None:
 
 
 def test_register_is_off_by_default_and_on_with_the_env(world, monkeypatch, tmp_path) -> None:
-    from kimictl.kernels import torch_ops
+    from kimictl.kernels.toolchain import torch_ops
 
     original = world.llg.enable_kimi_k3_low_latency_gemm
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
@@ -276,7 +276,7 @@ def test_choose3_never_picks_slower_than_vllm() -> None:
 
 
 def test_choose3_keeps_vllms_plan_unless_clearly_faster() -> None:
-    from kimictl.kernels.dispatch import VLLM_MARGIN
+    from kimictl.kernels.toolchain.dispatch import VLLM_MARGIN
 
     t = table(
         (QKV_A, 8, 10.0, 12.0, {"wgmma_m8_a": 10.0 * (1 - VLLM_MARGIN / 2)}),  # within noise
@@ -310,7 +310,7 @@ def test_plugin_module_imports_without_torch_or_vllm() -> None:
     import sys
 
     code = (
-        "import sys, kimictl.kernels.vllm_plugin as p; p.register(); "
+        "import sys, kimictl.kernels.vllm.plugin as p; p.register(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))"
     )
     env = {"PYTHONPATH": str(ROOT), vllm_plugin.ENV_VAR: "0"}
@@ -352,16 +352,18 @@ def test_doctor_check(monkeypatch, tmp_path, installed, env, has_table, status) 
     import importlib.metadata
 
     ep = importlib.metadata.EntryPoint(
-        vllm_plugin.ENTRY_POINT, "kimictl.kernels.vllm_plugin:register", vllm_plugin.GROUP
+        vllm_plugin.ENTRY_POINT, "kimictl.kernels.vllm.plugin:register", vllm_plugin.GROUP
     )
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ep] if installed else [])
     monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path))
     if has_table:
-        from kimictl.kernels.node import dispatch_table_path
+        from kimictl.kernels.toolchain.node import dispatch_table_path
 
         dispatch_table_path("sm_90a").parent.mkdir(parents=True)
         NODE.save(dispatch_table_path("sm_90a"))
-    check = vllm_plugin.doctor_check(env, "sm_90a")
+    from kimictl.runtime.checks.rules.plugin import plugin_check
+
+    check = plugin_check(env, "sm_90a")
     assert check.status.value == status
     assert not check.blocking
     if has_table:
@@ -369,7 +371,7 @@ def test_doctor_check(monkeypatch, tmp_path, installed, env, has_table, status) 
 
 
 def test_bench_times_vllms_own_plan(world: World) -> None:
-    from kimictl.kernels.bench import vllm_plan
+    from kimictl.kernels.toolchain.bench import vllm_plan
 
     run3 = vllm_plan(world.llg)
     assert run3 is not None
@@ -405,7 +407,7 @@ def test_doctor_reports_the_plugin(tmp_path: Path) -> None:
 
 
 def test_layer_chain_plan_routes_cells_vllm_won_alone(world: World) -> None:
-    from kimictl.kernels.dispatch import CHAIN_KIMICTL, CHAIN_VLLM
+    from kimictl.kernels.toolchain.dispatch import CHAIN_KIMICTL, CHAIN_VLLM
 
     node = copy.deepcopy(NODE)
     node.set_chain(8, CHAIN_KIMICTL)  # kimictl's whole layer measured faster at M=8

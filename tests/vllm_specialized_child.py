@@ -22,8 +22,8 @@ from typing import Any
 
 def main() -> int:
     sources, request = Path(sys.argv[1]), json.loads(sys.argv[2])
-    from kimictl.kernels import vllm_prebuilt
-    from kimictl.kernels.vllm_specialized import COMPILERS, compile_modules
+    from kimictl.kernels.vllm import prebuilt as vllm_prebuilt
+    from kimictl.kernels.vllm.specialized import COMPILERS, compile_modules
 
     modules = compile_modules(sources)
     compiled: list[str] = []

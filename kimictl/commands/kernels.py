@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 
 ARCH_HELP = "sm_90a (H100/H200), sm_100a (B200), sm_103a (GB300)."
-OUT_HELP = "Output folder (default: kimictl/kernels/_build)."
+OUT_HELP = "Output folder (default: kimictl/kernels/toolchain/_build)."
 STACK_HELP = "Check/install vLLM 0.33.0's pinned kernel stack instead of the kernels."
 DRY_HELP = "With --stack: report what would be installed, install nothing."
 FROM_HELP = "Folder holding a `kimictl kernels build` output."
@@ -42,7 +42,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output o
 
 
 def _check_arch(arch: str) -> None:
-    from kimictl.kernels.build import ARCHES  # the arches the build knows: one list
+    from kimictl.kernels.toolchain.build import ARCHES  # the arches the build knows: one list
 
     if arch not in ARCHES:
         raise InputError(f"--arch {arch!r} is not supported; allowed: {', '.join(ARCHES)}")
@@ -56,8 +56,8 @@ def build(
 ) -> None:
     """Compile every kernel variant ahead of time (no GPU needed) and export objects + manifest."""
     _check_arch(arch)
-    from kimictl.kernels.build import build as run_build
-    from kimictl.kernels.build import dsl_version
+    from kimictl.kernels.toolchain.build import build as run_build
+    from kimictl.kernels.toolchain.build import dsl_version
 
     if dsl_version() is None:
         raise Unsupported(
@@ -105,7 +105,7 @@ def install(
         return
     if source is not None and not source.is_dir():
         raise InputError(f"--from {source}: no such folder")
-    from kimictl.kernels.node import install_kernels
+    from kimictl.kernels.toolchain.node import install_kernels
 
     report = install_kernels(source=source, run_bench=not no_bench)
     if json_out:
@@ -124,12 +124,12 @@ def install(
 
 
 def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out: bool) -> None:
-    from kimictl.kernels.vllm_prebuilt import install_vllm_units
+    from kimictl.kernels.vllm.prebuilt import install_vllm_units
     from kimictl.runtime.deployment.profiles import load_profile
 
     spec = load_profile(profile).spec
     if arch is None:
-        from kimictl.kernels.node import require_gpu
+        from kimictl.kernels.toolchain.node import require_gpu
 
         _, arch = require_gpu("install --vllm (without --arch)")
     _check_arch(arch)
@@ -166,7 +166,7 @@ def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out:
 
 
 def _install_stack(*, dry_run: bool, json_out: bool) -> None:
-    from kimictl.kernels.node import install_stack, node_stack_plan
+    from kimictl.runtime.checks.kernel_stack import install_stack, node_stack_plan
 
     plan = node_stack_plan()
     if json_out:
@@ -213,8 +213,8 @@ def plan_command(
     json_out: JsonOpt = False,
 ) -> None:
     """The CuTe DSL compile units vLLM 0.33.0 builds at start-up for PROFILE (no vLLM needed)."""
+    from kimictl.kernels.vllm.plan import plan_report
     from kimictl.runtime.deployment.profiles import load_profile
-    from kimictl.runtime.kernel_plan import plan_report
 
     if arch is not None:
         _check_arch(arch)
@@ -267,7 +267,7 @@ def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
             highlight=False,
         )
     else:
-        console.print("expected compile: unknown (run benchmarks/kernel_compile_times.py)")
+        console.print("expected compile: unknown (run lab/bench/kernel_compile_times.py)")
     lay = r["layout"]
     if lay["assumed"]:
         console.print(
@@ -282,8 +282,8 @@ def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
 @app.command()
 def verify(json_out: JsonOpt = False) -> None:
     """Prove the installed kernels on this GPU against an fp64 reference (exit 1 on any failure)."""
-    from kimictl.kernels.node import open_node_library, require_gpu
-    from kimictl.kernels.verify import verify as run_verify
+    from kimictl.kernels.toolchain.node import open_node_library, require_gpu
+    from kimictl.kernels.toolchain.verify import verify as run_verify
 
     _torch, arch = require_gpu("verify")
     report = run_verify(open_node_library(arch))
@@ -328,13 +328,13 @@ def _render_verify(vj: dict[str, Any]) -> None:
 @app.command()
 def bench(json_out: JsonOpt = False) -> None:
     """Time every kernel and cuBLAS on K3's shapes at M = 1..8, 16, 32, 64 (CUDA-graph replay)."""
-    from kimictl.kernels.bench import bench as run_bench
-    from kimictl.kernels.node import open_node_library, require_gpu
+    from kimictl.kernels.toolchain.bench import bench as run_bench
+    from kimictl.kernels.toolchain.node import open_node_library, require_gpu
 
     _torch, arch = require_gpu("bench")
     report = run_bench(open_node_library(arch))
     # the whole-layer figures beside the per-GEMM ones, when this node has measured them
-    from kimictl.kernels.layer_record import node_layer_record
+    from kimictl.kernels.toolchain.layer_record import node_layer_record
 
     layer = node_layer_record(arch)
     if json_out:
@@ -384,7 +384,7 @@ def _render_bench(report: Any) -> None:
         )
 
 
-LAYER_FROM_HELP = "A layer JSON from benchmarks/layer_h200.py (default: this node's saved one)."
+LAYER_FROM_HELP = "A layer JSON from lab/bench/layer_h200.py (default: this node's saved one)."
 LAYER_SAVE_HELP = "With --from: save it as this node's layer record (bench and tune read it)."
 
 
@@ -395,7 +395,7 @@ def layer_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Show the measured dense-layer figures: stock, vLLM's plan and fused kimictl per M."""
-    from kimictl.kernels.layer_record import (
+    from kimictl.kernels.toolchain.layer_record import (
         arch_of_device,
         node_layer_record,
         read_layer_record,
@@ -408,7 +408,7 @@ def layer_command(
     if record is None:
         raise Unsupported(
             "no layer record on this node.",
-            hint="run benchmarks/layer_h200.py on the GPU, then "
+            hint="run lab/bench/layer_h200.py on the GPU, then "
             "`kimictl kernels layer --from layer_h200.json --save`.",
         )
     saved = None
@@ -428,7 +428,7 @@ def layer_command(
 def _render_layer(record: Any) -> None:
     from rich.table import Table
 
-    from kimictl.kernels.layer_record import COPY_CEILING_TBPS
+    from kimictl.kernels.toolchain.layer_record import COPY_CEILING_TBPS
 
     t = Table(
         title=f"dense part of one K3 decode layer on {record.device}: us per layer (kernels)",
@@ -456,8 +456,8 @@ def show_table(
     json_out: JsonOpt = False,
 ) -> None:
     """Show what the dispatch table runs for each K3 shape and M: kimictl kernel or cuBLAS."""
-    from kimictl.kernels.dispatch import routes
-    from kimictl.kernels.node import read_dispatch_table
+    from kimictl.kernels.toolchain.dispatch import routes
+    from kimictl.kernels.toolchain.node import read_dispatch_table
 
     if arch is not None:
         _check_arch(arch)
@@ -472,7 +472,7 @@ def _render_routes(doc: dict[str, Any]) -> None:
     from rich import box
     from rich.table import Table
 
-    from kimictl.kernels.dispatch import BENCH_MS, CHAIN_WORDS, family_of
+    from kimictl.kernels.toolchain.dispatch import BENCH_MS, CHAIN_WORDS, family_of
 
     rows: dict[str, list[str]] = {}
     for p in doc["points"]:

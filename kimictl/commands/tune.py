@@ -47,7 +47,7 @@ CommOpt = Annotated[
     Path | None,
     typer.Option(
         "--comm-curve",
-        help="All-reduce curve JSON from benchmarks/allreduce.py: the model's communication term "
+        help="All-reduce curve JSON from lab/bench/allreduce.py: the model's communication term "
         "comes from it (other TPs extrapolated) instead of the spec-sheet constants.",
         metavar="FILE",
     ),
@@ -183,7 +183,7 @@ def tune(
 def _node_overheads(hw: Any) -> tuple[dict[str, float] | None, str]:
     """Per-kernel overheads measured on this node's dense layer (kimictl kernels layer --save)
     when its GPU is the one modelled, else the fitted ones; and a line saying which."""
-    from kimictl.kernels.layer_record import node_layer_record
+    from kimictl.kernels.toolchain.layer_record import node_layer_record
     from kimictl.runtime.tuning.layer_overhead import measured_overheads
 
     record = node_layer_record()

@@ -5,7 +5,7 @@ arrives: every TCP read is parsed in `data_received` (chunked framing -> SSE lin
 level -> one `orjson.loads` per `data:` line) and the arrival time and token count of each chunk
 are written straight into the request's record; the awaiting coroutine is woken once per request,
 not once per chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
-aiohttp client (measured in benchmarks/client_overhead.py, figures in benchmarks/RESULTS.md#bench).
+aiohttp client (measured in lab/bench/client_overhead.py, figures in docs/results.md).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class _Lines(Widget):
     """Lines of rich Text drawn through Textual's Line API, converted to strips once per update.
 
     Redrawing ~5000 cells every second through Static/Content costs several % of a core; strips
-    built straight from segments cost a fraction of that (benchmarks/RESULTS.md#monitor).
+    built straight from segments cost a fraction of that (docs/results.md).
     """
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -240,7 +240,7 @@ class ChartsPanel(Widget):
 
     Row 1: output tokens/s; row 2: interactivity p10 with the SLO line. Both rows share one y
     scale across endpoints so columns compare at a glance. (Eight separate chart widgets cost
-    ~3 % of a core at 1 Hz; this costs a fraction: benchmarks/RESULTS.md#monitor.)
+    ~3 % of a core at 1 Hz; this costs a fraction: docs/results.md.)
     """
 
     CHART_HEIGHT = 8

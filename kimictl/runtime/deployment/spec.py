@@ -45,10 +45,10 @@ from kimictl.runtime.apikeys import redact_env
 from kimictl.runtime.deployment import buckets, k3
 from kimictl.runtime.errors import InputError
 
-# The switch of kimictl's vLLM plugin (kimictl.kernels.vllm_plugin), rendered by profiles from
+# The switch of kimictl's vLLM plugin (kimictl.kernels.vllm.plugin), rendered by profiles from
 # `[serve] kimictl_kernels = true`
 KERNELS_ENV_VAR = "KIMICTL_VLLM_KERNELS"
-# The plugin's other input: a prebuilt CuTe unit cache folder (kimictl.kernels.vllm_prebuilt), set
+# The plugin's other input: a prebuilt CuTe unit cache folder (kimictl.kernels.vllm.prebuilt), set
 # by `kimictl serve` when the profile's `[serve] prebuilt_units` is "auto" and a cache matches
 PREBUILT_ENV_VAR = "KIMICTL_VLLM_PREBUILT"
 # `[serve] prebuilt_units` when a profile does not set it (profiles.PREBUILT_MODES lists the rest)

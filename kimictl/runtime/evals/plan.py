@@ -2,7 +2,7 @@
 
 The default thresholds were measured on the CPU embedded server (tiny K2-architecture model):
 two identically built servers never exceed them, a twin with one layer scaled by 1+1e-2 always does.
-Numbers and runs: benchmarks/RESULTS.md#validate. On GPUs a candidate with different kernels
+Numbers and runs: docs/results.md. On GPUs a candidate with different kernels
 differs from stock by bf16 rounding; loosen with `--threshold NAME=VALUE` where that is expected.
 """
 

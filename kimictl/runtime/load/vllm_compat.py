@@ -1,6 +1,6 @@
 """The parts of a bench summary that must match `vllm bench serve` exactly, and `--save-result`.
 
-Read from vLLM 0.33's vllm/benchmarks/serve.py (the CPU build 0.32 writes the same keys):
+Read from vLLM 0.33's vllm/lab/bench/serve.py (the CPU build 0.32 writes the same keys):
 - speculative decoding: `spec_decode_acceptance_rate` is a PERCENTAGE (accepted / draft tokens
   x 100), `spec_decode_acceptance_length` = 1 + accepted / drafts, and the counts
   `spec_decode_num_drafts`, `spec_decode_draft_tokens`, `spec_decode_accepted_tokens` (ints) and

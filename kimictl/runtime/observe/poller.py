@@ -47,7 +47,7 @@ REFUSED_GIVE_UP_S = 1.0
 
 STALE_AFTER_INTERVALS = 2.5
 # A scrape costs the server its render time in the API-server process, which also streams the
-# tokens (benchmarks/RESULTS.md#observer). When answers come slowly (a loaded server), poll less
+# tokens (docs/results.md). When answers come slowly (a loaded server), poll less
 # often: time spent waiting on scrapes stays under this share of the wall time (20 x the last
 # scrape's duration between scrapes, at most MAX_BACKOFF_S). At 1 s it acts above 50 ms a scrape.
 SCRAPE_BUDGET = 0.05

@@ -1,7 +1,7 @@
 """GET /metrics from one endpoint (through the one HTTP/1.1 client, runtime.http1) and parse it.
 
 The scrape asks only for the samples a snapshot reads. A scrape costs the server its render time
-inside vLLM's API-server process (benchmarks/RESULTS.md#observer): the full text is ~60 KB and
+inside vLLM's API-server process (docs/results.md): the full text is ~60 KB and
 ~700 lines, the filtered one ~130 lines. prometheus_client's ASGI app honours
 `?name[]=SAMPLE` filters; in vLLM 0.32-0.33 exact `/metrics` is routed to
 prometheus-fastapi-instrumentator's handler, which ignores them, and `/metrics/` (the Mount of

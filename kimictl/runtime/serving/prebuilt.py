@@ -1,9 +1,9 @@
 """`kimictl serve` and the node's prebuilt CuTe DSL unit cache: hand vLLM the cache that matches.
 
-The lookup is doctor's (runtime.kernel_cache.deployment_cache). When the profile's `[serve]
+The lookup is doctor's (kernels.vllm.cache.deployment_cache). When the profile's `[serve]
 prebuilt_units` is "auto" (the default) and a cache matches this deployment and the installed
 cutlass-dsl, vLLM and GPU arch, vLLM's process gets `KIMICTL_VLLM_PREBUILT=<folder>`; kimictl's
-vLLM plugin (kernels.vllm_plugin, installed in vLLM's environment) loads the units before vLLM's
+vLLM plugin (kimictl.kernels.vllm.plugin, installed in vLLM's environment) loads the units before vLLM's
 warmup and falls back to vLLM's JIT on any miss. Either way the operator gets one line saying what
 happened, with the command that builds a missing cache. The units only load where the plugin is
 installed in the environment of the `vllm` that serve launches, which can differ from kimictl's own:
@@ -45,7 +45,7 @@ def prebuilt_choice(
     """What serve adds for `spec` (profile `profile`, `[serve] prebuilt_units = mode`) on a node
     with `versions` (StackReport.versions()) and a GPU of `capability`; `plugin_check` (run only
     when a cache matches) answers whether vLLM's environment has kimictl's plugin, and where."""
-    from kimictl.runtime.kernel_cache import deployment_cache
+    from kimictl.kernels.vllm.cache import deployment_cache
 
     given = spec.env.get(PREBUILT_ENV_VAR)
     if given:  # the profile's [env] names a cache itself: it travels as it is
@@ -93,7 +93,7 @@ def plugin_in_env_of(executable: str = "vllm", timeout: float = 30.0) -> tuple[b
     """Whether the Python behind the `executable` console script (on PATH) has kimictl's vLLM
     plugin entry point, and that Python's path; None when it cannot be told (no such script, not
     a Python script, the interpreter failed or hung)."""
-    from kimictl.kernels.vllm_plugin import ENTRY_POINT, GROUP
+    from kimictl.kernels.vllm.plugin import ENTRY_POINT, GROUP
 
     found = shutil.which(executable)
     if found is None:

@@ -1,4 +1,4 @@
-"""A measured all-reduce curve (benchmarks/allreduce.py JSON) as the model's communication term.
+"""A measured all-reduce curve (lab/bench/allreduce.py JSON) as the model's communication term.
 
 Without a curve the model prices an all-reduce from spec-sheet constants (model.py
 `_allreduce_us`: NVLink bandwidth per GPU and an assumed 1 us latency). With one:
@@ -126,7 +126,7 @@ class CommCurve:
 
 
 def load_comm_curve(path: str | Path) -> CommCurve:
-    """Read a benchmarks/allreduce.py result; InputError (one sentence) for anything else."""
+    """Read a lab/bench/allreduce.py result; InputError (one sentence) for anything else."""
     from kimictl.runtime.tuning.systems import SYSTEMS, system_for_gpu_name
 
     p = Path(path)
@@ -145,7 +145,7 @@ def load_comm_curve(path: str | Path) -> CommCurve:
     except (KeyError, TypeError, ValueError):
         raise InputError(
             f"{flag}: not an all-reduce curve (needs machine.gpus, machine.world and rows).",
-            hint="pass a file written by benchmarks/allreduce.py",
+            hint="pass a file written by lab/bench/allreduce.py",
         ) from None
     if world < 2 or not gpus:
         raise InputError(f"{flag}: the curve was measured on {world} GPU(s); it needs 2 or more.")

@@ -2,7 +2,7 @@
 
 The model's `kernels` term is kernels_per_layer x kernel_overhead_us_<path>, and both overheads are
 fitted to published GB300 figures (params.PARAMS). A node that has measured the dense part of a K3
-decode layer (`kimictl kernels layer --save`, from benchmarks/layer_h200.py) knows them better for
+decode layer (`kimictl kernels layer --save`, from lab/bench/layer_h200.py) knows them better for
 its own GPU. At M = 1 each measured layer time is its kernels' overhead plus its weight bytes at
 the model's bandwidth for that path, so
 
@@ -28,8 +28,8 @@ __all__ = ["measured_overheads", "overheads_applied"]
 
 def measured_overheads(record: Any, system: System) -> dict[str, float] | None:
     """{"kernel_overhead_us_stock": us, "kernel_overhead_us_specialized": us} from `record` (a
-    kimictl.kernels.layer_record.LayerRecord), or None when it was measured on another GPU or has
-    no M = 1 point with kernel counts."""
+    kimictl.kernels.toolchain.layer_record.LayerRecord), or None when it was measured on another
+    GPU or has no M = 1 point with kernel counts."""
     if system_for_gpu_name(record.device) != system.name:
         return None
     points = [p for p in record.points if p.m == 1 and p.stock_kernels and p.best_kernels]

@@ -35,7 +35,7 @@ RECORDED_ENV = (
     "VLLM_ALLREDUCE_USE_SYMM_MEM",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
-    # kimictl.kernels.vllm_plugin's switch and table override (doctor reports the plugin)
+    # kimictl.kernels.vllm.plugin's switch and table override (doctor reports the plugin)
     "KIMICTL_VLLM_KERNELS",
     "KIMICTL_VLLM_KERNELS_TABLE",
 )

@@ -123,8 +123,8 @@ def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
     """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU."""
     import os
 
-    from kimictl.kernels.harness import arch_of
-    from kimictl.kernels.vllm_plugin import doctor_check
+    from kimictl.kernels.toolchain.harness import arch_of
+    from kimictl.runtime.checks.rules.plugin import plugin_check
 
     env = {**(hw.nodes[0].env or {} if hw.nodes else os.environ), **(spec.env if spec else {})}
     arch = None
@@ -133,7 +133,7 @@ def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
             cc = gpu.compute_capability
             if isinstance(cc, tuple) and arch is None:
                 arch = arch_of((int(cc[0]), int(cc[1])))
-    return doctor_check(env, arch)  # type: ignore[no-any-return]
+    return plugin_check(env, arch)
 
 
 def _kernel_cache_check(

@@ -45,8 +45,8 @@ def kernel_cache_check(
     """None when there is nothing to say (no deployment, or no CuTe units on this arch)."""
     if spec is None:
         return None
-    from kimictl.runtime.kernel_cache import deployment_cache
-    from kimictl.runtime.kernel_plan import compile_times
+    from kimictl.kernels.vllm.cache import deployment_cache
+    from kimictl.kernels.vllm.plan import compile_times
 
     versions = stack.versions() if stack is not None else {}
     # the specialized decode's units, plus the skinny GEMM units vLLM compiles on this arch

@@ -1,0 +1,1 @@
+"""The node toolchain: build, harness, verify, bench, dispatch, install (kimictl kernels ...)."""

@@ -1,0 +1,1 @@
+"""Experiments outside the product: unshipped kernels, measurement scripts, their tests."""

@@ -1,0 +1,1 @@
+"""Unshipped kernel families (built through lab.kernels.families)."""
