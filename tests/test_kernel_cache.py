@@ -1,4 +1,4 @@
-"""doctor's prebuilt-kernel-cache rule and the versioned cache layout (kimictl.kernels.vllm.cache)."""
+"""doctor's prebuilt-kernel-cache rule and the versioned cache layout (kernels.vllm.cache)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The measured dense-layer record (issue 17): read from the real H200 run's JSON
-(tests/fixtures/kernels/layer_h200.json, lab/bench/layer_h200.py on the lent H200), shown by
-`kimictl kernels layer`, saved as the node's, and used by `kimictl tune` in place of the fitted
-per-kernel overheads."""
+"""The node's layer record: a K3 layer's projections back to back, from `kimictl kernels bench`
+(tests/fixtures/runs/kernels_vs_vllm_tuned4/kernels_h200_bench.json, the bench of an H200
+`kernels install`), shown by `kimictl kernels layer`, saved as the node's, and used by
+`kimictl tune` in place of the fitted per-kernel overheads."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.kernels.toolchain.layer_record import KIMICTL_VARIANTS, LayerRecord, read_layer_record
+from kimictl.kernels.toolchain.layer_record import LayerRecord, read_layer_record
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.layer_overhead import measured_overheads, overheads_applied
 from kimictl.runtime.tuning.params import PARAMS, param
 from kimictl.runtime.tuning.systems import get_system
 
-FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_h200.json"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE = FIXTURES / "runs" / "kernels_vs_vllm_tuned4" / "kernels_h200_bench.json"
 
 
 @pytest.fixture
@@ -31,35 +32,36 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_each_point_is_the_fastest_checked_kimictl_variant(raw):
+def test_each_point_is_what_the_table_ships_against_cublas_and_vllm(raw):
     record = read_layer_record(FIXTURE)
-    assert record.device == raw["device"]
-    rows = [(kind, row) for kind, layer in raw["layers"].items() for row in layer["rows"]]
-    assert len(record.points) == len(rows) == 14
-    for kind, row in rows:
-        p = record.point(kind, row["m"])
+    assert record.device == raw["device"] == "NVIDIA H200"
+    assert [p.m for p in record.points] == [c["m"] for c in raw["chains"]]
+    for chain in raw["chains"]:
+        p = record.point("projections", chain["m"])
         assert p is not None
-        ours = {v: row[v]["us"] for v in KIMICTL_VARIANTS if v in row and row[v]["ok"]}
-        assert p.best == min(ours, key=lambda v: ours[v])
-        assert p.best_us == ours[p.best]
-        assert p.stock_us == row["stock"]["us"]
-        assert p.vllm_us == row["vllm_plan"]["us"]
-        assert p.best_kernels == row[p.best]["nodes"]["kernel"]
-        assert p.vs_stock == pytest.approx(ours[p.best] / row["stock"]["us"])
-        wb = raw["layers"][kind]["weight_bytes"]
-        assert p.tbps == pytest.approx(wb / ours[p.best] / 1e6)
+        # the bench's own fields, not a second reading: its chosen plan and that plan's time
+        assert p.best == chain["chain_plan"] and p.best_us == chain["plans"][p.best]
+        assert p.stock_us == chain["cublas_us"] and p.vllm_us == chain["plans"]["vllm"]
+        assert p.stock_kernels == p.best_kernels == len(chain["shapes"]) == 11
+        assert p.tbps == pytest.approx(chain["bytes"] / p.best_us / 1e6)
+        assert p.vs_stock == pytest.approx(p.best_us / chain["cublas_us"])
 
 
-def test_a_variant_that_failed_its_checks_is_never_the_best(raw):
-    before = LayerRecord.from_json(raw).point("mla", 1)
-    assert before is not None
-    raw["layers"]["mla"]["rows"][0][before.best]["ok"] = False
-    after = LayerRecord.from_json(raw).point("mla", 1)
-    assert after is not None and after.best != before.best and after.best_us > before.best_us
+def test_without_a_chain_plan_the_two_way_picks_are_the_point(raw):
+    for chain in raw["chains"]:
+        del chain["chain_plan"], chain["plans"]
+    p = LayerRecord.from_json(raw).point("projections", 1)
+    assert p is not None and p.best == "dispatched" and p.vllm_us is None
+    assert p.best_us == raw["chains"][0]["dispatched_us"]
+
+
+def test_a_saved_record_reads_back_the_same(raw):
+    record = LayerRecord.from_json(raw)
+    assert LayerRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
 def test_a_file_that_is_not_a_layer_record_is_bad_input(tmp_path, capsys):
-    table = FIXTURE.parent / "bench_h200_table.json"  # real JSON, wrong kind
+    table = FIXTURES / "kernels" / "bench_h200_table.json"  # real JSON, wrong kind
     with pytest.raises(InputError):
         read_layer_record(table)
     assert main(["kernels", "layer", "--from", str(table)]) == 2
@@ -75,10 +77,10 @@ def test_save_then_show_the_node_record(cache, capsys, raw):
     assert main(["kernels", "layer", "--from", str(FIXTURE), "--save", "--json"]) == 0
     saved = json.loads(capsys.readouterr().out)["saved"]
     assert Path(saved) == cache / "kernels" / "sm_90a" / "layer.json"
-    assert json.loads(Path(saved).read_text()) == raw
+    assert json.loads(Path(saved).read_text()) == LayerRecord.from_json(raw).to_json()
     assert main(["kernels", "layer", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["device"] == raw["device"] and len(doc["points"]) == 14
+    assert doc["device"] == raw["device"] and len(doc["points"]) == len(raw["chains"]) == 11
 
 
 def test_measured_overheads_follow_the_layer_times(raw):
@@ -86,18 +88,12 @@ def test_measured_overheads_follow_the_layer_times(raw):
     h200 = get_system("h200")
     got = measured_overheads(record, h200)
     assert got is not None
-    for path, take in (("stock", "stock"), ("specialized", None)):
-        per = []
-        for layer in raw["layers"].values():
-            row = layer["rows"][0]
-            assert row["m"] == 1
-            v = take or min(
-                (v for v in KIMICTL_VARIANTS if row.get(v, {}).get("ok")),
-                key=lambda v: row[v]["us"],
-            )
-            rate = h200.hbm_tb_s * 1e6 * param(f"hbm_efficiency_{path}")
-            per.append((row[v]["us"] - layer["weight_bytes"] / rate) / row[v]["nodes"]["kernel"])
-        assert got[f"kernel_overhead_us_{path}"] == pytest.approx(sum(per) / len(per))
+    chain = raw["chains"][0]
+    assert chain["m"] == 1
+    for path, us in (("stock", chain["cublas_us"]), ("specialized", chain["shipped_us"])):
+        rate = h200.hbm_tb_s * 1e6 * param(f"hbm_efficiency_{path}")
+        expect = max(0.0, (us - chain["bytes"] / rate) / len(chain["shapes"]))
+        assert got[f"kernel_overhead_us_{path}"] == pytest.approx(expect)
     assert measured_overheads(record, get_system("gb300")) is None  # another GPU's record
 
 

@@ -333,18 +333,17 @@ def bench(json_out: JsonOpt = False) -> None:
 
     _torch, arch = require_gpu("bench")
     report = run_bench(open_node_library(arch))
-    # the whole-layer figures beside the per-GEMM ones, when this node has measured them
-    from kimictl.kernels.toolchain.layer_record import node_layer_record
+    # this run's layer chains as a layer record (`kernels layer --from FILE --save` keeps one)
+    from kimictl.kernels.toolchain.layer_record import LayerRecord
 
-    layer = node_layer_record(arch)
+    doc = report.to_json()
+    layer = LayerRecord.from_json(doc) if report.chains else None
     if json_out:
-        emit_json(report.to_json() | {"layer": layer.to_json() if layer else None})
+        emit_json(doc | {"layer": layer.to_json() if layer else None})
         return
     _render_bench(report)
     if layer is not None:
         _render_layer(layer)
-    else:
-        console.print("no layer record on this node (see `kimictl kernels layer --help`)")
 
 
 def _render_bench(report: Any) -> None:
@@ -384,7 +383,7 @@ def _render_bench(report: Any) -> None:
         )
 
 
-LAYER_FROM_HELP = "A layer JSON from lab/bench/layer_h200.py (default: this node's saved one)."
+LAYER_FROM_HELP = "A `kernels bench --json` report (default: the record `kernels install` saved)."
 LAYER_SAVE_HELP = "With --from: save it as this node's layer record (bench and tune read it)."
 
 
@@ -394,7 +393,7 @@ def layer_command(
     save: Annotated[bool, typer.Option("--save", help=LAYER_SAVE_HELP)] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Show the measured dense-layer figures: stock, vLLM's plan and fused kimictl per M."""
+    """Show the node's layer chains: cuBLAS, vLLM's plan and what the table ships, per M."""
     from kimictl.kernels.toolchain.layer_record import (
         arch_of_device,
         node_layer_record,
@@ -403,13 +402,13 @@ def layer_command(
     )
 
     if save and from_file is None:
-        raise InputError("--save needs --from FILE (the layer JSON to record for this node).")
+        raise InputError("--save needs --from FILE (the bench report to record for this node).")
     record = read_layer_record(from_file) if from_file else node_layer_record()
     if record is None:
         raise Unsupported(
             "no layer record on this node.",
-            hint="run lab/bench/layer_h200.py on the GPU, then "
-            "`kimictl kernels layer --from layer_h200.json --save`.",
+            hint="`kimictl kernels install` on the GPU node records one; or "
+            "`kimictl kernels layer --from BENCH.json --save` (a `kernels bench --json` report).",
         )
     saved = None
     if save:
@@ -431,18 +430,17 @@ def _render_layer(record: Any) -> None:
     from kimictl.kernels.toolchain.layer_record import COPY_CEILING_TBPS
 
     t = Table(
-        title=f"dense part of one K3 decode layer on {record.device}: us per layer (kernels)",
+        title=f"a K3 layer's projections back to back on {record.device}: us per layer (kernels)",
         title_justify="left",
     )
-    for col in ("layer", "M", "stock", "vLLM plan", "kimictl", "variant", "x stock", "x vLLM",
-                "TB/s"):  # fmt: skip
+    for col in ("M", "cuBLAS", "vLLM plan", "kimictl", "plan", "of cuBLAS", "x vLLM", "TB/s"):
         t.add_column(col, justify="right")
     for p in record.points:
         t.add_row(
-            p.kind.upper(), str(p.m), f"{p.stock_us:.1f} ({p.stock_kernels or '?'})",
+            str(p.m), f"{p.stock_us:.1f} ({p.stock_kernels or '?'})",
             "-" if p.vllm_us is None else f"{p.vllm_us:.1f}",
-            f"{p.best_us:.1f} ({p.best_kernels or '?'})", p.best.removeprefix("kimictl_"),
-            f"{p.vs_stock:.3f}",  # 3 places: the targets (0.6x, 0.75x, 1.3x) sit near them
+            f"{p.best_us:.1f} ({p.best_kernels or '?'})", p.best,
+            f"{p.vs_stock:.3f}",
             "-" if p.vs_vllm is None else f"{p.vs_vllm:.3f}",
             f"{p.tbps:.2f} ({100 * p.tbps / COPY_CEILING_TBPS:.0f}%)",
         )  # fmt: skip

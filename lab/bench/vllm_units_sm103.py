@@ -230,7 +230,7 @@ def _vllm_units(family: str, keys: list[list[Any]], tp: int, q: int) -> list[tup
     if os.environ.get("KIMICTL_SMEM_PER_SM"):  # after the stubs: the DSL imports torch
         _smem_standin(int(os.environ["KIMICTL_SMEM_PER_SM"]))
     base = "vllm.models.kimi_k3.nvidia.specialized_decode.cutedsl"
-    if family in FAMILIES:  # o-proj, AttnRes: the product's build path (kimictl/kernels/vllm/specialized.py)
+    if family in FAMILIES:  # o-proj, AttnRes: the product's build (kernels/vllm/specialized.py)
         group = FAMILIES[family]
         module = compile_modules()[group]  # vllm_src's stubs already made vLLM importable
         body = getattr(module, COMPILERS[group][1]).__wrapped__

@@ -1,17 +1,17 @@
-"""A node's measured dense-layer figures (issue 17): what `lab/bench/layer_h200.py` recorded.
+"""A node's measured layer figures: its decode projections back to back, from `kernels bench`.
 
-That script times the dense part of one K3 decode layer (`layer_ops.dense_layer_ops`) on the GPU
-in one CUDA graph per (variant, M): stock torch.compile + cuBLAS, vLLM 0.33's SM90 plan, and the
-kimictl variants. This module reads its JSON (no torch), keeps per (kind, M) the stock time, the
-vLLM plan's and the fastest kimictl variant that passed its checks, and stores a record as the
-node's (`kimictl kernels layer --from FILE --save`), where `kernels bench` and `tune` find it.
+`kimictl kernels bench` (and `install`, which runs it) times, at every benched M, a K3 layer's 11
+projections back to back in one CUDA graph: cuBLAS alone (stock), vLLM's plan where vLLM is
+installed, and what the dispatch table ships (its layer-chain plan, or the two-way picks). This
+module turns a bench report into the node's record (no torch) and keeps it beside the dispatch
+table, where `kernels layer` shows it and `tune` reads its per-kernel overheads.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from kimictl.runtime.outputs import atomic_write, read_json_input
 
 __all__ = [
     "COPY_CEILING_TBPS",
-    "KIMICTL_VARIANTS",
     "LayerPoint",
     "LayerRecord",
     "arch_of_device",
@@ -29,31 +28,20 @@ __all__ = [
     "save_layer_record",
 ]
 
-KIMICTL_VARIANTS = (
-    "kimictl",
-    "kimictl_hfused",
-    "kimictl_norm",
-    "kimictl_elem",
-    "kimictl_elemnorm",
-    "kimictl_elem_all",
-    "kimictl_tuned",
-    "kimictl_tuned_fold",
-    "kimictl_tuned_cat",
-    "kimictl_tuned_catfold",
-)
-COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (../shared/notes/cutedsl-aot.md)
+COPY_CEILING_TBPS = 4.3  # an SM copy on the H200 (docs/results.md, kernels)
 RECORD = "layer.json"
+KIND = "projections"  # the layer's 11 projections, lm_head excluded (bench._chain)
 
 
 @dataclass(frozen=True)
 class LayerPoint:
-    kind: str  # "mla" | "kda"
+    kind: str
     m: int
     weight_bytes: int
-    stock_us: float
+    stock_us: float  # cuBLAS alone
     stock_kernels: int | None
-    vllm_us: float | None  # vLLM's SM90 plan; None when the run had no vLLM kernels
-    best: str  # fastest kimictl variant that passed its checks
+    vllm_us: float | None  # vLLM's plan; None when the bench ran without vLLM
+    best: str  # what the table ships at this M: its chain plan, or "dispatched" (two-way)
     best_us: float
     best_kernels: int | None
 
@@ -85,7 +73,6 @@ class LayerPoint:
 class LayerRecord:
     device: str
     points: tuple[LayerPoint, ...]
-    raw: dict[str, Any]  # the script's JSON as read (what --save stores)
 
     def point(self, kind: str, m: int) -> LayerPoint | None:
         return next((p for p in self.points if (p.kind, p.m) == (kind, m)), None)
@@ -95,43 +82,41 @@ class LayerRecord:
 
     @classmethod
     def from_json(cls, raw: Any) -> LayerRecord:
-        """Raises ValueError/KeyError/TypeError on a document that is not the script's JSON."""
-        points: list[LayerPoint] = []
-        for kind, layer in raw["layers"].items():
-            wb = int(layer["weight_bytes"])
-            for row in layer["rows"]:
-                stock = row["stock"]
-                if not stock.get("ok") or not _finite(stock["us"]):
-                    continue  # no valid stock time: nothing to compare against
-                ours = [
-                    (float(row[v]["us"]), v)
-                    for v in KIMICTL_VARIANTS
-                    if v in row and row[v].get("ok") and _finite(row[v].get("us"))
-                ]
-                if not ours:
-                    continue
-                us, best = min(ours)
-                vllm = row.get("vllm_plan")
-                vllm_ok = vllm is not None and vllm.get("ok") and _finite(vllm.get("us"))
-                points.append(
-                    LayerPoint(
-                        str(kind), int(row["m"]), wb, float(stock["us"]), _kernels(stock),
-                        float(vllm["us"]) if vllm_ok else None, best, us, _kernels(row[best]),
-                    )
-                )  # fmt: skip
+        """From a `kernels bench --json` report (its `chains`) or a saved record (its `points`).
+        Raises ValueError/KeyError/TypeError on anything else."""
+        if "chains" in raw:
+            points = [p for p in (_from_chain(c) for c in raw["chains"]) if p is not None]
+        else:
+            names = {f.name for f in fields(LayerPoint)}
+            points = [
+                LayerPoint(**{k: v for k, v in p.items() if k in names}) for p in raw["points"]
+            ]
         if not points:
-            raise ValueError("no layer point with a checked stock and kimictl time")
+            raise ValueError("no layer point with a timed cuBLAS and kimictl chain")
         points.sort(key=lambda p: (p.kind, p.m))
-        return cls(str(raw["device"]), tuple(points), raw)
+        return cls(str(raw["device"]), tuple(points))
+
+
+def _from_chain(chain: dict[str, Any]) -> LayerPoint | None:
+    """One bench chain: stock = cuBLAS alone; kimictl = the table's chain plan where it has one
+    (`shipped_us`), else the family set the table kept (`dispatched_us`); one launch each."""
+    stock = chain["cublas_us"]
+    plan = chain.get("chain_plan")
+    best, best_us = (
+        (plan, chain.get("shipped_us")) if plan else ("dispatched", chain["dispatched_us"])
+    )
+    if not (_finite(stock) and _finite(best_us)):
+        return None
+    vllm = (chain.get("plans") or {}).get("vllm")
+    kernels = len(chain["shapes"])
+    return LayerPoint(
+        KIND, int(chain["m"]), int(chain["bytes"]), float(stock), kernels,
+        float(vllm) if _finite(vllm) else None, str(best), float(best_us), kernels,
+    )  # fmt: skip
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x) and x > 0
-
-
-def _kernels(variant: dict[str, Any]) -> int | None:
-    nodes = variant.get("nodes") or {}
-    return int(nodes["kernel"]) if "kernel" in nodes else None
 
 
 def arch_of_device(device: str) -> str | None:
@@ -154,7 +139,7 @@ def read_layer_record(path: Path) -> LayerRecord:
     """The record in `path`; InputError (one sentence) when it cannot be read or is not one."""
     return read_json_input(
         path,
-        "a layer record from lab/bench/layer_h200.py (with checked rows)",
+        "a layer record (a `kimictl kernels bench --json` report with layer chains)",
         LayerRecord.from_json,
     )
 
@@ -162,7 +147,7 @@ def read_layer_record(path: Path) -> LayerRecord:
 def save_layer_record(record: LayerRecord, arch: str) -> Path:
     path = layer_record_path(arch)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(record.raw, indent=1))
+    atomic_write(path, json.dumps(record.to_json(), indent=1))
     return path
 
 

@@ -169,11 +169,15 @@ def install_kernels(*, source: Path | None = None, run_bench: bool = True) -> In
     table_path = None
     if run_bench:
         from kimictl.kernels.toolchain.bench import bench
+        from kimictl.kernels.toolchain.layer_record import LayerRecord, save_layer_record
 
         br = bench(lib)
         table_path = dispatch_table_path(arch)
         br.table.save(table_path)
-        (dest / "bench.json").write_text(_dumps(br.to_json()))
+        bench_json = br.to_json()
+        (dest / "bench.json").write_text(_dumps(bench_json))
+        if br.chains:  # the node's layer record: what `kernels layer` shows and `tune` reads
+            save_layer_record(LayerRecord.from_json(bench_json), arch)
         s = br.summary()
         summary = {
             "geomean_speedup_dispatched": s["geomean_speedup_dispatched"],

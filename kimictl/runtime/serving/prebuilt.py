@@ -3,7 +3,7 @@
 The lookup is doctor's (kernels.vllm.cache.deployment_cache). When the profile's `[serve]
 prebuilt_units` is "auto" (the default) and a cache matches this deployment and the installed
 cutlass-dsl, vLLM and GPU arch, vLLM's process gets `KIMICTL_VLLM_PREBUILT=<folder>`; kimictl's
-vLLM plugin (kimictl.kernels.vllm.plugin, installed in vLLM's environment) loads the units before vLLM's
+vLLM plugin (kimictl.kernels.vllm.plugin, in vLLM's environment) loads the units before vLLM's
 warmup and falls back to vLLM's JIT on any miss. Either way the operator gets one line saying what
 happened, with the command that builds a missing cache. The units only load where the plugin is
 installed in the environment of the `vllm` that serve launches, which can differ from kimictl's own:
