@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent 2 x H200 machine (issues 18 and 20): doctor with and without the multicast
+# One call on a lent 2 x H200 machine: doctor with and without the multicast
 # switches, a real snapshot, the all-reduce benchmark with kimictl monitor's GPU telemetry (and
 # nvidia-smi beside it, to cross-check) running headless under that load.
 #

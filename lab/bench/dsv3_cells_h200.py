@@ -1,4 +1,4 @@
-"""vLLM's `dsv3_fused_a` cells, side by side in one run on the H200 (issue 16).
+"""vLLM's `dsv3_fused_a` cells, side by side in one run on the H200.
 
 Times, on each cell where vLLM 0.33's plan runs `dsv3_fused_a` (M = 8, 16 on K = 7168 / N = 2112,
 1536 and M = 4, 8 on K = 1536 / N = 2304): cuBLAS, `dsv3_fused_a` (= vLLM's plan there, with and

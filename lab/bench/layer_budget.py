@@ -1,4 +1,4 @@
-"""What issue 17's layer targets leave for everything but the GEMMs, from recorded H200 data.
+"""What the layer targets leave for everything but the GEMMs, from recorded H200 data.
 
 No GPU: arithmetic on two committed measurements of the same GPU model,
 - the per-GEMM table (tests/fixtures/kernels/bench_h200_table.json: every kimictl variant and

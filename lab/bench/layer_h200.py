@@ -1,4 +1,4 @@
-"""One device call: the dense part of a K3 decode layer (issue 17) on the H200, side by side.
+"""One device call: the dense part of a K3 decode layer on the H200, side by side.
 
 The layer is `lab.kernels.layer_ops.dense_layer_ops(kind)` (MLA and KDA, per GPU at TP8): fused
 add + RMSNorm, input projection(s) and their norms, attention core, output gate, o_proj,

@@ -1,6 +1,6 @@
 """The dense part of a K3 decode layer as three persistent kernels: no launch floor between GEMMs.
 
-Issue 17's budget (lab/bench/layer_budget.py) shows what per-kernel layers cannot do: every launch
+The layer budget (lab/bench/layer_budget.py) shows what per-kernel layers cannot do: every launch
 pays a ramp and a tail, and the GEMMs of a 10-kernel dense layer stream 3.3-3.5 TB/s against
 4.4-4.5 for one large wstream GEMM. Here each part of the layer between two stand-ins is ONE
 kernel: a persistent grid of one 512-thread CTA per SM runs the part's GEMMs as stages, with a

@@ -1,6 +1,6 @@
 """The elementwise ops of a K3 decode layer's dense part as kimictl kernels that chain with PDL.
 
-Issue 17's profile: inductor's Triton kernels between the GEMMs (add + RMSNorm, RMSNorm, the MLA
+The layer profile: inductor's Triton kernels between the GEMMs (add + RMSNorm, RMSNorm, the MLA
 sigmoid output gate, SiTU * mul) took 6-16 us per layer and, having no programmatic dependent
 launch, made every kimictl GEMM after one of them start only when it had finished. These kernels
 launch with PDL, load what the previous kernel does not write (norm weights) and trigger their

@@ -1,7 +1,7 @@
 """The dense part of one Kimi K3 decode layer, per GPU, as vLLM 0.33.0's stock forward runs it.
 
 "Dense part" = every op of a MoE decode layer that is neither the attention core nor the routed
-experts (issue 17). Shapes are derived here from `K3_SHAPES` (the one table of K3's dimensions)
+experts. Shapes are derived here from `K3_SHAPES` (the one table of K3's dimensions)
 and the tensor-parallel size; each op names the vLLM source line that runs it and the line that
 builds its module, relative to `VLLM_K3`. tests/test_layer_ops.py checks both lines and every
 GEMM shape against the vLLM wheel, so this list cannot drift from vLLM silently.

@@ -1,4 +1,4 @@
-"""tcstream with an elementwise op applied to x as it is loaded (issue 17, experimental, not
+"""tcstream with an elementwise op applied to x as it is loaded (experimental, not
 shipped): the op that sat in its own kernel in front of the GEMM moves into the GEMM's loads.
 
 - `gate` (MLA's o_proj): y = (a * sigmoid(g)) . w, with a = x (the attention core's output) and g

@@ -1,4 +1,4 @@
-"""wgmma with x read at a row stride of its own (issue 17, experimental, not shipped).
+"""wgmma with x read at a row stride of its own (experimental, not shipped).
 
 KDA's f_b reads f_a, a 128-column slice of the packed q/k/v/g/f_a/beta projection's output, so x's
 rows sit `x_stride` elements apart. The GEMM ABI's x is packed [M, K], so a kimictl kernel needed

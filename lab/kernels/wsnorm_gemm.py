@@ -1,4 +1,4 @@
-"""Weight-streaming GEMM with the RMSNorm of x folded in (issue 17, experimental, not shipped).
+"""Weight-streaming GEMM with the RMSNorm of x folded in (experimental, not shipped).
 
 y[m, n] = rmsnorm(x[m]) . (w[n] * g) = (x[m] . w'[n]) * rsqrt(mean(x[m]^2) + eps) (+ r[m, n]),
 with the norm weight g folded into w' = w * g once, when weights are loaded. The kernel is

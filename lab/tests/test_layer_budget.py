@@ -1,4 +1,4 @@
-"""lab/bench/layer_budget.py: issue 17's layer targets against the per-GEMM table, on the recorded
+"""lab/bench/layer_budget.py: the layer targets against the per-GEMM table, on the recorded
 H200 layer run (lab/results/layer_h200_elem_all.json) and table fixture."""
 
 from __future__ import annotations

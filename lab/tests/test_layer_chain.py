@@ -1,4 +1,4 @@
-"""The dense layer as three persistent kernels (issue 17, lab/kernels/layer_chain.py): the
+"""The dense layer as three persistent kernels (lab/kernels/layer_chain.py): the
 segments cover the layer's op list, the grid barrier's word reopens without a reset, bad configs
 are refused, and the segments compile for sm_90a (skipped without the DSL). That the segments'
 offsets compute the layer is checked against fp64 by tests/test_layer_variants.py ("chain"); that

@@ -1,4 +1,4 @@
-"""The layer's elementwise ops as kimictl PDL kernels (issue 17, lab/kernels/layer_elem.py):
+"""The layer's elementwise ops as kimictl PDL kernels (lab/kernels/layer_elem.py):
 the variants follow the layer's op list, stay out of the shipped build, and compile for sm_90a to
 objects whose wrapper entry carries static-shape tensors (no DSL: the build test is skipped)."""
 

@@ -1,5 +1,5 @@
-"""The search over a chain's kernel picks (`dispatch.descend`: the bench's tuned layer-chain plan,
-issue 16, and lab/bench/layer_h200.py's kimictl_tuned layer, issue 17) on a cost model, and the
+"""The search over a chain's kernel picks (`dispatch.descend`: the bench's tuned layer-chain plan
+and lab/bench/layer_h200.py's kimictl_tuned layer) on a cost model, and the
 layer's candidate lists from the committed H200 dispatch table. The GPU part (each candidate timed
 in the whole chain or layer) runs only on the lent H200."""
 

@@ -1,5 +1,5 @@
 """Every layer variant of lab/bench/layer_h200.py as an op sequence on CPU, against the fp64
-reference layer (issue 17): torch matmuls in place of the GEMM kernels, and each elementwise
+reference layer: torch matmuls in place of the GEMM kernels, and each elementwise
 kernel's fp64 reference (layer_elem.elem_ref, what the GPU preflight checks the kernels against)
 in place of the kernel. A variant that reorders or fuses the layer wrongly (a weight concatenated
 in the wrong order, an op on the wrong columns) is off by O(1), far past the bf16 tolerance."""

@@ -1,7 +1,7 @@
 """Pipelined tensor-core GEMM for decode batches: y[M, N] = x[M, K] @ w[N, K]^T (+ residual),
 M = 8, 16, 32, 64.
 
-tcstream and tcswap load weights straight into registers, so the bytes in flight per SM are
+tcstream loads weights straight into registers, so the bytes in flight per SM are
 bounded by registers, and every warp re-reads x from global memory per k step. Here each CTA
 streams a (rows x bk) weight tile and the matching (M x bk) x tile global -> shared with
 16-byte `cp.async.cg` (L1 bypass) into a ring of `stages` slots: stages - 1 tiles stay in flight

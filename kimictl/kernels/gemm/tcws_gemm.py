@@ -114,7 +114,7 @@ WS_CONFIGS: tuple[TcWsConfig, ...] = _ws_configs()
 
 # The shipped variants (build.FAMILIES): the fastest of each cell where tcws beat dsv3_fused_a,
 # verified against fp64 and graph replay == eager in the same run (H200, 2026-12-01 05:35 UTC,
-# lab/results/dsv3_cells/): 2112x7168 and 1536x7168 at M = 8 (1.035x, 1.014x) and M = 16
+# tests/fixtures/runs/dsv3_cells/): 2112x7168 and 1536x7168 at M = 8 (1.035x, 1.014x) and M = 16
 # (1.075x, 1.227x). The dispatch table routes a cell to one only where its bench measured it
 # faster (docs/results.md, "tcws in the shipped build").
 WS_SHIPPED: tuple[TcWsConfig, ...] = (

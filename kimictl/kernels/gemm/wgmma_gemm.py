@@ -5,7 +5,7 @@ The operands are swapped against a textbook GEMM: the weight tile is wgmma's A o
 of w per warpgroup x `bk` of k, K-major in shared memory) and the tokens are wgmma's N (x rows are
 K-contiguous, so x is a K-major B operand); accumulators stay fp32 in registers. One instruction
 `wgmma.m64nMk16` covers 64 weight rows x all M tokens, so no token is loaded into registers at
-all (the register-operand families tcstream/tcswap spend most of their issue slots on that).
+all (the register-operand family tcstream spends most of its issue slots on that).
 
 Both operands arrive by TMA (`cp.async.bulk.tensor`) into a ring of `stages` shared-memory
 buffers, each guarded by a full/empty mbarrier pair; warp 0 issues the copies, every warp of the

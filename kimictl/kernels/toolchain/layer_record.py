@@ -102,16 +102,15 @@ def _from_chain(chain: dict[str, Any]) -> LayerPoint | None:
     (`shipped_us`), else the family set the table kept (`dispatched_us`); one launch each."""
     stock = chain["cublas_us"]
     plan = chain.get("chain_plan")
-    best, best_us = (
-        (plan, chain.get("shipped_us")) if plan else ("dispatched", chain["dispatched_us"])
-    )
+    best: str = plan or "dispatched"
+    best_us: Any = chain.get("shipped_us") if plan else chain["dispatched_us"]
     if not (_finite(stock) and _finite(best_us)):
         return None
-    vllm = (chain.get("plans") or {}).get("vllm")
+    vllm: Any = (chain.get("plans") or {}).get("vllm")
     kernels = len(chain["shapes"])
     return LayerPoint(
         KIND, int(chain["m"]), int(chain["bytes"]), float(stock), kernels,
-        float(vllm) if _finite(vllm) else None, str(best), float(best_us), kernels,
+        float(vllm) if _finite(vllm) else None, best, float(best_us), kernels,
     )  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """Kimi K3 facts on vLLM 0.33.0, as constants: the single source of truth other modules import.
 
 Everything here is quoted from the vllm==0.33.0 wheel's sources (vllm/models/kimi_k3/nvidia/;
-tests/test_rules_deployment.py reads the reasons from vLLM's own `unsupported()`). Strings that vLLM itself prints (the 18 `unsupported()` reasons, the decode_backend error)
-are kept byte-for-byte so that kimictl's findings match what an operator sees in vLLM's log.
+tests/test_rules_deployment.py reads the reasons from vLLM's own `unsupported()`). Strings that
+vLLM itself prints (the 18 `unsupported()` reasons, the decode_backend error) are kept
+byte-for-byte so that kimictl's findings match what an operator sees in vLLM's log.
 """
 
 from __future__ import annotations

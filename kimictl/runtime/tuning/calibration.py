@@ -4,7 +4,7 @@ Fit t = a + bytes / BW through the M=1 GEMMs of the K3 shapes, once for cuBLAS (
 kind of kernel) and once for the best kimictl CuTe DSL kernel per shape (the specialized path's
 kind): the slope gives the achievable HBM bandwidth (efficiency = BW / the GPU's peak), the
 intercept the per-kernel overhead. `hbm_efficiency_*` in params.PARAMS come from this fit on the
-lent H200 (lab/results/kernels_h200_bench.json); the intercepts cross-check the fitted
+lent H200 (tests/fixtures/runs/kernels_h200_bench.json); the intercepts cross-check the fitted
 per-kernel overheads.
 """
 

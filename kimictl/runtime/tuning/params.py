@@ -39,8 +39,8 @@ PARAMS: dict[str, Param] = {
         0.857,
         "of peak",
         "measured: least-squares slope of t = a + bytes/BW through cuBLAS at M=1 on the 12 K3 "
-        "GEMM shapes of `kimictl kernels bench` on the H200 (lab/results/"
-        "kernels_h200_bench.json, tensor-core run): 4.12 TB/s of 4.8 "
+        "GEMM shapes of `kimictl kernels bench` on the H200 (tests/fixtures/"
+        "runs/kernels_h200_bench.json, tensor-core run): 4.12 TB/s of 4.8 "
         "(calibration.fit_kernel_bench)",
     ),
     "hbm_efficiency_specialized": Param(
