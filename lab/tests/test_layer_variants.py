@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import torch_python
+
+from tests.conftest import torch_python
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "lab" / "bench" / "layer_h200.py"
