@@ -3,10 +3,9 @@
 """The CuTe DSL body of tcpro (see tcpro_gemm.py): tcstream's loop with an op on x's loads.
 
 The kernel is tcstream's with one change: each x vector is loaded with a second vector and the op
-(gate or SiTU) applied before the MMAs. It is a copy, not a hook in TcStreamGemm.kernel, because
-the shipped source hash covers tcstream_gemm_dsl.py's syntax tree and the recorded H200 verify is
-of that hash: splitting the shipped loop waits for a GPU run that re-verifies it (then this file
-becomes the hook).
+(gate or SiTU) applied before the MMAs. It is a copy, not a hook in TcStreamGemm.kernel: a hook
+changes the shipped kernel's code, which the recorded H200 verify covers, so it lands only with a
+GPU run that re-verifies tcstream.
 """
 
 # No `from __future__ import annotations` here: the DSL reads the annotations (cuda.CUstream).
@@ -35,7 +34,7 @@ class TcProGemm(TcStreamGemm):
         per SM: without them the op's temporaries took tcstream's 62-63 registers to 76-254
         (cuobjdump), 3 or fewer CTAs fit an SM, and a 7168-row GEMM's 448 row blocks ran in
         two waves or more (the layer ran 18-27 us slower on the H200, 2026-12-01). An override,
-        not a knob of RowBlockGemm.launch_rows: rowblock_dsl.py is in the shipped source hash."""
+        not a knob of RowBlockGemm.launch_rows, whose code the H200 verify covers."""
         kern.launch(
             grid=(cute.ceil_div(n, self.rows), 1, 1),
             block=(self.threads, 1, 1),
