@@ -17,7 +17,7 @@ from kimictl.cli import main
 from kimictl.runtime.serving import runs
 
 if TYPE_CHECKING:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -102,7 +102,7 @@ def test_out_under_a_file_is_refused(
 
 
 def test_default_out_is_new_and_under_the_base(tmp_path: Path) -> None:
-    from kimictl.runtime.demo import default_out_dir
+    from kimictl.runtime.demo.run import default_out_dir
 
     first = default_out_dir(tmp_path)
     assert first.parent == tmp_path and first.name.startswith("kimictl-demo-")
@@ -115,7 +115,7 @@ def test_default_out_is_new_and_under_the_base(tmp_path: Path) -> None:
 
 
 def _m(name: str, p10: float | None, tput: float, **kw: object) -> Measured:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
     fields: dict[str, object] = {
         "completed": 16,
@@ -131,7 +131,7 @@ def _m(name: str, p10: float | None, tput: float, **kw: object) -> Measured:
 
 
 def test_choice_highest_throughput_among_those_meeting_the_slo() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, SLO_MARGIN, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, SLO_MARGIN, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -154,7 +154,7 @@ def test_choice_highest_throughput_among_those_meeting_the_slo() -> None:
 
 
 def test_choice_best_slow_tail_when_none_meets_the_slo() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     choice = choose([_m(DEFAULTS, 10.0, 50.0), _m("a", 11.0, 40.0), _m("b", 10.5, 70.0)])
     assert choice.chosen == "a" and not any(choice.met.values())
@@ -162,7 +162,7 @@ def test_choice_best_slow_tail_when_none_meets_the_slo() -> None:
 
 
 def test_choice_keeps_the_defaults_when_nothing_beats_them() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     choice = choose([_m(DEFAULTS, 10.0, 50.0), _m("a", 9.0, 80.0), _m("b", 4.0, 90.0)])
     assert choice.chosen == DEFAULTS and choice.is_defaults
@@ -171,7 +171,7 @@ def test_choice_keeps_the_defaults_when_nothing_beats_them() -> None:
 
 
 def test_choice_ignores_failed_and_unmeasured_candidates() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -187,7 +187,7 @@ def test_choice_ignores_failed_and_unmeasured_candidates() -> None:
 def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
     """The machine got faster between benches: a candidate that looks 2x faster than the first
     (solo) bench of the defaults but only 1.1x the defaults benched right beside it misses."""
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -209,7 +209,7 @@ def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
 
 
 def test_choice_needs_a_measured_baseline() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
     from kimictl.runtime.errors import EndpointError
 
     with pytest.raises(EndpointError, match="no baseline"):
@@ -219,7 +219,7 @@ def test_choice_needs_a_measured_baseline() -> None:
 
 
 def test_defaults_with_a_failed_request_stay_the_baseline() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     base = _m(DEFAULTS, 10.0, 20.0, failed=1)
     assert choose([base, _m("a", 12.0, 30.0)]).chosen == "a"
@@ -232,7 +232,7 @@ def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
     {choose(S), x} for every order of a mixed set."""
     import itertools
 
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     others = [_m("a", 11.0, 70.0), _m("b", 13.0, 30.0), _m("c", 25.0, 20.0), _m("d", 9.0, 99.0)]
     for order in itertools.permutations(others):
@@ -247,7 +247,7 @@ def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
 
 
 def test_measured_from_a_bench_summary() -> None:
-    from kimictl.runtime.demo_tune import measured_from
+    from kimictl.runtime.demo.tune import measured_from
 
     summary = {
         "completed": 7,
@@ -272,7 +272,7 @@ def _ab(metric: str, ratio: float, ci: list[float] | None, better: str | None) -
 
 
 def test_verdict_tells_the_slo_metric_first_and_what_it_costs() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, verdict
+    from kimictl.runtime.demo.tune import DEFAULTS, verdict
 
     rows = [
         _ab("interactivity p10 (slow tail) tok/s/user", 2.5, [2.0, 3.1], "x"),
@@ -304,8 +304,8 @@ def test_plan_defaults_are_vllms_and_each_candidate_changes_one_knob(
     tmp_path: Path, state: Path
 ) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import DemoRequest, prepare_demo
-    from kimictl.runtime.demo_tune import CANDIDATES, DEFAULTS
+    from kimictl.runtime.demo.run import DemoRequest, prepare_demo
+    from kimictl.runtime.demo.tune import CANDIDATES, DEFAULTS
     from kimictl.runtime.serving import launcher
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "out"))
@@ -347,7 +347,7 @@ def test_unknown_candidate_is_refused_with_the_allowed_names(
 
 def test_named_candidates_always_include_the_defaults(tmp_path: Path, state: Path) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import DemoRequest, prepare_demo
+    from kimictl.runtime.demo.run import DemoRequest, prepare_demo
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "o", candidates=("ngram-spec-3",)))
     assert [c.name for c, _ in plan.candidates] == ["vllm-defaults", "ngram-spec-3"]
@@ -357,7 +357,7 @@ def test_named_candidates_always_include_the_defaults(tmp_path: Path, state: Pat
 
 
 def _measured_back(doc: dict[str, Any]) -> Measured:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
     fields = {k: v for k, v in doc.items() if k != "spec_decode_acceptance_length"}
     return Measured(**fields, acceptance_length=doc["spec_decode_acceptance_length"])
@@ -371,8 +371,8 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
     """The whole main job on real CPU servers: 4 candidates served and measured in turn, the
     choice by the rule, the A/B with CIs, the report and plots, and no process left."""
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import CONTROL
-    from kimictl.runtime.demo_tune import CANDIDATES, DEFAULTS, choose
+    from kimictl.runtime.demo.run import CONTROL
+    from kimictl.runtime.demo.tune import CANDIDATES, DEFAULTS, choose
 
     out = tmp_path / "demo-out"
     args = ["demo", "--sessions", "2", "--tune-prompts", "4", "--num-prompts", "6"]
@@ -454,7 +454,7 @@ def test_demo_keep_leaves_the_ab_pair_serving_until_stopped(
     import httpx
 
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo_tune import DEFAULTS
+    from kimictl.runtime.demo.tune import DEFAULTS
 
     out = tmp_path / "kept"
     args = ["demo", "--keep", "--candidates", "max-num-seqs-2", "--sessions", "2"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.demo import DemoPlan, DemoResult
+    from kimictl.runtime.demo.run import DemoPlan, DemoResult
 
 app = typer.Typer(add_completion=False)
 
@@ -162,7 +162,7 @@ def demo(
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
     from kimictl.commands._render import phase_printer
-    from kimictl.runtime import demo as rt
+    from kimictl.runtime.demo import run as rt
     from kimictl.runtime.errors import EndpointError
 
     names = None

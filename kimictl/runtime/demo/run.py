@@ -2,9 +2,9 @@
 
 The operator's workflow, start to finish, on kimictl's tiny K2-architecture model and CPU build of
 vLLM: (1) the gate, as `kimictl serve` runs it; (2) a measured tune over a small real search space
-(demo_tune.CANDIDATES: vLLM's defaults and a few settings that plausibly change per-user decode
+(tune.CANDIDATES: vLLM's defaults and a few settings that plausibly change per-user decode
 speed), each candidate served in turn and benched with the same seeded agentic workload; (3) the
-choice, by a stated rule over those measurements (demo_tune.choose) against an interactivity SLO
+choice, by a stated rule over those measurements (tune.choose) against an interactivity SLO
 derived from the defaults; (4) an A/B of the chosen configuration against vLLM's defaults with
 bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
 
@@ -33,7 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.demo_tune import (
+from kimictl.runtime.demo.tune import (
     CANDIDATES,
     DEFAULTS,
     KNOBS,
@@ -90,7 +90,7 @@ class DemoRequest:
     seed: int = 0
     port: int | None = None
     timeout: float = 900.0
-    candidates: tuple[str, ...] | None = None  # names from demo_tune.CANDIDATES; None = all
+    candidates: tuple[str, ...] | None = None  # names from tune.CANDIDATES; None = all
 
 
 @dataclass
