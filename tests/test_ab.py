@@ -7,6 +7,7 @@ real requests: lab/ab_false_alarms.py)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,34 @@ def test_run_level_metrics_with_two_repeats_are_never_flagged() -> None:
 )
 def test_holm_matches_the_step_down_by_hand(ps: dict, adjusted: dict) -> None:
     assert holm(ps) == pytest.approx(adjusted)
+
+
+def test_plots_start_at_zero_and_show_the_ab_intervals(tmp_path, monkeypatch) -> None:
+    """A 5% difference must look like 5%: every magnitude axis starts at 0, and ab.png draws each
+    ratio with its interval (read from the figures as they are saved)."""
+    from matplotlib.figure import Figure
+
+    from kimictl.runtime.load.exports import write_plots
+
+    seen: dict[str, list] = {}
+    real = Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen[Path(path).name] = [(ax.get_xlim(), ax.get_ylim(), ax) for ax in fig.axes]
+        return real(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    records = _aa(13, n=30, scale_b=1.05)
+    summaries = _summaries(records)
+    rows = compare(summaries, records, a="a", b="b", seed=0)
+    files = write_plots(summaries, records, tmp_path / "p", ab=rows)
+    assert {f.name for f in files} >= {"pareto.png", "ab.png"}
+    ((xlim, ylim, _),) = seen["pareto.png"]
+    assert xlim[0] == 0 and ylim[0] == 0
+    assert all(x[0] == 0 for x, _, _ in seen["latency_cdf.png"])
+    assert seen["throughput_time.png"][0][1][0] == 0
+    ((xlim, _, ax),) = seen["ab.png"]
+    assert xlim[0] == 0 and xlim[1] > 1
+    with_interval = [r for r in rows if r["point"] == "c=1" and r["ratio"] and r["ci95"]]
+    bars = [c for c in ax.collections if len(c.get_segments()) == 1]  # one error bar per ratio
+    assert len(bars) == len(with_interval) >= 5

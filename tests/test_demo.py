@@ -126,6 +126,9 @@ def _m(name: str, p10: float | None, tput: float, **kw: object) -> Measured:
         "ttft_p99_ms": 900.0,
         "output_throughput": tput,
     }
+    # the bench's A/B agrees with the point estimate unless a test says otherwise
+    beside = kw.get("baseline_p10") or 10.0
+    fields["p10_faster"] = name != "vllm-defaults" and p10 is not None and p10 > beside  # type: ignore[operator]
     fields.update(kw)
     return Measured(name=name, **fields)  # type: ignore[arg-type]
 
@@ -246,6 +249,75 @@ def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
         assert before == "b"  # meets 12.0 with more throughput than c
 
 
+def test_a_candidate_its_own_ab_cannot_tell_from_the_defaults_is_not_crowned() -> None:
+    """2.45x on the point estimate, but the tune bench's A/B interval reaches below 1: the
+    defaults stay and the reason says "not distinguishable" with the interval."""
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
+
+    measured = [
+        _m(DEFAULTS, 10.0, 50.0),
+        _m("lucky", 24.5, 60.0, baseline_p10=10.0, p10_ratio_ci=(0.93, 4.1), p10_faster=False),
+    ]
+    choice = choose(measured)
+    assert choice.chosen == DEFAULTS and choice.met["lucky"] is False
+    assert choice.reason.startswith("not distinguishable: lucky reads 2.45x")
+    assert "95% CI 0.93-4.10" in choice.reason
+    no_interval = [_m(DEFAULTS, 10.0, 50.0), _m("few", 24.5, 60.0, p10_faster=None)]
+    few = choose(no_interval)
+    assert few.chosen == DEFAULTS and "too few requests for a p10" in few.reason
+
+
+def test_a_load_spike_in_one_reading_of_the_defaults_marks_it_unreliable() -> None:
+    from kimictl.runtime.demo.tune import DEFAULTS, choose, flag_suspects
+
+    measured = flag_suspects(
+        [
+            _m(DEFAULTS, 1.1, 5.0),  # the first row: a load spike
+            _m("a", 12.0, 50.0, baseline_p10=10.0),
+            _m("b", 30.0, 50.0, baseline_p10=3.0),  # its defaults beside it read low too
+            _m("c", 9.5, 50.0, baseline_p10=10.5),
+        ]
+    )
+    by = {m.name: m for m in measured}
+    assert by[DEFAULTS].suspect and "p10 1.1 here" in by[DEFAULTS].suspect
+    assert by["b"].suspect and by["a"].suspect is None and by["c"].suspect is None
+    choice = choose(measured)
+    assert choice.chosen == "a"  # b's 10x is the spike's, not b's
+    assert choice.met["b"] is False
+
+
+def test_decision_deploys_only_what_the_ab_confirmed() -> None:
+    from kimictl.runtime.demo.tune import DEFAULTS, choose, decide
+
+    measured = [_m(DEFAULTS, 10.0, 50.0), _m("x", 13.0, 40.0, p10_ratio_ci=(1.1, 1.5))]
+    choice = choose(measured)
+    assert choice.chosen == "x"
+    head = {
+        "metric": "interactivity p10 (slow tail) tok/s/user",
+        "role": "primary",
+        "ratio": 1.09,
+        "ci95": [0.93, 1.75],
+        "p": 0.31,
+        "better": None,
+    }
+    kw = {
+        "a": "x",
+        "describe": {"x": "max_num_seqs 2", DEFAULTS: "vLLM's defaults"},
+        "argv": {"x": ["vllm", "serve"], DEFAULTS: ["vllm", "serve"]},
+        "profile": "cpu-demo",
+        "tune_prompts": 32,
+        "num_prompts": 32,
+    }
+    d = decide(choice, measured, [head], **kw)
+    assert d["deploy"] == DEFAULTS and d["confidence"].startswith("not confirmed")
+    assert "1.09x" in d["ab"] and "95% CI 0.93-1.75" in d["ab"]
+    assert any("--candidates vllm-defaults,x --num-prompts 128" in n for n in d["next"])
+    head.update(better="x", ci95=[1.2, 1.6], ratio=1.4, p=0.001)
+    d = decide(choice, measured, [head], **kw)
+    assert d["deploy"] == "x" and d["config"] == "max_num_seqs 2"
+    assert d["confidence"].startswith("high")
+
+
 def test_measured_from_a_bench_summary() -> None:
     from kimictl.runtime.demo.tune import measured_from
 
@@ -359,8 +431,15 @@ def test_named_candidates_always_include_the_defaults(tmp_path: Path, state: Pat
 def _measured_back(doc: dict[str, Any]) -> Measured:
     from kimictl.runtime.demo.tune import Measured
 
-    fields = {k: v for k, v in doc.items() if k != "spec_decode_acceptance_length"}
-    return Measured(**fields, acceptance_length=doc["spec_decode_acceptance_length"])
+    renamed = {
+        "spec_decode_acceptance_length": "acceptance_length",
+        "p10_ratio_ci95": "p10_ratio_ci",
+        "p10_faster_than_defaults": "p10_faster",
+    }
+    fields = {renamed.get(k, k): v for k, v in doc.items()}
+    if fields["p10_ratio_ci"] is not None:
+        fields["p10_ratio_ci"] = tuple(fields["p10_ratio_ci"])
+    return Measured(**fields)
 
 
 @pytest.mark.slow
@@ -413,8 +492,13 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
     for run in bench["runs"]:
         assert run["completed"] >= 6 and run["failed"] == 0 and run["output_throughput"] > 0
     p10 = next(r for r in bench["ab"] if r["metric"].startswith("interactivity p10"))
+    assert p10["role"] == "primary"  # the SLO's metric carries the demo's A/B verdict
     assert p10["ratio"] == pytest.approx(p10[a] / p10[DEFAULTS])
-    assert p10["ci95"] is not None and p10["ci95"][0] <= p10["ratio"] <= p10["ci95"][1]
+    # 6 requests a side: too few for a p10 interval, so no side is called better
+    assert p10["ci95"] is None and p10["better"] is None
+    decision = saved["decision"]
+    assert decision["deploy"] == DEFAULTS and decision["next"]
+    assert decision["confidence"].startswith(("no configuration", "not confirmed"))
     assert [r["metric"] for r in saved["takeaway"]] == [
         "output tokens/s",
         "interactivity p10 (slow tail) tok/s/user",
@@ -425,9 +509,12 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
 
     plots = sorted(str(Path(p).relative_to(out)) for p in saved["plots"])
     assert plots == sorted(
-        f"plots/{sub}{name}.png"
-        for sub in ("", "tune/")
-        for name in ("latency_cdf", "pareto", "throughput_time")
+        ["plots/ab.png"]
+        + [
+            f"plots/{sub}{name}.png"
+            for sub in ("", "tune/")
+            for name in ("latency_cdf", "pareto", "throughput_time")
+        ]
     )
     for name in plots:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
