@@ -55,8 +55,13 @@ def ps(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("ID", "STATE", "HEALTH", "URL", "MODEL", "ROLE", "AGE"):
-        table.add_column(column, no_wrap=True)
+    # the ID (what logs/stop take) and the state never shrink, at any width or piped; the
+    # URL and the model fold onto more lines instead
+    table.add_column("ID", no_wrap=True, min_width=max(len(r.id) for r in records))
+    for column in ("STATE", "HEALTH"):
+        table.add_column(column, no_wrap=True, min_width=len(column) + 2)
+    for column in ("URL", "MODEL", "ROLE", "AGE"):
+        table.add_column(column, overflow="fold")
     now = time.time()
     for r in records:
         state = r.state.value
