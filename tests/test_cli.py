@@ -62,3 +62,19 @@ def test_bad_command_line_is_one_error_line(argv: list[str], sentence: str, help
         assert lines[1:] == [f"hint: '{help_page}' lists the commands and options"], done.stderr
     assert "Usage:" not in done.stderr and "Error:" not in done.stderr
     assert done.stdout == ""
+
+
+def _command_lines() -> list[list[str]]:
+    from kimictl.cli import COMMANDS
+
+    lines = [[name] for name in COMMANDS]
+    return [*lines, ["profiles", "show"], ["kernels", "verify"]]
+
+
+@pytest.mark.parametrize("argv", _command_lines(), ids=" ".join)
+def test_help_shows_no_type_on_plain_switches(argv: list[str]) -> None:
+    """A switch (--json, --all, --help) takes no value; `<bool>` beside it reads as if it did."""
+    done = _kimictl(*argv, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "<bool>" not in done.stdout, done.stdout
+    assert "--help" in done.stdout
