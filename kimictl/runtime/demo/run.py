@@ -309,7 +309,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     # The gate exactly as `kimictl serve cpu-demo` runs it (e.g. no CPU runtime: CheckFailed
     # naming `kimictl setup cpu-runtime`).
     prepared = workflow.prepare_serve(workflow.ServeRequest(profile=DEMO_PROFILE, port=port))
-    workflow.refuse_if_blocked(prepared)
+    workflow.refuse_if_blocked(prepared, forceable=False)  # demo has no --force
     # vLLM's defaults = the profile with every tuning knob unset; max_model_len and
     # enforce_eager stay (the CPU build needs both).
     base = profile.spec.with_(**dict.fromkeys(KNOBS))
