@@ -339,6 +339,28 @@ def test_measured_from_a_bench_summary() -> None:
     assert measured_from("x", summary, baseline=beside).baseline_p10 == 6.5
 
 
+def test_measured_from_carries_its_ab_interval_and_a_starved_client() -> None:
+    from kimictl.runtime.demo.tune import P10, measured_from
+
+    summary = {
+        "completed": 32,
+        "failed": 0,
+        "output_throughput": 50.0,
+        "kimictl": {
+            "interactivity_tok_s_per_user": {"p10_slow_tail": 12.0, "p50": 20.0},
+            "client_warning": "the bench client was starved of CPU: ...",
+        },
+    }
+    rows = [{"metric": P10, "role": "primary", "ci95": [1.1, 1.6], "better": "x"}]
+    m = measured_from("x", summary, ab=rows)
+    assert m.p10_ratio_ci == (1.1, 1.6) and m.p10_faster is True and m.distinguishable
+    assert m.suspect == "unreliable: machine load (the bench client was starved of CPU: ...)"
+    rows[0].update(ci95=None, better=None)
+    del summary["kimictl"]["client_warning"]
+    m = measured_from("x", summary, ab=rows)
+    assert m.p10_ratio_ci is None and m.p10_faster is False and m.suspect is None
+
+
 def _ab(metric: str, ratio: float, ci: list[float] | None, better: str | None) -> dict[str, object]:
     return {"metric": metric, "ratio": ratio, "ci95": ci, "better": better}
 
