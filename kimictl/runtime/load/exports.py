@@ -216,7 +216,7 @@ def _ab_plot(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     )
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xlim(left=0)
-    ax.set_xlabel("ratio A/B with 95% interval (green: better by the corrected test)")
+    ax.set_xlabel("ratio A/B with 95% interval (green: one side better by the corrected test)")
     ax.set_title(f"A/B at {point}")
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, path)
