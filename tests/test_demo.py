@@ -316,6 +316,13 @@ def test_decision_deploys_only_what_the_ab_confirmed() -> None:
     d = decide(choice, measured, [head], **kw)
     assert d["deploy"] == "x" and d["config"] == "max_num_seqs 2"
     assert d["confidence"].startswith("high")
+    # a control run (the defaults chosen) that finds the same server's turns different
+    control = choose([_m(DEFAULTS, 10.0, 50.0), _m("y", 9.0, 40.0)])
+    head.update(better=DEFAULTS, ci95=[0.44, 0.75], ratio=0.6, p=0.01)
+    d = decide(control, measured, [head], **{**kw, "a": "defaults-control"})
+    assert d["deploy"] == DEFAULTS and d["ab"].startswith("control run")
+    assert any("less certain than its interval says" in s for s in d["suspect"])
+    assert any("--warmup" in n for n in d["next"])
 
 
 def test_measured_from_a_bench_summary() -> None:

@@ -387,6 +387,18 @@ def decide(
         default=None,
     )
     retry = f"kimictl demo --tune-prompts {2 * tune_prompts} --num-prompts {2 * num_prompts}"
+    suspect = [f"{m.name}: {m.suspect}" for m in measured if m.suspect]
+    if choice.is_defaults and ab_text is not None:
+        # the A/B is the defaults against themselves: any difference is the machine's
+        ab_text = "control run, the defaults against themselves: " + ab_text.replace(
+            "of vLLM's defaults", "of the second turn"
+        )
+        if head is not None and head.get("better"):
+            suspect.append(
+                "the control run found the same server's two turns different (the machine "
+                "changed between them: load, warm-up, caches), so every comparison here is less "
+                "certain than its interval says"
+            )
     if choice.is_defaults:
         deploy = DEFAULTS
         confidence = (
@@ -399,6 +411,8 @@ def decide(
                 f"measure the closest one alone, longer: kimictl demo --candidates "
                 f"{DEFAULTS},{looks.name} --tune-prompts {4 * tune_prompts}"
             )
+        if len(suspect) > 0:
+            nxt.append("re-run on a quieter machine, with warm-up: kimictl demo --warmup 8")
     elif confirmed:
         deploy = chosen
         confidence = (
@@ -430,7 +444,7 @@ def decide(
         "ab": ab_text,
         "confidence": confidence,
         "next": nxt,
-        "suspect": [f"{m.name}: {m.suspect}" for m in measured if m.suspect],
+        "suspect": suspect,
     }
 
 
