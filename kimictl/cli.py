@@ -88,6 +88,24 @@ def root_help() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plain_switches(command: Any) -> None:
+    """A switch takes no value: typer's help would show it a `<bool>` type, as if it took one."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    make_help = command.get_help_option  # --help is built when help is shown
+
+    def help_option(ctx: Any) -> Any:
+        option = make_help(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        _plain_switches(sub)
+
+
 def _build_root() -> Any:
     import typer
     import typer.main
@@ -104,6 +122,7 @@ def _build_root() -> Any:
             module_name, attr, _ = entry
             command = typer.main.get_command(getattr(importlib.import_module(module_name), attr))
             command.name = cmd_name
+            _plain_switches(command)
             return command
 
         def format_help(self, ctx: Any, formatter: Any) -> None:

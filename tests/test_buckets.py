@@ -172,3 +172,16 @@ def test_real_cpu_server_captures_default_vs_custom_buckets() -> None:
     t2 = m.snapshot_from_text((FIX / "fast_custom_t2.txt").read_text(), monotonic=1.0)
     bounds = t2.histograms[m.TIME_PER_OUTPUT_TOKEN].bounds
     assert bounds[:-1] == tuple(buckets.interactivity_buckets(20, 4000))
+
+
+def test_flag_spells_each_bound_in_its_shortest_exact_form() -> None:
+    """vLLM 0.33 reads --custom-histogram-buckets with json.loads (vllm/engine/arg_utils.py:
+    parse_type(json.loads) for a dict field) and accepts only a full list per family, so the
+    shortest exact form spells every bound as the shortest JSON number of the same float."""
+    b = buckets.interactivity_buckets(20, 4000)
+    value = buckets.flag_for({"inter_token_latency": b})[1]
+    assert json.loads(value) == {"inter_token_latency": b}  # every bound the same float
+    assert all(type(x) is float for x in json.loads(value)["inter_token_latency"])
+    plain = json.dumps({"inter_token_latency": b}, separators=(",", ":"))
+    assert len(value) <= len(plain) - 50, (len(value), len(plain))
+    assert " " not in value and "2273e-7" in value and "8e1" in value

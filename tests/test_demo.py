@@ -17,7 +17,7 @@ from kimictl.cli import main
 from kimictl.runtime.serving import runs
 
 if TYPE_CHECKING:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -102,7 +102,7 @@ def test_out_under_a_file_is_refused(
 
 
 def test_default_out_is_new_and_under_the_base(tmp_path: Path) -> None:
-    from kimictl.runtime.demo import default_out_dir
+    from kimictl.runtime.demo.run import default_out_dir
 
     first = default_out_dir(tmp_path)
     assert first.parent == tmp_path and first.name.startswith("kimictl-demo-")
@@ -115,7 +115,7 @@ def test_default_out_is_new_and_under_the_base(tmp_path: Path) -> None:
 
 
 def _m(name: str, p10: float | None, tput: float, **kw: object) -> Measured:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
     fields: dict[str, object] = {
         "completed": 16,
@@ -126,12 +126,15 @@ def _m(name: str, p10: float | None, tput: float, **kw: object) -> Measured:
         "ttft_p99_ms": 900.0,
         "output_throughput": tput,
     }
+    # the bench's A/B agrees with the point estimate unless a test says otherwise
+    beside = kw.get("baseline_p10") or 10.0
+    fields["p10_faster"] = name != "vllm-defaults" and p10 is not None and p10 > beside  # type: ignore[operator]
     fields.update(kw)
     return Measured(name=name, **fields)  # type: ignore[arg-type]
 
 
 def test_choice_highest_throughput_among_those_meeting_the_slo() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, SLO_MARGIN, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, SLO_MARGIN, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -154,7 +157,7 @@ def test_choice_highest_throughput_among_those_meeting_the_slo() -> None:
 
 
 def test_choice_best_slow_tail_when_none_meets_the_slo() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     choice = choose([_m(DEFAULTS, 10.0, 50.0), _m("a", 11.0, 40.0), _m("b", 10.5, 70.0)])
     assert choice.chosen == "a" and not any(choice.met.values())
@@ -162,7 +165,7 @@ def test_choice_best_slow_tail_when_none_meets_the_slo() -> None:
 
 
 def test_choice_keeps_the_defaults_when_nothing_beats_them() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     choice = choose([_m(DEFAULTS, 10.0, 50.0), _m("a", 9.0, 80.0), _m("b", 4.0, 90.0)])
     assert choice.chosen == DEFAULTS and choice.is_defaults
@@ -171,7 +174,7 @@ def test_choice_keeps_the_defaults_when_nothing_beats_them() -> None:
 
 
 def test_choice_ignores_failed_and_unmeasured_candidates() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -187,7 +190,7 @@ def test_choice_ignores_failed_and_unmeasured_candidates() -> None:
 def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
     """The machine got faster between benches: a candidate that looks 2x faster than the first
     (solo) bench of the defaults but only 1.1x the defaults benched right beside it misses."""
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     measured = [
         _m(DEFAULTS, 10.0, 50.0),
@@ -209,7 +212,7 @@ def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
 
 
 def test_choice_needs_a_measured_baseline() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
     from kimictl.runtime.errors import EndpointError
 
     with pytest.raises(EndpointError, match="no baseline"):
@@ -219,7 +222,7 @@ def test_choice_needs_a_measured_baseline() -> None:
 
 
 def test_defaults_with_a_failed_request_stay_the_baseline() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     base = _m(DEFAULTS, 10.0, 20.0, failed=1)
     assert choose([base, _m("a", 12.0, 30.0)]).chosen == "a"
@@ -232,7 +235,7 @@ def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
     {choose(S), x} for every order of a mixed set."""
     import itertools
 
-    from kimictl.runtime.demo_tune import DEFAULTS, choose
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
 
     others = [_m("a", 11.0, 70.0), _m("b", 13.0, 30.0), _m("c", 25.0, 20.0), _m("d", 9.0, 99.0)]
     for order in itertools.permutations(others):
@@ -246,8 +249,84 @@ def test_adding_a_candidate_moves_the_choice_only_to_it() -> None:
         assert before == "b"  # meets 12.0 with more throughput than c
 
 
+def test_a_candidate_its_own_ab_cannot_tell_from_the_defaults_is_not_crowned() -> None:
+    """2.45x on the point estimate, but the tune bench's A/B interval reaches below 1: the
+    defaults stay and the reason says "not distinguishable" with the interval."""
+    from kimictl.runtime.demo.tune import DEFAULTS, choose
+
+    measured = [
+        _m(DEFAULTS, 10.0, 50.0),
+        _m("lucky", 24.5, 60.0, baseline_p10=10.0, p10_ratio_ci=(0.93, 4.1), p10_faster=False),
+    ]
+    choice = choose(measured)
+    assert choice.chosen == DEFAULTS and choice.met["lucky"] is False
+    assert choice.reason.startswith("not distinguishable: lucky reads 2.45x")
+    assert "95% CI 0.93-4.10" in choice.reason
+    no_interval = [_m(DEFAULTS, 10.0, 50.0), _m("few", 24.5, 60.0, p10_faster=None)]
+    few = choose(no_interval)
+    assert few.chosen == DEFAULTS and "too few requests for a p10" in few.reason
+
+
+def test_a_load_spike_in_one_reading_of_the_defaults_marks_it_unreliable() -> None:
+    from kimictl.runtime.demo.tune import DEFAULTS, choose, flag_suspects
+
+    measured = flag_suspects(
+        [
+            _m(DEFAULTS, 1.1, 5.0),  # the first row: a load spike
+            _m("a", 12.0, 50.0, baseline_p10=10.0),
+            _m("b", 30.0, 50.0, baseline_p10=3.0),  # its defaults beside it read low too
+            _m("c", 9.5, 50.0, baseline_p10=10.5),
+        ]
+    )
+    by = {m.name: m for m in measured}
+    assert by[DEFAULTS].suspect and "p10 1.1 here" in by[DEFAULTS].suspect
+    assert by["b"].suspect and by["a"].suspect is None and by["c"].suspect is None
+    choice = choose(measured)
+    assert choice.chosen == "a"  # b's 10x is the spike's, not b's
+    assert choice.met["b"] is False
+
+
+def test_decision_deploys_only_what_the_ab_confirmed() -> None:
+    from kimictl.runtime.demo.tune import DEFAULTS, choose, decide
+
+    measured = [_m(DEFAULTS, 10.0, 50.0), _m("x", 13.0, 40.0, p10_ratio_ci=(1.1, 1.5))]
+    choice = choose(measured)
+    assert choice.chosen == "x"
+    head = {
+        "metric": "interactivity p10 (slow tail) tok/s/user",
+        "role": "primary",
+        "ratio": 1.09,
+        "ci95": [0.93, 1.75],
+        "p": 0.31,
+        "better": None,
+    }
+    kw = {
+        "a": "x",
+        "describe": {"x": "max_num_seqs 2", DEFAULTS: "vLLM's defaults"},
+        "argv": {"x": ["vllm", "serve"], DEFAULTS: ["vllm", "serve"]},
+        "profile": "cpu-demo",
+        "tune_prompts": 32,
+        "num_prompts": 32,
+    }
+    d = decide(choice, measured, [head], **kw)
+    assert d["deploy"] == DEFAULTS and d["confidence"].startswith("not confirmed")
+    assert "1.09x" in d["ab"] and "95% CI 0.93-1.75" in d["ab"]
+    assert any("--candidates vllm-defaults,x --num-prompts 128" in n for n in d["next"])
+    head.update(better="x", ci95=[1.2, 1.6], ratio=1.4, p=0.001)
+    d = decide(choice, measured, [head], **kw)
+    assert d["deploy"] == "x" and d["config"] == "max_num_seqs 2"
+    assert d["confidence"].startswith("high")
+    # a control run (the defaults chosen) that finds the same server's turns different
+    control = choose([_m(DEFAULTS, 10.0, 50.0), _m("y", 9.0, 40.0)])
+    head.update(better=DEFAULTS, ci95=[0.44, 0.75], ratio=0.6, p=0.01)
+    d = decide(control, measured, [head], **{**kw, "a": "defaults-control"})
+    assert d["deploy"] == DEFAULTS and d["ab"].startswith("control run")
+    assert any("less certain than its interval says" in s for s in d["suspect"])
+    assert any("--warmup" in n for n in d["next"])
+
+
 def test_measured_from_a_bench_summary() -> None:
-    from kimictl.runtime.demo_tune import measured_from
+    from kimictl.runtime.demo.tune import measured_from
 
     summary = {
         "completed": 7,
@@ -267,12 +346,34 @@ def test_measured_from_a_bench_summary() -> None:
     assert measured_from("x", summary, baseline=beside).baseline_p10 == 6.5
 
 
+def test_measured_from_carries_its_ab_interval_and_a_starved_client() -> None:
+    from kimictl.runtime.demo.tune import P10, measured_from
+
+    summary = {
+        "completed": 32,
+        "failed": 0,
+        "output_throughput": 50.0,
+        "kimictl": {
+            "interactivity_tok_s_per_user": {"p10_slow_tail": 12.0, "p50": 20.0},
+            "client_warning": "the bench client was starved of CPU: ...",
+        },
+    }
+    rows = [{"metric": P10, "role": "primary", "ci95": [1.1, 1.6], "better": "x"}]
+    m = measured_from("x", summary, ab=rows)
+    assert m.p10_ratio_ci == (1.1, 1.6) and m.p10_faster is True and m.distinguishable
+    assert m.suspect == "unreliable: machine load (the bench client was starved of CPU: ...)"
+    rows[0].update(ci95=None, better=None)
+    del summary["kimictl"]["client_warning"]
+    m = measured_from("x", summary, ab=rows)
+    assert m.p10_ratio_ci is None and m.p10_faster is False and m.suspect is None
+
+
 def _ab(metric: str, ratio: float, ci: list[float] | None, better: str | None) -> dict[str, object]:
     return {"metric": metric, "ratio": ratio, "ci95": ci, "better": better}
 
 
 def test_verdict_tells_the_slo_metric_first_and_what_it_costs() -> None:
-    from kimictl.runtime.demo_tune import DEFAULTS, verdict
+    from kimictl.runtime.demo.tune import DEFAULTS, verdict
 
     rows = [
         _ab("interactivity p10 (slow tail) tok/s/user", 2.5, [2.0, 3.1], "x"),
@@ -304,8 +405,8 @@ def test_plan_defaults_are_vllms_and_each_candidate_changes_one_knob(
     tmp_path: Path, state: Path
 ) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import DemoRequest, prepare_demo
-    from kimictl.runtime.demo_tune import CANDIDATES, DEFAULTS
+    from kimictl.runtime.demo.run import DemoRequest, prepare_demo
+    from kimictl.runtime.demo.tune import CANDIDATES, DEFAULTS
     from kimictl.runtime.serving import launcher
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "out"))
@@ -347,7 +448,7 @@ def test_unknown_candidate_is_refused_with_the_allowed_names(
 
 def test_named_candidates_always_include_the_defaults(tmp_path: Path, state: Path) -> None:
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import DemoRequest, prepare_demo
+    from kimictl.runtime.demo.run import DemoRequest, prepare_demo
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "o", candidates=("ngram-spec-3",)))
     assert [c.name for c, _ in plan.candidates] == ["vllm-defaults", "ngram-spec-3"]
@@ -357,10 +458,17 @@ def test_named_candidates_always_include_the_defaults(tmp_path: Path, state: Pat
 
 
 def _measured_back(doc: dict[str, Any]) -> Measured:
-    from kimictl.runtime.demo_tune import Measured
+    from kimictl.runtime.demo.tune import Measured
 
-    fields = {k: v for k, v in doc.items() if k != "spec_decode_acceptance_length"}
-    return Measured(**fields, acceptance_length=doc["spec_decode_acceptance_length"])
+    renamed = {
+        "spec_decode_acceptance_length": "acceptance_length",
+        "p10_ratio_ci95": "p10_ratio_ci",
+        "p10_faster_than_defaults": "p10_faster",
+    }
+    fields = {renamed.get(k, k): v for k, v in doc.items()}
+    if fields["p10_ratio_ci"] is not None:
+        fields["p10_ratio_ci"] = tuple(fields["p10_ratio_ci"])
+    return Measured(**fields)
 
 
 @pytest.mark.slow
@@ -371,8 +479,8 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
     """The whole main job on real CPU servers: 4 candidates served and measured in turn, the
     choice by the rule, the A/B with CIs, the report and plots, and no process left."""
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo import CONTROL
-    from kimictl.runtime.demo_tune import CANDIDATES, DEFAULTS, choose
+    from kimictl.runtime.demo.run import CONTROL
+    from kimictl.runtime.demo.tune import CANDIDATES, DEFAULTS, choose
 
     out = tmp_path / "demo-out"
     args = ["demo", "--sessions", "2", "--tune-prompts", "4", "--num-prompts", "6"]
@@ -413,8 +521,13 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
     for run in bench["runs"]:
         assert run["completed"] >= 6 and run["failed"] == 0 and run["output_throughput"] > 0
     p10 = next(r for r in bench["ab"] if r["metric"].startswith("interactivity p10"))
+    assert p10["role"] == "primary"  # the SLO's metric carries the demo's A/B verdict
     assert p10["ratio"] == pytest.approx(p10[a] / p10[DEFAULTS])
-    assert p10["ci95"] is not None and p10["ci95"][0] <= p10["ratio"] <= p10["ci95"][1]
+    # 6 requests a side: too few for a p10 interval, so no side is called better
+    assert p10["ci95"] is None and p10["better"] is None
+    decision = saved["decision"]
+    assert decision["deploy"] == DEFAULTS and decision["next"]
+    assert decision["confidence"].startswith(("no configuration", "not confirmed"))
     assert [r["metric"] for r in saved["takeaway"]] == [
         "output tokens/s",
         "interactivity p10 (slow tail) tok/s/user",
@@ -425,9 +538,12 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
 
     plots = sorted(str(Path(p).relative_to(out)) for p in saved["plots"])
     assert plots == sorted(
-        f"plots/{sub}{name}.png"
-        for sub in ("", "tune/")
-        for name in ("latency_cdf", "pareto", "throughput_time")
+        ["plots/ab.png"]
+        + [
+            f"plots/{sub}{name}.png"
+            for sub in ("", "tune/")
+            for name in ("latency_cdf", "pareto", "throughput_time")
+        ]
     )
     for name in plots:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
@@ -454,7 +570,7 @@ def test_demo_keep_leaves_the_ab_pair_serving_until_stopped(
     import httpx
 
     _cpu_runtime_or_skip()
-    from kimictl.runtime.demo_tune import DEFAULTS
+    from kimictl.runtime.demo.tune import DEFAULTS
 
     out = tmp_path / "kept"
     args = ["demo", "--keep", "--candidates", "max-num-seqs-2", "--sessions", "2"]

@@ -154,8 +154,16 @@ def compare(
 def test_generated_deployments_agree_with_vllm(
     worker: VllmWorker, models: dict[str, Path], gb300: HardwareReport
 ) -> None:
-    deployments = vllm_cases.generate(models, seed=SEED, count=COUNT)
+    sources, _ = vllm_src.ensure_sources()
+    assert sources is not None  # the worker fixture skipped otherwise
+    choices = vllm_cases.cache_dtype_choices(sources)
+    # vLLM's own lists, so a new dtype in vLLM is generated without editing this suite
+    assert "float16" in choices["--mamba-ssm-cache-dtype"] and "fp8" in choices["--kv-cache-dtype"]
+    extra = vllm_cases.cache_dtype_mutations(choices)
+    deployments = vllm_cases.generate(models, seed=SEED, count=COUNT + 2 * len(extra), extra=extra)
     assert len(deployments) >= 500
+    tags = {t for d in deployments for t in d.tags}
+    assert set(extra) <= tags  # every value of every cache dtype option, each alone
     classes, outcomes, examples = compare(worker, deployments, gb300)
     # the generator reaches every outcome, so agreement is not agreement on one kind
     assert {"ready", "not_ready", "refused", "stock", "bad_input"} <= set(outcomes), outcomes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -169,3 +170,26 @@ def test_zombie_leader_counts_as_gone():
     record = RunRecord.from_json({**record.to_json(), "start_ticks": ticks})
     assert not runs.is_alive(record)
     proc.wait()
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_ps_prints_whole_run_ids_when_piped_and_narrow(sleeper, _state_dir, columns):
+    """The ID is what `logs`/`stop` take: piped (not a terminal) at 80 or fewer columns it must
+    come out whole, the other columns give way (real `kimictl ps` in a subprocess)."""
+    ids = []
+    for name in ("k3-tp16-latency-stock", "k3-tp8-long-context-stock"):
+        record = _record(name, sleeper.pid, role="stock", port=18000 + len(ids))
+        record = dataclasses.replace(
+            record, model="/models/moonshotai/Kimi-K3-Instruct-0905-fp8-with-a-long-path"
+        )
+        runs.write_record(record)
+        ids.append(record.id)
+    env = {**os.environ, "KIMICTL_STATE_DIR": str(_state_dir), "COLUMNS": columns}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "ps"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    for run_id in ids:
+        assert run_id in words, done.stdout

@@ -464,3 +464,28 @@ def test_port_out_of_range_is_bad_input(capsys) -> None:
     assert main(["serve", "cpu-demo", "--port", "99999", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --port 99999 is not a TCP port; allowed: 1-65535.")
+
+
+@pytest.mark.parametrize("argv", [["serve", "cpu-demo"], ["demo"]])
+def test_missing_cpu_runtime_hint_names_the_setup_command(tmp_path: Path, argv: list[str]) -> None:
+    """With no CPU runtime (empty cache) the gate refuses, and the hint is the command that fixes
+    it, not the profile or --force (demo has no --force)."""
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "KIMICTL_STATE_DIR": str(tmp_path / "state"),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "[cpu.runtime]" in done.stderr
+    assert done.stderr.splitlines()[-1] == "hint: run `kimictl setup cpu-runtime`, then try again."
+    assert "--force" not in done.stderr

@@ -472,3 +472,14 @@ def test_nothing_fits_exits_1_and_writes_nothing(capsys, tmp_path: Path) -> None
     assert json.loads(out)["choice"] is None  # the search is still reported
     one_sentence_error(err, "no configuration fits 8 x b200")
     assert not target.exists()
+
+
+def test_check_refuses_a_bench_of_another_model(capsys, tmp_path: Path) -> None:
+    """A tiny-CPU-model bench against a K3 profile is not a +575% model error: exit 2."""
+    real = Path(__file__).parent / "fixtures" / "vllm_bench" / "vllm_save_result.json"
+    code, out, err = run(capsys, "--check", str(real), "k3-tp16-latency", "--system", "gb300")
+    assert code == 2 and out == ""
+    one_sentence_error(err, "model_id 'tiny-k2' is not profile k3-tp16-latency's model")
+    same = _bench_file(tmp_path, model_id="moonshotai/Kimi-K3", output_throughput=100.0)
+    code, _, err = run(capsys, "--check", str(same), "k3-tp16-latency", "--system", "gb300")
+    assert code == 0, err

@@ -8,6 +8,7 @@ gate or one derivation vLLM makes before it (defaults, -O levels, dtypes, spelli
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 from collections.abc import Callable
@@ -338,14 +339,59 @@ def _fix_bad_tp(dep: Deployment) -> None:
             return
 
 
-def generate(models: dict[str, Path], seed: int, count: int) -> list[Deployment]:
-    """Every mutation alone (on two bases), every bad spelling, then random 1-4 mutations."""
+# vLLM's cache dtype options and the Literal type that lists their values (vllm/config/cache.py)
+CACHE_DTYPE_OPTIONS = {
+    "--kv-cache-dtype": "CacheDType",
+    "--mamba-cache-dtype": "MambaDType",
+    "--mamba-ssm-cache-dtype": "MambaDType",
+}
+
+
+def cache_dtype_choices(sources: Path) -> dict[str, tuple[str, ...]]:
+    """Every value vLLM's parser accepts for each cache dtype option, read from the Literal
+    types in vLLM's own vllm/config/cache.py (the argparse choices come from them)."""
+    tree = ast.parse((sources / "vllm" / "config" / "cache.py").read_text())
+    literals: dict[str, tuple[str, ...]] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Subscript)
+            and getattr(node.value.value, "id", None) == "Literal"
+        ):
+            items = node.value.slice
+            elts = items.elts if isinstance(items, ast.Tuple) else [items]
+            literals[node.targets[0].id] = tuple(
+                e.value for e in elts if isinstance(e, ast.Constant)
+            )
+    return {flag: literals[name] for flag, name in CACHE_DTYPE_OPTIONS.items()}
+
+
+def cache_dtype_mutations(choices: dict[str, tuple[str, ...]]) -> dict[str, Mutation]:
+    """One mutation per value of every cache dtype option (`--kv-cache-dtype=fp8_e5m2`, ...)."""
+    return {
+        f"{flag.strip('-')}={value}": _add(flag, value)
+        for flag, values in choices.items()
+        for value in values
+    }
+
+
+def generate(
+    models: dict[str, Path],
+    seed: int,
+    count: int,
+    *,
+    extra: dict[str, Mutation] | None = None,
+) -> list[Deployment]:
+    """Every mutation (and every `extra` one) alone on two bases, every bad spelling, then random
+    1-4 mutations until `count`."""
     rng = random.Random(seed)
+    mutations = {**MUTATIONS, **(extra or {})}
     out: list[Deployment] = []
     for _ in range(3):
         out.append(base(models, rng))
         out[-1].tags = ["base"]
-    for name, mutate in MUTATIONS.items():
+    for name, mutate in mutations.items():
         for _ in range(2):
             dep = base(models, rng)
             mutate(dep, models, rng)
@@ -358,12 +404,12 @@ def generate(models: dict[str, Path], seed: int, count: int) -> list[Deployment]
             _fix_bad_tp(dep)
         dep.tags = [name]
         out.append(dep)
-    names = list(MUTATIONS)
+    names = list(mutations)
     while len(out) < count:
         dep = base(models, rng)
         picked = rng.sample(names, rng.randint(1, 4))
         for name in picked:
-            MUTATIONS[name](dep, models, rng)
+            mutations[name](dep, models, rng)
         dep.tags = picked
         out.append(dep)
     return out

@@ -237,7 +237,7 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
-    from kimictl.runtime.load.benchreport import NOT_MEASURED
+    from kimictl.runtime.load.ab import ALPHA, NOT_DISTINGUISHABLE, NOT_MEASURED
 
     assert outcome.ab is not None
     a = outcome.summaries[0]["kimictl"]["target"]
@@ -246,28 +246,36 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     for point in dict.fromkeys(r["point"] for r in outcome.ab):
         rows = [r for r in outcome.ab if r["point"] == point]
         table = Table(
-            title=f"A/B at {point}: {a} vs {b} (ratio {a}/{b}, 95% bootstrap CI)",
+            title=f"A/B at {point}: {a} vs {b} (ratio {a}/{b}, 95% bootstrap CI; better: "
+            f"p < {ALPHA}, secondary metrics Holm-adjusted)",
             title_justify="left",
         )
-        for col in ("metric", a, b, "ratio", "95% CI", "better"):
+        for col in ("metric", a, b, "ratio", "95% CI", "p (Holm)", "better"):
             table.add_column(col, justify="left" if col == "metric" else "right")
-        verdict = None
-        for r in rows:
+        head = None
+        for r in sorted(rows, key=lambda r: r.get("role") != "primary"):
             ci = r["ci95"]
             better = r["better"] or "-"
             color = "green" if r["better"] == a else ("red" if r["better"] == b else "")
+            primary = r.get("role") == "primary"
+            p_adj = r.get("p_adjusted")
             table.add_row(
-                r["metric"],
+                f"[bold]{r['metric']}[/] (primary)" if primary else r["metric"],
                 _f(r[a], 2),
                 _f(r[b], 2),
                 "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
                 "-" if ci is None else f"{ci[0]:.3f}-{ci[1]:.3f}",
+                "-" if p_adj is None else f"{p_adj:.3f}",
                 f"[{color}]{better}[/]" if color else better,
+                end_section=primary,
             )
-            if "verdict" in r:
-                verdict = r["verdict"]
+            if primary:
+                head = r
         console.print(table)
-        if verdict and show_verdict:
-            plain = verdict in ("no significant difference", NOT_MEASURED)
+        if head is not None and show_verdict:
+            verdict = head["verdict"]
+            plain = verdict in (NOT_DISTINGUISHABLE, NOT_MEASURED)
             said = verdict if plain else f"{a} is {verdict}"
-            console.print(f"verdict at {point} (interactivity p50): [bold]{said}[/bold]")
+            console.print(
+                f"verdict at {point} ({head['metric']}): [bold]{said}[/bold]", highlight=False
+            )

@@ -378,5 +378,5 @@ def _write(
     if csv_out:
         err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")
     if plot:
-        for p in write_plots(outcome.summaries, outcome.records, plot):
+        for p in write_plots(outcome.summaries, outcome.records, plot, ab=outcome.ab):
             err_console.print(f"wrote {p}")

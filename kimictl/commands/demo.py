@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from kimictl.runtime.demo import DemoPlan, DemoResult
+    from kimictl.runtime.demo.run import DemoPlan, DemoResult
 
 app = typer.Typer(add_completion=False)
 
@@ -54,6 +54,7 @@ def _print_candidates(result: DemoResult) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
+    from kimictl.runtime.demo.tune import DEFAULTS
 
     choice = result.choice
     table = Table(
@@ -61,24 +62,32 @@ def _print_candidates(result: DemoResult) -> None:
         title_justify="left",
     )
     table.add_column("configuration", no_wrap=True)
-    for col in ("p10", "p50", "TTFT mean ms", "output tok/s", "defaults p10 beside", "SLO met"):
+    cols = ("p10", "p50", "TTFT mean ms", "output tok/s", "defaults p10 beside")
+    for col in (*cols, "p10 ratio 95% CI", "SLO met"):
         table.add_column(col, justify="right")
     for m in result.measured:
         mark = " [bold green]<- chosen[/]" if choice and m.name == choice.chosen else ""
         if m.error is not None:
-            table.add_row(m.name + mark, "-", "-", "-", "-", "-", f"[red]{m.error}[/]")
+            table.add_row(m.name + mark, "-", "-", "-", "-", "-", "-", f"[red]{m.error}[/]")
             continue
         met = choice.met.get(m.name) if choice else None
+        ci = m.p10_ratio_ci
         table.add_row(
-            m.name + mark,
+            m.name + mark + (" [yellow](unreliable)[/]" if m.suspect else ""),
             _f(m.interactivity_p10),
             _f(m.interactivity_p50),
             _f(m.ttft_mean_ms, 0),
             _f(m.output_throughput),
             _f(m.baseline_p10),
-            "-" if met is None else ("yes" if met else "no"),
+            "-" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}",
+            "baseline"
+            if m.name == DEFAULTS
+            else ("-" if met is None else ("yes" if met else "no")),
         )
     console.print(table)
+    for m in result.measured:
+        if m.suspect:
+            console.print(f"[yellow]{m.name}:[/] {m.suspect}", highlight=False)
     if choice is not None:
         console.print(f"rule: {choice.rule}", highlight=False)
         console.print(f"[bold]choice:[/] {choice.chosen}: {choice.reason}", highlight=False)
@@ -115,6 +124,27 @@ def _print_result(result: DemoResult) -> None:
             soft_wrap=True,
         )
     console.print(f"demo wall time {result.wall_s:.0f} s", highlight=False)
+    _print_decision(result)
+
+
+def _print_decision(result: DemoResult) -> None:
+    from kimictl.commands._output import console
+
+    d = result.decision()
+    if d is None:
+        return
+    console.rule("[bold]decision[/]")
+    console.print(
+        f"[bold]deploy:[/] {d['deploy']} (profile {d['profile']}: {d['config']})", highlight=False
+    )
+    console.print(f"[bold]why:[/] {d['why']}", highlight=False)
+    if d["ab"]:
+        console.print(f"[bold]A/B:[/] {d['ab']}", highlight=False)
+    console.print(f"[bold]confidence:[/] {d['confidence']}", highlight=False)
+    for line in d["suspect"]:
+        console.print(f"[bold yellow]unreliable:[/] {line}", highlight=False)
+    for line in d["next"]:
+        console.print(f"[bold]next:[/] {line}", highlight=False)
 
 
 @app.command(
@@ -133,7 +163,7 @@ def demo(
     ] = 32,
     tune_prompts: Annotated[
         int, typer.Option(help="Measured requests per candidate in the tune.")
-    ] = 16,
+    ] = 32,
     warmup: Annotated[int, typer.Option(help="Warm-up requests per bench, not counted.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same requests.")] = 0,
     candidates: Annotated[
@@ -162,7 +192,7 @@ def demo(
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
     from kimictl.commands._render import phase_printer
-    from kimictl.runtime import demo as rt
+    from kimictl.runtime.demo import run as rt
     from kimictl.runtime.errors import EndpointError
 
     names = None

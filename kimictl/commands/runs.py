@@ -55,8 +55,13 @@ def ps(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("ID", "STATE", "HEALTH", "URL", "MODEL", "ROLE", "AGE"):
-        table.add_column(column, no_wrap=True)
+    # the ID (what logs/stop take) and the state never shrink, at any width or piped; the
+    # URL and the model fold onto more lines instead
+    table.add_column("ID", no_wrap=True, min_width=max(len(r.id) for r in records))
+    for column in ("STATE", "HEALTH"):
+        table.add_column(column, no_wrap=True, min_width=len(column) + 2)
+    for column in ("URL", "MODEL", "ROLE", "AGE"):
+        table.add_column(column, overflow="fold")
     now = time.time()
     for r in records:
         state = r.state.value
@@ -93,13 +98,17 @@ def stop(
         list[str] | None, typer.Argument(help="Run id(s) from `kimictl ps`.")
     ] = None,
     all_runs: Annotated[bool, typer.Option("--all", help="Stop every live run.")] = False,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 20.0,
+    grace: Annotated[
+        float, typer.Option(help="Seconds between SIGTERM and SIGKILL (>= 0).")
+    ] = 20.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.errors import InputError
     from kimictl.runtime.serving import launcher, runs
 
+    if not grace >= 0:  # also NaN
+        raise InputError(f"--grace {grace:g} must be 0 or more seconds (SIGTERM to SIGKILL).")
     if run_ids and all_runs:
         raise InputError("give run ids or --all, not both.")
     if not run_ids and not all_runs:

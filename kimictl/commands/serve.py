@@ -94,7 +94,7 @@ def serve(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow a non-loopback bind without an API key.")
     ] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness (> 0).")] = 900.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
@@ -102,6 +102,8 @@ def serve(
     from kimictl.runtime.errors import InputError
     from kimictl.runtime.serving import workflow
 
+    if not timeout > 0:  # also NaN
+        raise InputError(f"--timeout {timeout:g} must be more than 0 seconds (the readiness wait).")
     if render is not None and render not in ("slurm", "k8s"):
         raise InputError(f"--render {render!r} is not a format; allowed: slurm, k8s.")
     if render is not None and ab:

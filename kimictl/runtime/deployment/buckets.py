@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from kimictl.runtime.errors import InputError
@@ -31,6 +32,7 @@ __all__ = [
     "VLLM_DEFAULT_ITL_BUCKETS",
     "check_buckets",
     "flag_for",
+    "flag_value",
     "interactivity_buckets",
     "range_of",
     "unresolved_speeds",
@@ -156,7 +158,30 @@ def check_buckets(value: Any) -> dict[str, list[float]]:
     return out
 
 
+def _short_number(x: float) -> str:
+    """The shortest JSON number that parses back to exactly `x` as a float (JSON allows an
+    integer mantissa with an exponent: 0.0002273 -> 2273e-7, 80.0 -> 8e1; vLLM reads the flag
+    with json.loads, so each bound is the same float)."""
+    plain = repr(float(x))
+    sign, digits, exp = Decimal(plain).normalize().as_tuple()
+    assert isinstance(exp, int)
+    mantissa = ("-" if sign else "") + "".join(map(str, digits))
+    sci = f"{mantissa}e{exp}" if exp else f"{mantissa}.0"
+    best = min((plain, sci), key=len)
+    assert float(best) == x
+    return best
+
+
+def flag_value(buckets: Mapping[str, Sequence[float]]) -> str:
+    """The flag's JSON, as short as an exact form gets: no spaces, each bound in its shortest
+    exact spelling (vLLM 0.33 parses it with json.loads; a list is the only form it accepts, so
+    every bound is spelled out)."""
+    body = ",".join(
+        f"{json.dumps(k)}:[{','.join(_short_number(b) for b in v)}]" for k, v in buckets.items()
+    )
+    return "{" + body + "}"
+
+
 def flag_for(buckets: Mapping[str, Sequence[float]]) -> list[str]:
     """argv words of the vLLM flag."""
-    body = {k: list(v) for k, v in buckets.items()}
-    return ["--custom-histogram-buckets", json.dumps(body, separators=(",", ":"))]
+    return ["--custom-histogram-buckets", flag_value(buckets)]

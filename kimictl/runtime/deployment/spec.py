@@ -192,7 +192,7 @@ class DeploymentSpec:
         if self.additional_config:
             argv += ["--additional-config", dump_json(self.additional_config)]
         if self.custom_histogram_buckets:
-            argv += ["--custom-histogram-buckets", dump_json(self.custom_histogram_buckets)]
+            argv += buckets.flag_for(self.custom_histogram_buckets)
         argv += list(self.extra_args)
         return argv
 

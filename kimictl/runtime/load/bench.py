@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from kimictl.runtime.http1 import fetch_text
-from kimictl.runtime.load.ab import compare
+from kimictl.runtime.load.ab import HEADLINE, compare
 from kimictl.runtime.load.loadgen import run_load
 from kimictl.runtime.load.records import (
     LoadPoint,
@@ -43,6 +43,7 @@ class BenchConfig(LoadSettings):
     workload: Workload
     scrape_metrics: bool = True  # a bench reports the server's view beside the client's
     slo: SLO | None = None
+    primary: str = HEADLINE  # the A/B metric tested alone, whose row carries the verdict
 
 
 @dataclass
@@ -124,6 +125,11 @@ async def run_bench(
     ab = None
     if len(cfg.targets) >= 2:
         ab = compare(
-            summaries, records, a=cfg.targets[0].name, b=cfg.targets[1].name, seed=cfg.seed
+            summaries,
+            records,
+            a=cfg.targets[0].name,
+            b=cfg.targets[1].name,
+            primary=cfg.primary,
+            seed=cfg.seed,
         )
     return BenchOutcome(records, summaries, ab, records.stop_reason)

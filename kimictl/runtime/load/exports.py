@@ -89,10 +89,16 @@ def _fmt(v: float | None) -> str:
 
 
 def write_plots(
-    summaries: Sequence[Mapping[str, Any]], records: Sequence[RequestRecord], directory: str | Path
+    summaries: Sequence[Mapping[str, Any]],
+    records: Sequence[RequestRecord],
+    directory: str | Path,
+    *,
+    ab: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Path]:
-    """PNG plots: Pareto of output tokens/s/GPU vs interactivity p50 over the sweep, CDFs of TTFT
-    and TPOT, and output tokens/s over time. Needs matplotlib (the `plot` extra)."""
+    """PNG plots: Pareto of output tokens/s/GPU vs interactivity p50 over the sweep (p10-p90 as
+    bars), CDFs of TTFT and TPOT, output tokens/s over time and, given A/B rows, `ab.png` (each
+    ratio with its 95% interval). Every axis of a magnitude starts at zero, so a small difference
+    looks small. Needs matplotlib (the `plot` extra)."""
     try:
         import matplotlib
 
@@ -119,19 +125,30 @@ def write_plots(
             k = s["kimictl"]
             if k["target"] != t:
                 continue
-            x = k["interactivity_tok_s_per_user"]["p50"]
+            inter = k["interactivity_tok_s_per_user"]
+            x = inter["p50"]
             y = k["output_throughput_per_gpu"] or s["output_throughput"]
             if x is not None:
-                pts.append((x, y, k["point"]))
+                lo, hi = inter.get("p10_slow_tail") or x, inter.get("p90_fast_tail") or x
+                pts.append((x, y, k["point"], x - lo, hi - x))
         pts.sort()
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t)
-            for x, y, lab in pts:
+            ax.errorbar(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                xerr=[[p[3] for p in pts], [p[4] for p in pts]],
+                marker="o",
+                capsize=3,
+                label=f"{t} (bars: p10-p90 of requests)",
+            )
+            for x, y, lab, _, _ in pts:
                 ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     per_gpu = any(s["kimictl"]["output_throughput_per_gpu"] for s in summaries)
     ax.set_xlabel("interactivity p50 (output tokens/s/user, per request 1/TPOT)")
     ax.set_ylabel("output tokens/s per GPU" if per_gpu else "output tokens/s (GPU count unknown)")
     ax.set_title("Throughput vs interactivity over the sweep")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
     written.append(_save(fig, d / "pareto.png"))
@@ -146,6 +163,8 @@ def write_plots(
             if vals:
                 ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))], label=t)
             ax.set_xlabel(name)
+            ax.set_xlim(left=0)
+            ax.set_ylim(0, 1)
             ax.set_ylabel("fraction of requests")
             ax.grid(alpha=0.3)
     axes[0].set_title("TTFT CDF")
@@ -167,11 +186,40 @@ def write_plots(
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("output tokens/s (1 s buckets)")
     ax.set_title("Throughput over time")
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if len(summaries) <= 12:
         ax.legend(fontsize=7)
     written.append(_save(fig, d / "throughput_time.png"))
+    if ab:
+        written.append(_ab_plot(plt, ab, d / "ab.png"))
     return written
+
+
+def _ab_plot(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Each A/B ratio (first point) with its 95% interval; x from 0, a line at 1 (no change)."""
+    point = rows[0]["point"]
+    shown = [r for r in rows if r["point"] == point and r.get("ratio") is not None]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(shown) + 1.5))
+    for i, r in enumerate(reversed(shown)):
+        ci = r.get("ci95")
+        color = "tab:green" if r.get("better") else "tab:gray"
+        err = None if not ci else [[r["ratio"] - ci[0]], [ci[1] - r["ratio"]]]
+        ax.errorbar([r["ratio"]], [i], xerr=err, fmt="o", color=color, capsize=3)
+    ax.set_yticks(range(len(shown)))
+    ax.set_yticklabels(
+        [
+            f"{r['metric']}{' (primary)' if r.get('role') == 'primary' else ''}"
+            for r in reversed(shown)
+        ],
+        fontsize=7,
+    )
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("ratio A/B with 95% interval (green: one side better by the corrected test)")
+    ax.set_title(f"A/B at {point}")
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -339,15 +339,24 @@ def prepare_serve(request: ServeRequest) -> Prepared:
     return prepared
 
 
-def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False) -> None:
+def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False, forceable: bool = True) -> None:
     """CheckFailed listing every blocking reason, unless the request was forced. A dry run fails
-    too, so scripts can gate on `serve --dry-run`; its gate table (or JSON) already lists them."""
+    too, so scripts can gate on `serve --dry-run`; its gate table (or JSON) already lists them.
+    The hint names the command that fixes the machine when every reason has one (a missing CPU
+    runtime: `kimictl setup cpu-runtime`; --force would only launch into the same failure);
+    `forceable` False for callers without --force (demo)."""
     from kimictl.runtime.errors import CheckFailed
 
     blocking = prepared.blocking
     if not blocking or prepared.forced:
         return
-    hint = "fix the profile (see `kimictl doctor --profile`), or pass --force to launch anyway."
+    commands = list(dict.fromkeys(c.remedy for c in blocking))
+    if all(cmd.startswith("kimictl ") for cmd in commands):
+        hint = "run " + " and ".join(f"`{cmd}`" for cmd in commands) + ", then try again."
+    elif forceable:
+        hint = "fix the profile (see `kimictl doctor --profile`), or pass --force to launch anyway."
+    else:
+        hint = "fix what the checks above name (see `kimictl doctor --profile`)."
     if dry_run:
         raise CheckFailed(
             f"profile {prepared.profile} fails {len(blocking)} blocking check(s); serve would "

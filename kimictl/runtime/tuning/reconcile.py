@@ -97,6 +97,27 @@ def _measured_interactivity(run: dict[str, Any]) -> float | None:
     return 1000.0 / float(tpot) if tpot else None
 
 
+def _names(model: str | None) -> set[str]:
+    """A model's names as a bench may record them: as given, and its last path part."""
+    if not model:
+        return set()
+    text = str(model).strip().rstrip("/").lower()
+    return {text, text.rsplit("/", 1)[-1]}
+
+
+def _refuse_other_model(runs: list[dict[str, Any]], spec: Any, bench: Any, profile: str) -> None:
+    """A bench of another model says nothing about this profile's prediction: refuse it rather
+    than report its distance from the model as an error."""
+    ours = _names(spec.model) | _names(spec.served_model_name)
+    for index, run in enumerate(runs):
+        theirs = _names(run.get("model_id"))
+        if theirs and not theirs & ours:
+            raise InputError(
+                f"bench file {bench}, run {index}: model_id {run.get('model_id')!r} is not "
+                f"profile {profile}'s model ({spec.model}); --check needs a bench of that model."
+            )
+
+
 def check_bench(
     bench: str | Path, profile_name: str, *, system: str | None = None
 ) -> dict[str, Any]:
@@ -112,6 +133,7 @@ def check_bench(
             hint="run --check with a bench of a GPU profile; on CPU use `kimictl tune --measure`",
         )
     spec = profile.spec
+    _refuse_other_model(runs, spec, bench, profile.name)
     hw = _system_for(profile, system)
     tp, dcp = spec.tensor_parallel_size, spec.decode_context_parallel_size
     if tp not in k3.ALLOWED_TP or dcp not in (1, tp):

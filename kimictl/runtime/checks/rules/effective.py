@@ -388,6 +388,65 @@ def _kda_dtypes(
     return (conv, recurrent), f"{why}, recurrent {recurrent}"
 
 
+def _kv_cache_refusals(
+    spec: DeploymentSpec, raw: dict[str, Any] | None, model_dtype: str
+) -> list[Refusal]:
+    """What vLLM raises for a --kv-cache-dtype on K3 (an MLA model with KDA layers)."""
+    dtype = spec.kv_cache_dtype
+    out = []
+    if dtype in ("float16", "bfloat16") and dtype != model_dtype:
+        # vllm/config/vllm.py:VllmConfig._reject_mismatched_float_kv_cache
+        allowed = (
+            f"`auto` or `{model_dtype}`" if model_dtype in ("float16", "bfloat16") else "`auto`"
+        )
+        out.append(
+            Refusal(
+                f'kv_cache_dtype="{dtype}" is incompatible with dtype="{model_dtype}". Please '
+                f"set `--kv-cache-dtype` to {allowed}.",
+                "--kv-cache-dtype fp8",
+            )
+        )
+    if dtype.startswith("nvfp4") and not dtype.endswith("_ds_mla"):
+        # vllm/config/vllm.py:VllmConfig.validate_nvfp4_kv_cache_with_mla (K3 uses MLA)
+        out.append(
+            Refusal(
+                "nvfp4 KV cache is not supported with MLA (Multi-head Latent Attention) "
+                "backends. Please use a different --kv-cache-dtype (e.g., 'fp8', 'auto', or "
+                "'nvfp4_ds_mla' with a sparse MLA backend) for MLA models such as DeepSeek.",
+                "--kv-cache-dtype fp8",
+            )
+        )
+    if (dtype.startswith("turboquant_") or dtype == "ultraquant_4bit") and not _full_attn_listed(
+        raw
+    ):
+        # vllm/model_executor/layers/quantization/turboquant/config.py:get_boundary_skip_layers
+        # (K3 is hybrid and lists its full-attention layers only in linear_attn_config)
+        out.append(
+            Refusal(
+                "TurboQuant KV cache requires identifiable full-attention layers, but none were "
+                "found in the hybrid model config.",
+                "--kv-cache-dtype fp8",
+            )
+        )
+    return out
+
+
+def _full_attn_listed(raw: dict[str, Any] | None) -> bool:
+    """turboquant's _get_full_attention_layer_indices: layer_types / layers_block_type of the
+    text config, attn_type_list of the top config."""
+    raw = raw or {}
+    nested = raw.get("text_config")
+    text = nested if isinstance(nested, dict) else raw
+    kinds = text.get("layer_types")
+    if kinds is not None:
+        return any(t in ("full_attention", "attention") for t in kinds)
+    blocks = text.get("layers_block_type")
+    if blocks is not None:
+        return any(t in ("attention", "hybrid") for t in blocks)
+    types = raw.get("attn_type_list")
+    return types is not None and any(t == 1 for t in types)
+
+
 _K3_ARCH = "KimiK3ForConditionalGeneration"
 _DBO_ALL2ALL = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
 
@@ -508,6 +567,7 @@ def effective_config(spec: DeploymentSpec, model_config: dict[str, Any] | None =
     if dtype_error:
         refusals.append(Refusal(dtype_error, "--dtype auto"))
     kda, kda_why = _kda_dtypes(spec, model_dtype, refusals)
+    refusals.extend(_kv_cache_refusals(spec, raw, model_dtype))
 
     aux = False
     if method is not None:  # the gate reads the env only with speculation on

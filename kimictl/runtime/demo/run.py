@@ -2,15 +2,15 @@
 
 The operator's workflow, start to finish, on kimictl's tiny K2-architecture model and CPU build of
 vLLM: (1) the gate, as `kimictl serve` runs it; (2) a measured tune over a small real search space
-(demo_tune.CANDIDATES: vLLM's defaults and a few settings that plausibly change per-user decode
+(tune.CANDIDATES: vLLM's defaults and a few settings that plausibly change per-user decode
 speed), each candidate served in turn and benched with the same seeded agentic workload; (3) the
-choice, by a stated rule over those measurements (demo_tune.choose) against an interactivity SLO
+choice, by a stated rule over those measurements (tune.choose) against an interactivity SLO
 derived from the defaults; (4) an A/B of the chosen configuration against vLLM's defaults with
 bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
 
 Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the gate) and
 `launcher.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
-`benchreport.run_bench` for the load and the comparison, `benchreport.write_plots` for the PNGs.
+`load.bench.run_bench` for the load and the comparison, `load.exports.write_plots` for the PNGs.
 
 vLLM's defaults stay up through the tune: each candidate is benched back to back with them, so a
 shared machine's load drift and the servers' warm-up hit both sides of each comparison alike.
@@ -33,14 +33,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.demo_tune import (
+from kimictl.runtime.demo.tune import (
     CANDIDATES,
     DEFAULTS,
     KNOBS,
+    P10,
     Candidate,
     Choice,
     Measured,
     choose,
+    decide,
+    flag_suspects,
     measured_from,
     verdict,
 )
@@ -84,13 +87,15 @@ class DemoRequest:
     out: Path | None = None
     sessions: int = 4
     num_prompts: int = 32
-    tune_prompts: int = 16
+    # 32: a p10 needs 30 requests a side for an interval (load.ab.MIN_TAIL), and without one
+    # no candidate can be told from the defaults
+    tune_prompts: int = 32
     warmup: int = 1
     keep: bool = False
     seed: int = 0
     port: int | None = None
     timeout: float = 900.0
-    candidates: tuple[str, ...] | None = None  # names from demo_tune.CANDIDATES; None = all
+    candidates: tuple[str, ...] | None = None  # names from tune.CANDIDATES; None = all
 
 
 @dataclass
@@ -132,7 +137,7 @@ class DemoResult:
     measured: list[Measured]
     choice: Choice | None
     names: tuple[str, str] | None  # the A/B's (A = chosen, B = vLLM's defaults)
-    outcome: Any | None  # the A/B's benchreport.BenchOutcome; None when stopped before it
+    outcome: Any | None  # the A/B's load.bench.BenchOutcome; None when stopped before it
     tune_outcome: Any | None  # every candidate's bench, merged (summaries, records)
     records: list[Any]  # runs.RunRecord of every server started, as last written
     json_path: Path | None
@@ -156,6 +161,23 @@ class DemoResult:
         chosen = DEFAULTS if self.choice.is_defaults else self.names[0]
         return verdict(self.outcome.ab, chosen=chosen, defaults=self.names[1])
 
+    def decision(self) -> dict[str, Any] | None:
+        """What to deploy, why, with what confidence, and what to try next (the final screen)."""
+        if self.choice is None:
+            return None
+        req = self.plan.request
+        return decide(
+            self.choice,
+            self.measured,
+            self.outcome.ab if self.outcome is not None and self.outcome.ab else [],
+            a=None if self.names is None else self.names[0],
+            describe={c.name: c.describe() for c, _ in self.plan.candidates},
+            argv={c.name: p.redacted_argv() for c, p in self.plan.candidates},
+            profile=DEMO_PROFILE,
+            tune_prompts=req.tune_prompts,
+            num_prompts=req.num_prompts,
+        )
+
     def to_json(self) -> dict[str, Any]:
         req = self.plan.request
         return {
@@ -176,6 +198,7 @@ class DemoResult:
             "b": None if self.names is None else self.names[1],
             "takeaway": self.takeaway(),
             "verdict": self.verdict(),
+            "decision": self.decision(),
             "bench": None if self.outcome is None else self.outcome.to_json(),
             "tune_bench": None if self.tune_outcome is None else self.tune_outcome.to_json(),
             "runs": [r.to_json() for r in self.records],
@@ -286,7 +309,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     # The gate exactly as `kimictl serve cpu-demo` runs it (e.g. no CPU runtime: CheckFailed
     # naming `kimictl setup cpu-runtime`).
     prepared = workflow.prepare_serve(workflow.ServeRequest(profile=DEMO_PROFILE, port=port))
-    workflow.refuse_if_blocked(prepared)
+    workflow.refuse_if_blocked(prepared, forceable=False)  # demo has no --force
     # vLLM's defaults = the profile with every tuning knob unset; max_model_len and
     # enforce_eager stay (the CPU build needs both).
     base = profile.spec.with_(**dict.fromkeys(KNOBS))
@@ -336,7 +359,7 @@ def _bench(
     bench_ui: BenchUi | None,
 ) -> Any:
     """One run_bench over `targets` (one at a time), watching the signal flag."""
-    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.load.bench import BenchConfig, resolve_models, run_bench
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
     from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
@@ -353,6 +376,7 @@ def _bench(
         warmup=request.warmup,
         seed=request.seed,
         timeout=REQUEST_TIMEOUT_S,
+        primary=P10,  # the SLO's metric carries each A/B's verdict
     )
     live, on_point, on_record = bench_ui(num_prompts) if bench_ui else (None, None, None)
 
@@ -386,12 +410,18 @@ def _line(m: Measured, choice: Choice) -> str:
     p10 = "-" if m.interactivity_p10 is None else f"{m.interactivity_p10:.1f}"
     p50 = "-" if m.interactivity_p50 is None else f"{m.interactivity_p50:.1f}"
     ttft = "-" if m.ttft_mean_ms is None else f"{m.ttft_mean_ms:.0f}"
-    slo = "meets" if choice.met.get(m.name) else "misses"
     beside = "" if m.baseline_p10 is None else f"; the defaults beside it: p10 {m.baseline_p10:.1f}"
+    if m.name == DEFAULTS:
+        judged = "the baseline every SLO derives from"
+    else:
+        slo = "meets" if choice.met.get(m.name) else "misses"
+        ci = m.p10_ratio_ci
+        span = "no p10 interval" if ci is None else f"p10 ratio 95% CI {ci[0]:.2f}-{ci[1]:.2f}"
+        judged = f"{slo} its SLO p10 >= {choice.thresholds[m.name]:.1f}; {span}"
+    flag = f" [{m.suspect}]" if m.suspect else ""
     return (
         f"{m.name}: interactivity p10 {p10} / p50 {p50} tok/s/user, TTFT mean {ttft} ms, "
-        f"{m.output_throughput:.1f} tok/s{beside} ({slo} its SLO "
-        f"p10 >= {choice.thresholds[m.name]:.1f})"
+        f"{m.output_throughput:.1f} tok/s{beside} ({judged}){flag}"
     )
 
 
@@ -488,6 +518,7 @@ def run_demo(
                         cand.name,
                         by_target[cand.name],
                         baseline=by_target.get(DEFAULTS) if cand.name != DEFAULTS else None,
+                        ab=result.ab if cand.name != DEFAULTS else None,
                     )
                     if cand.name in by_target
                     else _failed(cand.name, "no request finished")
@@ -495,8 +526,9 @@ def run_demo(
                 if result.stop_reason and m.error is None:
                     m = replace(m, error=f"bench stopped early: {result.stop_reason}")
                 measured.append(m)
+                measured = flag_suspects(measured)
                 choice = choose(measured)
-                step(_line(m, choice))
+                step(_line(measured[-1], choice))
                 # Keep only the baseline and the current choice: the next candidate gets the CPU.
                 stop([n for n in launches if n not in (DEFAULTS, choice.chosen)])
             assert choice is not None
@@ -569,12 +601,12 @@ def _failed(name: str, why: str) -> Measured:
 
 
 def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | None]:
-    from kimictl.runtime.load.benchreport import write_plots
+    from kimictl.runtime.load.exports import write_plots
 
     plots: list[Path] = []
     try:
         if outcome is not None and outcome.summaries:
-            plots += write_plots(outcome.summaries, outcome.records, out / PLOTS_DIR)
+            plots += write_plots(outcome.summaries, outcome.records, out / PLOTS_DIR, ab=outcome.ab)
         if tune.summaries:
             plots += write_plots(tune.summaries, tune.records, out / TUNE_PLOTS_DIR)
     except Unsupported as error:  # no matplotlib: the JSON still gets written

@@ -12,7 +12,7 @@ defaults) is told in one sentence by `verdict`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kimictl.runtime.errors import EndpointError
@@ -21,11 +21,15 @@ __all__ = [
     "CANDIDATES",
     "DEFAULTS",
     "KNOBS",
+    "P10",
     "SLO_MARGIN",
+    "SUSPECT_FACTOR",
     "Candidate",
     "Choice",
     "Measured",
     "choose",
+    "decide",
+    "flag_suspects",
     "measured_from",
     "verdict",
 ]
@@ -110,6 +114,14 @@ class Measured:
     error: str | None = None  # set when the candidate could not be served or measured
     # the defaults' p10 in the bench right beside this one (None for the defaults themselves)
     baseline_p10: float | None = None
+    # that bench's A/B on p10 (this / the defaults beside it): ratio, 95% CI, and whether the
+    # test says this one is faster (ab.compare, p10 as primary); None: no interval (too few
+    # requests, or the defaults themselves)
+    p10_ratio_ci: tuple[float, float] | None = None
+    p10_faster: bool | None = None
+    # why this measurement cannot be trusted (machine load seen by the client, or a reading of
+    # the defaults far off their other readings); None when nothing was seen
+    suspect: str | None = None
 
     @property
     def measured(self) -> bool:
@@ -133,20 +145,44 @@ class Measured:
             "spec_decode_acceptance_length": _r(self.acceptance_length),
             "error": self.error,
             "baseline_p10": _r(self.baseline_p10),
+            "p10_ratio_ci95": None
+            if self.p10_ratio_ci is None
+            else [round(x, 3) for x in self.p10_ratio_ci],
+            "p10_faster_than_defaults": self.p10_faster,
+            "suspect": self.suspect,
         }
+
+    @property
+    def distinguishable(self) -> bool:
+        """Faster than the defaults beside it by the A/B's own test (interval above 1)."""
+        return bool(self.p10_faster)
 
 
 def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+# the tune's and the A/B's primary metric: the SLO's
+P10 = "interactivity p10 (slow tail) tok/s/user"
+
+
 def measured_from(
-    name: str, summary: Mapping[str, Any], *, baseline: Mapping[str, Any] | None = None
+    name: str,
+    summary: Mapping[str, Any],
+    *,
+    baseline: Mapping[str, Any] | None = None,
+    ab: Sequence[Mapping[str, Any]] | None = None,
 ) -> Measured:
     """A bench summary (one target, one point) -> Measured; `baseline` is the defaults' summary
-    from the same bench."""
+    from the same bench, `ab` that bench's A/B rows (this one first)."""
     base_inter = ((baseline or {}).get("kimictl") or {}).get("interactivity_tok_s_per_user") or {}
-    inter = (summary.get("kimictl") or {}).get("interactivity_tok_s_per_user") or {}
+    extras = summary.get("kimictl") or {}
+    inter = extras.get("interactivity_tok_s_per_user") or {}
+    row = next((r for r in ab or () if r.get("metric") == P10), None)
+    ci = row.get("ci95") if row else None
+    suspect = extras.get("client_warning") or (
+        ((baseline or {}).get("kimictl") or {}).get("client_warning")
+    )
     return Measured(
         name=name,
         completed=int(summary.get("completed", 0)),
@@ -158,7 +194,40 @@ def measured_from(
         output_throughput=float(summary.get("output_throughput") or 0.0),
         acceptance_length=summary.get("spec_decode_acceptance_length"),
         baseline_p10=base_inter.get("p10_slow_tail"),
+        p10_ratio_ci=None if not ci else (float(ci[0]), float(ci[1])),
+        p10_faster=None if row is None else row.get("better") == name,
+        suspect=f"unreliable: machine load ({suspect})" if suspect else None,
     )
+
+
+# A reading of the defaults this far off the median of their readings is a load spike, not them.
+SUSPECT_FACTOR = 2.0
+
+
+def flag_suspects(measured: Sequence[Measured]) -> list[Measured]:
+    """The defaults are measured beside every candidate: a reading of theirs (their own bench's
+    p10, or the baseline_p10 beside a candidate) more than SUSPECT_FACTOR off the median of all
+    their readings marks that row as unreliable (the machine, not the configuration)."""
+    import statistics
+
+    readings = [
+        (i, v)
+        for i, m in enumerate(measured)
+        for v in ([m.interactivity_p10] if m.name == DEFAULTS else [m.baseline_p10])
+        if v
+    ]
+    if len(readings) < 3:
+        return list(measured)
+    median = statistics.median(v for _, v in readings)
+    out = list(measured)
+    for i, v in readings:
+        if (v < median / SUSPECT_FACTOR or v > median * SUSPECT_FACTOR) and not out[i].suspect:
+            out[i] = replace(
+                out[i],
+                suspect=f"unreliable: machine load (the defaults read p10 {v:.1f} here, "
+                f"{median:.1f} tok/s/user in the median of their {len(readings)} readings)",
+            )
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,17 +267,25 @@ class Choice:
 
 RULE = (
     f"SLO: interactivity p10 >= {SLO_MARGIN} x the p10 of vLLM's defaults measured right beside "
-    "it. Among the configurations meeting it (no failed request), the highest output throughput "
-    "wins; when none meets it, the best p10 relative to the defaults wins (vLLM's defaults when "
-    "nothing beats them)."
+    "it. A configuration counts only if that bench's A/B finds it faster than the defaults (p10, "
+    "95% interval above 1; no failed request, no unreliable measurement). Among those meeting the "
+    "SLO the highest output throughput wins; when none meets it, the best p10 relative to the "
+    "defaults wins; when none is distinguishable from the defaults, the defaults stay."
 )
+
+
+def _ci_text(m: Measured) -> str:
+    if m.p10_ratio_ci is None:
+        return "no interval: too few requests for a p10"
+    return f"95% CI {m.p10_ratio_ci[0]:.2f}-{m.p10_ratio_ci[1]:.2f}"
 
 
 def choose(measured: Sequence[Measured], *, margin: float = SLO_MARGIN) -> Choice:
     """The choice rule (RULE) over measured candidates; the defaults must be among them.
 
-    A candidate's SLO depends on its own bench and the defaults' alone, so adding a candidate
-    changes the choice only to that candidate: the demo keeps just the current choice running."""
+    A candidate's SLO and its A/B depend on its own bench and the defaults' alone, so adding a
+    candidate changes the choice only to that candidate: the demo keeps just the current choice
+    running."""
     base = next((m for m in measured if m.name == DEFAULTS), None)
     # the defaults stay the baseline with a failed request (a timeout on a loaded machine): the
     # failure is a fact about vLLM's defaults, and a candidate is still judged beside them
@@ -225,21 +302,23 @@ def choose(measured: Sequence[Measured], *, margin: float = SLO_MARGIN) -> Choic
             return m.baseline_p10
         return base.interactivity_p10 or 0.0
 
-    thresholds = {m.name: margin * reference(m) for m in measured}
-    usable = [m for m in measured if m.usable]
-    met = {
-        m.name: m.usable and (m.interactivity_p10 or 0.0) >= thresholds[m.name] for m in measured
-    }
-    meeting = [m for m in usable if met[m.name]]
-
     def gain(m: Measured) -> float:  # p10 relative to the defaults beside it
         return (m.interactivity_p10 or 0.0) / reference(m)
 
+    thresholds = {m.name: margin * reference(m) for m in measured}
+    usable = [m for m in measured if m.usable and m.name != DEFAULTS]
+    # a point estimate alone crowns nothing: the bench's own A/B must tell it from the defaults
+    proven = [m for m in usable if m.distinguishable and m.suspect is None]
+    met = {
+        m.name: m in proven and (m.interactivity_p10 or 0.0) >= thresholds[m.name] for m in measured
+    }
+    meeting = [m for m in proven if met[m.name]]
     if meeting:
         best = max(meeting, key=lambda m: m.output_throughput)
         reason = (
             f"{best.name} meets the SLO (p10 {best.interactivity_p10:.1f} >= "
-            f"{thresholds[best.name]:.1f} tok/s/user, {gain(best):.2f}x the defaults beside it)"
+            f"{thresholds[best.name]:.1f} tok/s/user, {gain(best):.2f}x the defaults beside it, "
+            f"{_ci_text(best)})"
             + (
                 f" with the highest output throughput of the {len(meeting)} that do"
                 if len(meeting) > 1
@@ -247,20 +326,126 @@ def choose(measured: Sequence[Measured], *, margin: float = SLO_MARGIN) -> Choic
             )
             + f" ({best.output_throughput:.1f} tok/s)"
         )
+    elif proven:
+        best = max(proven, key=gain)
+        reason = (
+            f"no configuration met the SLO ({margin}x the defaults' p10); {best.name} has the "
+            f"best slow tail relative to the defaults ({gain(best):.2f}x, {_ci_text(best)})"
+        )
     else:
-        best = max(usable, key=lambda m: (gain(m), m.name == DEFAULTS), default=base)
-        if best.name == DEFAULTS or gain(best) <= 1.0:
-            best = base
+        best = base
+        looks = max(usable, key=gain, default=None)
+        if looks is not None and gain(looks) > 1.0:
+            why = (
+                f"its measurement is {looks.suspect}"
+                if looks.suspect
+                else f"the A/B beside it cannot tell them apart ({_ci_text(looks)})"
+            )
+            reason = (
+                f"not distinguishable: {looks.name} reads {gain(looks):.2f}x the defaults' p10 "
+                f"beside it, but {why}, so kimictl keeps the defaults"
+            )
+        else:
             reason = (
                 f"no configuration met the SLO ({margin}x the defaults' p10) and none beat vLLM's "
                 "defaults' slow tail: kimictl keeps the defaults"
             )
-        else:
-            reason = (
-                f"no configuration met the SLO ({margin}x the defaults' p10); {best.name} has the "
-                f"best slow tail relative to the defaults ({gain(best):.2f}x)"
-            )
     return Choice(chosen=best.name, thresholds=thresholds, met=met, reason=reason, rule=RULE)
+
+
+def decide(
+    choice: Choice,
+    measured: Sequence[Measured],
+    ab: Sequence[Mapping[str, Any]],
+    *,
+    a: str | None,
+    describe: Mapping[str, str],
+    argv: Mapping[str, list[str]],
+    profile: str,
+    tune_prompts: int,
+    num_prompts: int,
+) -> dict[str, Any]:
+    """The demo's decision: what to deploy (a configuration of `profile`), why (the choice's
+    reason and the final A/B of `a` vs the defaults on p10), with what confidence, and what to
+    try next. Deploys the choice only where the A/B confirmed it."""
+    head = next((r for r in ab if r.get("role") == "primary"), None)
+    ab_text = None
+    if head is not None and head.get("ratio") is not None:
+        ci = head.get("ci95")
+        span = f", 95% CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ", no interval"
+        p = head.get("p")
+        ab_text = (
+            f"{head['ratio']:.2f}x the slow-tail interactivity (p10) of vLLM's defaults{span}"
+            f"{'' if p is None else f', p = {p:.3f}'} over {num_prompts} requests a side"
+        )
+    chosen = choice.chosen
+    confirmed = head is not None and a is not None and head.get("better") == a
+    refuted = head is not None and head.get("better") == DEFAULTS
+    looks = max(
+        (m for m in measured if m.name != DEFAULTS and m.usable and m.baseline_p10),
+        key=lambda m: (m.interactivity_p10 or 0.0) / (m.baseline_p10 or 1.0),
+        default=None,
+    )
+    retry = f"kimictl demo --tune-prompts {2 * tune_prompts} --num-prompts {2 * num_prompts}"
+    suspect = [f"{m.name}: {m.suspect}" for m in measured if m.suspect]
+    if choice.is_defaults and ab_text is not None:
+        # the A/B is the defaults against themselves: any difference is the machine's
+        ab_text = "control run, the defaults against themselves: " + ab_text.replace(
+            "of vLLM's defaults", "of the second turn"
+        )
+        if head is not None and head.get("better"):
+            suspect.append(
+                "the control run found the same server's two turns different (the machine "
+                "changed between them: load, warm-up, caches), so every comparison here is less "
+                "certain than its interval says"
+            )
+    if choice.is_defaults:
+        deploy = DEFAULTS
+        confidence = (
+            "no configuration was distinguishable from vLLM's defaults in the tune "
+            f"({tune_prompts} requests each)"
+        )
+        nxt = [f"more requests per candidate: {retry}"]
+        if looks is not None:
+            nxt.append(
+                f"measure the closest one alone, longer: kimictl demo --candidates "
+                f"{DEFAULTS},{looks.name} --tune-prompts {4 * tune_prompts}"
+            )
+        if len(suspect) > 0:
+            nxt.append("re-run on a quieter machine, with warm-up: kimictl demo --warmup 8")
+    elif confirmed:
+        deploy = chosen
+        confidence = (
+            f"high: the tune found it faster and an independent A/B confirmed it ({ab_text})"
+        )
+        nxt = [
+            "check it under your own traffic, alternating turns: kimictl serve --ab, then "
+            "kimictl bench --ab --repeat 3 --workload agentic",
+        ]
+    else:
+        deploy = DEFAULTS
+        what = "found it slower" if refuted else "could not tell it from the defaults"
+        confidence = (
+            f"not confirmed: the tune picked {chosen}, but the A/B {what}"
+            + (f" ({ab_text})" if ab_text else "")
+            + "; keep vLLM's defaults until a longer A/B shows a difference"
+        )
+        nxt = [
+            f"a longer A/B of the pair: kimictl demo --candidates {DEFAULTS},{chosen} "
+            f"--num-prompts {4 * num_prompts}",
+            f"more requests per candidate: {retry}",
+        ]
+    return {
+        "deploy": deploy,
+        "config": describe.get(deploy, deploy),
+        "profile": profile,
+        "argv": argv.get(deploy),
+        "why": choice.reason,
+        "ab": ab_text,
+        "confidence": confidence,
+        "next": nxt,
+        "suspect": suspect,
+    }
 
 
 def _row(rows: Sequence[Mapping[str, Any]], metric: str) -> Mapping[str, Any] | None:
