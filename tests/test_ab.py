@@ -2,7 +2,7 @@
 
 An A/A comparison (both sides drawn from one distribution) is the independent truth: any "better"
 there is a false alarm, and the rule must keep their rate at its stated level (the full study with
-real requests: lab/ab_false_alarms.py)."""
+real requests: lab/bench/ab_false_alarms.py)."""
 
 from __future__ import annotations
 

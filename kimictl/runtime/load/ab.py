@@ -87,7 +87,7 @@ NOT_DISTINGUISHABLE = "no significant difference"
 # metrics of a point are one family, Holm-Bonferroni at ALPHA family-wise (docs/bench.md).
 ALPHA = 0.05
 # A bootstrap needs this many requests per side, and MIN_TAIL of them beyond a tail percentile;
-# below that a metric gets no interval and no verdict (lab/ab_false_alarms.py measures the rate).
+# below that a metric gets no interval and no verdict (lab/bench/ab_false_alarms.py measures the rate).
 MIN_SAMPLES = 10
 MIN_TAIL = 3
 MIN_ROUNDS = 1000  # 1/(1000+1) < ALPHA/15: Holm can reject even the first of 15 metrics
@@ -141,7 +141,7 @@ def _bootstrap_group(
     """For each statistic in `hows`: the percentile-bootstrap 95% interval of stat(A)/stat(B)
     (requests resampled within each side) and a permutation p-value for "A and B are one
     distribution" (requests' labels shuffled: exact under that null at any sample size, which the
-    bootstrap's own tail is not, lab/ab_false_alarms.py). Statistics on one list share the
+    bootstrap's own tail is not, lab/bench/ab_false_alarms.py). Statistics on one list share the
     resamples."""
     out: dict[Any, _Test | None] = {h: None for h in hows}
     usable = [h for h in hows if not sized or (_enough(len(a), h) and _enough(len(b), h))]

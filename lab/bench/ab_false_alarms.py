@@ -11,7 +11,7 @@ rates reported:
 Drift between the two turns of a real A/B (a machine's load changing) is outside this study: a
 shared pool has none by construction.
 
-    PYTHONPATH=. python lab/ab_false_alarms.py --pool bench.csv --trials 200 --requests 40
+    PYTHONPATH=. python lab/bench/ab_false_alarms.py --pool bench.csv --trials 200 --requests 40
 """
 
 from __future__ import annotations
