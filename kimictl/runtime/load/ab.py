@@ -87,7 +87,7 @@ NOT_DISTINGUISHABLE = "no significant difference"
 # metrics of a point are one family, Holm-Bonferroni at ALPHA family-wise (docs/bench.md).
 ALPHA = 0.05
 # A bootstrap needs this many requests per side, and MIN_TAIL of them beyond a tail percentile;
-# below that a metric gets no interval and no verdict (lab/bench/ab_false_alarms.py measures the rate).
+# below that a metric gets no interval and no verdict (lab/bench/ab_false_alarms.py: the rate).
 MIN_SAMPLES = 10
 MIN_TAIL = 3
 MIN_ROUNDS = 1000  # 1/(1000+1) < ALPHA/15: Holm can reject even the first of 15 metrics
