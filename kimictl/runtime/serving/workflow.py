@@ -243,6 +243,12 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             "--render writes GPU cluster launchers only.",
             hint="render a GPU profile (see `kimictl profiles list`).",
         )
+    if request.for_render and (request.node_rank != 0 or request.master_addr is not None):
+        raise InputError(
+            "--render writes every node's rank and rank 0's address from the scheduler "
+            "(Slurm's node list, LWS's leader address); drop --node-rank and --master-addr.",
+            hint="pass only --nnodes N to choose how many nodes the job spans.",
+        )
     specs = [(profile, "tuned" if request.ab else None)]
     if request.ab:
         if request.nnodes > 1:
@@ -307,7 +313,8 @@ def prepare_serve(request: ServeRequest) -> Prepared:
                 api_key=api_key,
                 role=role,
                 ab_group=ab_group,
-                nnodes=request.nnodes,
+                # A render adds the node flags per scheduler; its plan is the one-node launch.
+                nnodes=1 if request.for_render else request.nnodes,
                 node_rank=request.node_rank,
                 master_addr=request.master_addr,
                 ray=request.ray,
