@@ -10,14 +10,16 @@ refused by vLLM too, with the same words.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kimictl.cli import main
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving import plan as plan_mod
-from kimictl.runtime.serving import workflow
+from kimictl.runtime.serving import render, workflow
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +176,31 @@ def test_vllm_accepts_every_rank_and_refuses_what_kimictl_refuses(tmp_path):
     accepted = [
         deployment(nnodes=4, node_rank=rank, master_addr="10.0.0.1") for rank in range(4)
     ] + [deployment(nnodes=2, node_rank=1, master_addr="10.0.0.1"), deployment(ray=True, nnodes=4)]
+    # the rendered LeaderWorkerSet's commands, as the kubelet expands them
+    for ray in (False, True):
+        prepared = workflow.prepare_serve(
+            workflow.ServeRequest(profile="k3-tp16-latency", for_render="k8s", ray=ray)
+        )
+        text = render.render(prepared.plans[0], "k8s", insecure=True, cluster=prepared.cluster)
+        (lws,) = [d for d in yaml.safe_load_all(text) if d["kind"] == "LeaderWorkerSet"]
+        group = lws["spec"]["leaderWorkerTemplate"]
+        for template in (group["leaderTemplate"], group["workerTemplate"]):
+            (ctr,) = template["spec"]["containers"]
+            words = ctr["command"] + ctr["args"]
+            if words[:2] == ["sh", "-c"]:  # Ray leader: `ray start ... && exec vllm serve ...`
+                words = shlex.split(words[2].split(" && exec ", 1)[1])
+            elif words[0] == "ray":
+                continue  # a Ray worker runs no vLLM
+            words = [
+                w.replace(
+                    "$(LWS_LEADER_ADDRESS)", "k3-tp16-latency-0.k3-tp16-latency.default"
+                ).replace("$(LWS_WORKER_INDEX)", "3")
+                for w in words
+            ]
+            env = {e["name"]: e["value"] for e in ctr["env"] if "value" in e}
+            dep = vllm_cases.Deployment(_words(words, models["k3"], models["k3-dspark-draft"]), env)
+            accepted.append(dep)
+    assert len(accepted) == 6 + 3
     # what kimictl refuses, as the argv would have been without the check
     base = deployment()
     refused = {
