@@ -155,7 +155,7 @@ def _vllm_pids(h: Host) -> list[int]:
 def _start_pair(a: Host, b: Host, tmp_path: Path) -> tuple[subprocess.Popen[bytes], ...]:
     ra = _serve(a, 0, tmp_path / "rank0.log")
     rb = _serve(b, 1, tmp_path / "rank1.log")
-    took = _wait_line(tmp_path / "rank0.log", "ready", ra, STARTUP_S)
+    took = _wait_line(tmp_path / "rank0.log", "monitor: kimictl monitor", ra, STARTUP_S)
     print(f"rank 0 ready (answered a completion) after {took:.1f} s")
     return ra, rb
 

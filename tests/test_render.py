@@ -389,6 +389,17 @@ def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path):
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
     assert "--nnodes" not in script and "--node-rank" not in script
     assert "ray start --head" in script and 'ray start --address="$MASTER_ADDR:6379"' in script
+    # the wait for the Ray nodes is Python that compiles, as bash hands it over
+    start = script.index("python3 -c ")
+    end = script.index("\n", script.index("sys.exit('", start))
+    code = subprocess.run(
+        ["bash", "-c", "printf %s " + script[start + len("python3 -c ") : end]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    compile(code, "ray-wait", "exec")
+    assert "ray.nodes()" in code and ">= 4" in code
 
 
 # ---------------------------------------------------------------- CLI

@@ -287,11 +287,15 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     """Ray head on the first node, one Ray worker per other node, then `vllm serve` (Ray backend,
     no node flags) on the head. The job ends when the server or any Ray node ends."""
     nodes = job.nodes
+    # the head starts in the background: connect once it answers, then count the nodes
     wait = (
         "import ray, sys, time\n"
-        "ray.init(address='auto', logging_level='ERROR')\n"
-        f"for _ in range(600):\n"
-        f"    if sum(n['Alive'] for n in ray.nodes()) >= {nodes}: sys.exit(0)\n"
+        "for _ in range(600):\n"
+        "    try:\n"
+        "        if not ray.is_initialized(): ray.init(address='auto', logging_level='ERROR')\n"
+        f"        if sum(n['Alive'] for n in ray.nodes()) >= {nodes}: sys.exit(0)\n"
+        "    except ConnectionError:\n"
+        "        pass\n"
         "    time.sleep(1)\n"
         f"sys.exit('Ray cluster: fewer than {nodes} nodes joined in 600 s')"
     )
