@@ -140,6 +140,22 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
         pytest.fail(f"still running {timeout} s after its peer went down: {proc.args}")
 
 
+def _completion_status(h: Host) -> int | None:
+    """HTTP status of a one-token completion on rank 0 (None: no answer within 60 s)."""
+    probe = (
+        "import httpx, sys\n"
+        "try:\n"
+        f"    r = httpx.post('http://127.0.0.1:{PORT}/v1/completions', timeout=60, json="
+        "{'model': 'tiny-k2', 'prompt': 'hi', 'max_tokens': 1})\n"
+        "    print(r.status_code)\n"
+        "except httpx.HTTPError:\n"
+        "    print('none')\n"
+    )
+    out = subprocess.run(h.cmd(sys.executable, "-c", probe), capture_output=True, text=True)
+    text = out.stdout.strip()
+    return int(text) if text.isdigit() else None
+
+
 def _vllm_pids(h: Host) -> list[int]:
     found = []
     for pid in h.pids():
@@ -178,6 +194,16 @@ def test_mp_two_hosts_serve_bench_and_stop_from_the_worker_side(hosts, tmp_path)
     # rank 1's host stops its side: the deployment goes down on both hosts
     rb.send_signal(signal.SIGTERM)
     assert _wait_exit(rb, DOWN_S) == 0
+    t0 = time.monotonic()
+    try:
+        ra.wait(timeout=30)
+        print(f"rank 0 went down by itself {time.monotonic() - t0:.1f} s after rank 1 stopped")
+    except subprocess.TimeoutExpired:
+        # an idle rank 0 notices a lost peer at its next collective: a request must fail, never
+        # be answered by a deployment missing half its model
+        status = _completion_status(a)
+        print(f"rank 0 still up 30 s after rank 1 stopped; a completion then got {status}")
+        assert status != 200
     code = _wait_exit(ra, DOWN_S)
     log0 = (tmp_path / "rank0.log").read_text()
     assert code != 0 or "stopped" in log0, log0[-2000:]
