@@ -3,8 +3,10 @@
 
 vLLM's mp backend through `kimictl serve cpu-demo-tp2 --nnodes 2 --node-rank 0|1 --master-addr
 10.77.0.1`, each host with its own kimictl state folder (two machines share nothing): rank 0
-answers and benches; stopping rank 1's kimictl, or SIGKILL of rank 1's vLLM, brings rank 0 down
-too (it is never left serving with a dead peer), and neither host keeps a process.
+answers and benches; after stopping rank 1's kimictl, or SIGKILL of rank 1's vLLM, rank 0 never
+answers again: an idle rank 0 keeps /health at 200 until its next collective (vLLM has no
+cross-node heartbeat), that request fails and the deployment goes down; neither host keeps a
+process.
 
 Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise. Runs under the
 shared vLLM lock like every slow test (scripts/check runs it in CI).
