@@ -1,18 +1,33 @@
-"""`serve --render slurm|k8s`: the files parse, and carry the same argv/env as a direct launch."""
+"""`serve --render slurm|k8s`: each file is what its engine accepts, and carries the launch.
+
+k8s: every object is checked against the schema the API server uses (tests/k8s_schemas.py: the
+LWS and ComputeDomain CRDs, Kubernetes v1.34's core OpenAPI), then for what a GB300 NVL72
+deployment needs that a schema cannot say (bind, key, /dev/shm, IMEX, clique, Service, weights).
+slurm: bash parses the script and evaluates its arrays and exports; the node flags are vLLM's.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import k8s_schemas
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
+from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving import launcher, render, workflow
+from kimictl.runtime.serving import render, workflow
+from kimictl.runtime.serving.plan import LaunchPlan
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-render-test-0123456789"
 
 
 @pytest.fixture(autouse=True)
@@ -21,10 +36,37 @@ def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
 
 
-def _plan(profile: str) -> launcher.LaunchPlan:
-    prepared = workflow.prepare_serve(workflow.ServeRequest(profile=profile, for_render=True))
+def _prepared(profile: str, fmt: str = "k8s", **request: Any) -> workflow.Prepared:
+    prepared = workflow.prepare_serve(
+        workflow.ServeRequest(profile=profile, for_render=fmt, **request)
+    )
     assert prepared.blocking == [], [c.message for c in prepared.blocking]
-    return prepared.plans[0]
+    return prepared
+
+
+def _plan(profile: str, fmt: str = "k8s", **request: Any) -> LaunchPlan:
+    return _prepared(profile, fmt, **request).plans[0]
+
+
+def _objects(text: str) -> dict[str, dict[str, Any]]:
+    docs = list(yaml.safe_load_all(text))
+    return {d["kind"]: d for d in docs}
+
+
+def _k8s(profile: str, *, key: str | None = KEY, **kw: Any) -> dict[str, dict[str, Any]]:
+    prepared = _prepared(profile, "k8s", ray=kw.pop("ray", False))
+    plan = prepared.plans[0]
+    if key is not None:
+        from dataclasses import replace
+
+        plan = replace(plan, env={**plan.env, "VLLM_API_KEY": key})
+    kw.setdefault("cluster", prepared.cluster)
+    return _objects(render.render(plan, "k8s", **kw))
+
+
+def _pods(objs: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    group = objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    return group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]
 
 
 def _bash_array(script: str, name: str) -> list[str]:
@@ -37,55 +79,330 @@ def _bash_array(script: str, name: str) -> list[str]:
     return out.decode().split("\0")[:-1]
 
 
-def _exports(script: str) -> dict[str, str]:
+def _exports(script: str, env: dict[str, str] | None = None) -> dict[str, str]:
     snippet = "\n".join(line for line in script.splitlines() if line.startswith("export "))
-    snippet = snippet.replace('export VLLM_API_KEY="${VLLM_API_KEY:?', "#")
+    snippet = snippet.replace("export MASTER_ADDR", "")
     out = subprocess.run(
-        ["env", "-i", "bash", "-c", snippet + "\nenv -0"], capture_output=True, check=True
-    ).stdout
-    pairs = (item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
+        [
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in (env or {}).items()),
+            "bash",
+            "-c",
+            snippet + "\nenv -0",
+        ],
+        capture_output=True,
+        check=False,
+    )
+    pairs = (item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
     return {k: v for k, v in pairs if k not in ("PWD", "SHLVL", "_")}
+
+
+def _bound_all(argv: list[str]) -> list[str]:
+    out = list(argv)
+    out[out.index("--host") + 1] = "0.0.0.0"
+    return out
+
+
+def _profile_copy(tmp_path: Path, name: str, cluster: str, base: str = "k3-tp8-latency") -> Path:
+    text = (ROOT / "profiles" / f"{base}.toml").read_text()
+    start = text.index("[cluster]")
+    end = text.index("\n[", start + 1)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text[:start] + "[cluster]\n" + cluster + text[end:])
+    return path
+
+
+# ---------------------------------------------------------------- k8s: schemas
+
+
+@pytest.mark.parametrize("profile", ["k3-tp8-latency", "k3-tp16-latency", "k3-tp8-long-context"])
+@pytest.mark.parametrize(
+    "variant",
+    ["rendered-secret", "named-secret", "insecure", "ray", "nnodes-8", "host-path"],
+)
+def test_every_k8s_render_validates_against_the_api_schemas(tmp_path, profile, variant):
+    kw: dict[str, Any] = {}
+    key: str | None = KEY
+    if variant == "named-secret":
+        kw["api_key_secret"] = "team-vllm-key"
+    elif variant == "insecure":
+        key, kw["insecure"] = None, True
+    elif variant == "ray":
+        kw["ray"] = True
+    elif variant == "nnodes-8":
+        kw["nnodes"] = 8
+    elif variant == "host-path":
+        kw["cluster"] = ClusterSettings(weights_path="/raid/models", cpu="32", memory="1Ti")
+    objs = _k8s(profile, key=key, **kw)
+    for obj in objs.values():
+        assert k8s_schemas.errors(obj) == [], (obj["kind"], k8s_schemas.errors(obj))
+
+
+def test_schemas_catch_what_the_api_server_refuses_or_prunes():
+    objs = _k8s("k3-tp16-latency")
+    lws = objs["LeaderWorkerSet"]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    leader["containers"][0]["resources"]["claim"] = leader["containers"][0]["resources"].pop(
+        "claims"
+    )
+    errors = k8s_schemas.errors(lws)
+    assert any("resources.claim: pruned" in e for e in errors), errors
+    assert any("'claim' was unexpected" in e for e in errors), errors
+    objs["ComputeDomain"]["spec"]["channel"]["allocationMode"] = "Many"
+    assert k8s_schemas.errors(objs["ComputeDomain"])
+
+
+# ---------------------------------------------------------------- k8s: what GB300 NVL72 needs
+
+
+def test_leader_binds_every_interface_and_its_probes_reach_the_port():
+    # was: --host 127.0.0.1 with an httpGet probe on the pod IP: never Ready
+    leader, _ = _pods(_k8s("k3-tp16-latency"))
+    (ctr,) = leader["containers"]
+    words = ctr["command"] + ctr["args"]
+    assert words[words.index("--host") + 1] == "0.0.0.0"
+    (port,) = ctr["ports"]
+    assert words[words.index("--port") + 1] == str(port["containerPort"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert ctr[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
+
+
+def test_api_key_comes_from_a_rendered_or_named_secret_and_never_sits_in_argv():
+    objs = _k8s("k3-tp8-latency")
+    secret = objs["Secret"]
+    assert secret["stringData"] == {"key": KEY}
+    for pod in _pods(objs):
+        (ctr,) = pod["containers"]
+        (ref,) = [e for e in ctr["env"] if e["name"] == "VLLM_API_KEY"]
+        assert ref == {
+            "name": "VLLM_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "key"}},
+        }
+        assert KEY not in ctr["args"]
+    named = _k8s("k3-tp8-latency", key=None, api_key_secret="team-vllm-key")
+    assert "Secret" not in named
+    (ctr,) = _pods(named)[0]["containers"]
+    (ref,) = [e for e in ctr["env"] if e["name"] == "VLLM_API_KEY"]
+    assert ref["valueFrom"]["secretKeyRef"]["name"] == "team-vllm-key"
+
+
+def test_no_key_is_refused_unless_insecure():
+    plan = _plan("k3-tp8-latency")
+    with pytest.raises(InputError, match="bind 0.0.0.0") as refused:
+        render.render(plan, "k8s")
+    assert "--api-key-secret" in (refused.value.hint or "")
+    objs = _objects(render.render(plan, "k8s", insecure=True))
+    assert "Secret" not in objs
+    (ctr,) = _pods(objs)[0]["containers"]
+    assert all(e["name"] != "VLLM_API_KEY" for e in ctr["env"])
+
+
+def test_dev_shm_is_a_memory_volume_in_every_pod():
+    # vLLM refuses to start with a container's 64 MiB /dev/shm
+    for pod in _pods(_k8s("k3-tp16-latency")):
+        (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+        assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+        (ctr,) = pod["containers"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in ctr["volumeMounts"]
+
+
+def test_each_pod_claims_an_imex_channel_of_one_compute_domain():
+    objs = _k8s("k3-tp16-latency")
+    cd = objs["ComputeDomain"]
+    template = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    for pod in _pods(objs):
+        (claim,) = pod["resourceClaims"]
+        assert claim["resourceClaimTemplateName"] == template
+        (ctr,) = pod["containers"]
+        assert ctr["resources"]["claims"] == [{"name": claim["name"]}]
+        assert ctr["resources"]["limits"]["nvidia.com/gpu"] == 4
+
+
+def test_all_pods_are_held_in_one_nvlink_clique():
+    objs = _k8s("k3-tp16-latency")
+    name = objs["LeaderWorkerSet"]["metadata"]["name"]
+    for pod in _pods(objs):
+        affinity = pod["affinity"]
+        (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.clique", "operator": "Exists"}]
+        (pod_term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert pod_term["topologyKey"] == "nvidia.com/gpu.clique"
+        assert pod_term["labelSelector"]["matchLabels"] == {
+            "leaderworkerset.sigs.k8s.io/name": name
+        }
+
+
+def test_a_single_node_deployment_needs_no_imex_and_no_clique():
+    objs = _k8s("k3-tp8-latency", gpus_per_node=8)  # an 8-GPU node: TP8 fits one node
+    assert "ComputeDomain" not in objs
+    leader, _ = _pods(objs)
+    assert "affinity" not in leader and "resourceClaims" not in leader
+    assert objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["size"] == 1
+
+
+def test_leader_service_routes_the_api_port_to_the_leader():
+    objs = _k8s("k3-tp16-latency")
+    svc = objs["Service"]
+    name = objs["LeaderWorkerSet"]["metadata"]["name"]
+    assert svc["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"}
+    leader = objs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    assert leader["metadata"]["labels"]["role"] == "leader"
+    (port,) = svc["spec"]["ports"]
+    (ctr,) = leader["spec"]["containers"]
+    assert port["port"] == ctr["ports"][0]["containerPort"] and port["targetPort"] == "http"
+
+
+def test_weights_come_from_the_profiles_volume_read_offline():
+    objs = _k8s("k3-tp16-latency")  # the shipped profile: PVC kimi-k3-weights
+    for pod in _pods(objs):
+        (vol,) = [v for v in pod["volumes"] if v["name"] == "weights"]
+        assert vol["persistentVolumeClaim"] == {"claimName": "kimi-k3-weights", "readOnly": True}
+        (ctr,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in ctr["env"]}
+        assert env["HF_HOME"] == "/models/hf" and env["HF_HUB_OFFLINE"] == "1"
+        assert {"name": "weights", "mountPath": "/models", "readOnly": True} in ctr["volumeMounts"]
+        assert ctr["resources"]["requests"] == {"cpu": "64", "memory": "512Gi"}
+    host = _k8s("k3-tp16-latency", cluster=ClusterSettings(weights_path="/raid/models"))
+    (vol,) = [v for v in _pods(host)[0]["volumes"] if v["name"] == "weights"]
+    assert vol["hostPath"] == {"path": "/raid/models", "type": "Directory"}
+
+
+def test_rank_flags_are_vllms_and_appear_once():
+    leader, worker = _pods(_k8s("k3-tp16-latency"))
+    plan = _plan("k3-tp16-latency")
+    node = ["--nnodes", "4", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--node-rank"]
+    (lc,) = leader["containers"]
+    (wc,) = worker["containers"]
+    assert lc["command"] + lc["args"] == [*_bound_all(plan.argv), *node, "0"]
+    assert wc["command"] + wc["args"] == [
+        *_bound_all(plan.argv),
+        *node,
+        "$(LWS_WORKER_INDEX)",
+        "--headless",
+    ]
+    env = {e["name"]: e.get("value") for e in lc["env"] if "value" in e}
+    assert {k: v for k, v in env.items() if not k.startswith("HF_")} == {
+        k: v for k, v in plan.env.items() if k != "TMPDIR"
+    }
+
+
+def test_ray_render_starts_a_ray_cluster_and_gives_vllm_no_node_flags():
+    leader, worker = _pods(_k8s("k3-tp16-latency", ray=True))
+    (lc,) = leader["containers"]
+    (wc,) = worker["containers"]
+    assert lc["command"] == ["sh", "-c"]
+    script = lc["args"][0]
+    assert script.startswith("ray start --head --port=6379 && python3 -c ")
+    assert "--distributed-executor-backend ray" in script
+    assert "--nnodes" not in script and "--node-rank" not in script
+    assert wc["command"] + wc["args"] == [
+        "ray",
+        "start",
+        "--address=$(LWS_LEADER_ADDRESS):6379",
+        "--block",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("K3_TP16", "lowercase letters, digits and '-'"),
+        ("1-k3", "starting with a letter"),
+        ("k3-" + "x" * 50, "53 characters, at most 45"),
+    ],
+)
+def test_profile_names_must_be_kubernetes_names(tmp_path, capsys, name, why, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    path = _profile_copy(tmp_path, name, 'weights_pvc = "w"\n')
+    assert main(["serve", str(path), "--render", "k8s"]) == 2
+    err = capsys.readouterr().err
+    assert f"profile name '{name}' cannot name Kubernetes objects" in err and why in err
+
+
+def test_cluster_table_is_checked_by_line(tmp_path, capsys):
+    path = _profile_copy(tmp_path, "k3-bad", 'weights_pvc = "a"\nweights_path = "/b"\n')
+    assert main(["profiles", "show", str(path)]) == 2
+    assert "[cluster] needs one weights volume" in capsys.readouterr().err
+    path = _profile_copy(tmp_path, "k3-bad2", 'memory = "lots"\n')
+    assert main(["profiles", "show", str(path)]) == 2
+    assert '[cluster] memory = "lots" is not allowed' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- slurm
 
 
 @pytest.mark.parametrize(("profile", "nodes"), [("k3-tp8-latency", 2), ("k3-tp16-latency", 4)])
 def test_slurm_script_parses_and_carries_the_launch(tmp_path, profile, nodes):
-    plan = _plan(profile)
+    plan = _plan(profile, "slurm")
     script = render.render(plan, "slurm")
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
-    assert _bash_array(script, "VLLM_ARGV") == plan.argv
+    assert _bash_array(script, "VLLM_ARGV") == _bound_all(plan.argv)
     expected_env = {k: v for k, v in plan.env.items() if k != "TMPDIR"}
-    assert _exports(script) == expected_env
+    assert _exports(script, {"VLLM_API_KEY": KEY}) == {**expected_env, "VLLM_API_KEY": KEY}
     assert f"#SBATCH --nodes={nodes}" in script
     assert f"#SBATCH --gpus-per-node={plan.gpus // nodes}" in script
-    assert "--headless" in script and f"--nnodes {nodes}" in script
+    assert script.count("--nnodes") == 1 and f"--nnodes {nodes}" in script
 
 
-def test_k8s_leaderworkerset_parses_and_carries_the_launch():
-    plan = _plan("k3-tp16-latency")
-    doc = yaml.safe_load(render.render(plan, "k8s", api_key=True))
-    assert (doc["apiVersion"], doc["kind"]) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-    group = doc["spec"]["leaderWorkerTemplate"]
-    assert group["size"] == 4
-    leader = group["leaderTemplate"]["spec"]["containers"][0]
-    worker = group["workerTemplate"]["spec"]["containers"][0]
-    node_flags = ["--nnodes", "4", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--node-rank"]
-    assert leader["command"] + leader["args"] == [*plan.argv, *node_flags, "0"]
-    assert worker["command"] + worker["args"] == [
-        *plan.argv,
-        *node_flags,
-        "$(LWS_WORKER_INDEX)",
-        "--headless",
-    ]
-    env = {e["name"]: e.get("value") for e in leader["env"]}
-    assert {k: v for k, v in env.items() if k != "VLLM_API_KEY"} == {
-        k: v for k, v in plan.env.items() if k != "TMPDIR"
-    }
-    key = next(e for e in leader["env"] if e["name"] == "VLLM_API_KEY")
-    assert "value" not in key and key["valueFrom"]["secretKeyRef"]["key"] == "key"
-    assert leader["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert leader["readinessProbe"]["httpGet"]["port"] == plan.port
+def test_slurm_binds_where_it_says_the_api_is_and_needs_the_key_at_submit():
+    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm")
+    argv = _bash_array(script, "VLLM_ARGV")
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"  # was 127.0.0.1 on rank 0
+    assert 'echo "API: http://$MASTER_ADDR:8000' in script
+    # the key is read from sbatch's environment: without it the job stops at once
+    assert _exports(script) == {}
+    assert "VLLM_API_KEY" not in _exports(script) and "sk-" not in script
+
+
+def test_slurm_takes_whole_nodes_ends_on_one_failure_and_checks_imex():
+    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm")
+    assert "#SBATCH --mem=0" in script.splitlines()
+    steps = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert steps and all("--kill-on-bad-exit=1" in line for line in steps)
+    assert "test -e /dev/nvidia-caps-imex-channels/channel0" in steps[0]
+    single = render.render(_plan("k3-tp8-latency", "slurm"), "slurm", gpus_per_node=8)
+    assert "imex" not in single.lower()
+
+
+def test_slurm_reads_weights_from_the_shared_path(tmp_path):
+    plan = _plan("k3-tp16-latency", "slurm")
+    script = render.render(plan, "slurm", cluster=ClusterSettings(weights_path="/lustre/models"))
+    env = _exports(script, {"VLLM_API_KEY": KEY})
+    assert env["HF_HOME"] == "/lustre/models/hf" and env["HF_HUB_OFFLINE"] == "1"
+    # a PVC means nothing to Slurm: no HF_HOME pointing into a mount that is not there
+    pvc = render.render(plan, "slurm", cluster=ClusterSettings(weights_pvc="kimi-k3-weights"))
+    assert "HF_HOME" not in _exports(pvc, {"VLLM_API_KEY": KEY})
+
+
+def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path):
+    plan = _plan("k3-tp16-latency", "slurm", ray=True)
+    script = render.render(plan, "slurm")
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    argv = _bash_array(script, "VLLM_ARGV")
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert "--nnodes" not in script and "--node-rank" not in script
+    assert "ray start --head" in script and 'ray start --address="$MASTER_ADDR:6379"' in script
+    # the wait for the Ray nodes is Python that compiles, as bash hands it over
+    start = script.index("python3 -c ")
+    end = script.index("\n", script.index("sys.exit('", start))
+    code = subprocess.run(
+        ["bash", "-c", "printf %s " + script[start + len("python3 -c ") : end]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    compile(code, "ray-wait", "exec")
+    assert "ray.nodes()" in code and ">= 4" in code
+
+
+# ---------------------------------------------------------------- CLI
 
 
 def test_render_rejects_bad_format_and_uneven_split():
@@ -98,12 +415,21 @@ def test_render_rejects_bad_format_and_uneven_split():
         render.render(plan, "slurm", nnodes=3)
 
 
-def test_cli_render_writes_the_file(tmp_path, capsys):
+def test_cli_render_writes_a_private_file_and_never_overwrites(tmp_path, capsys, monkeypatch):
     out = tmp_path / "lws.yaml"
+    assert main(["serve", "k3-tp8-latency", "--render", "k8s", "-o", str(out)]) == 2
+    assert "needs a key" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
     assert main(["serve", "k3-tp8-latency", "--render", "k8s", "-o", str(out)]) == 0
-    assert yaml.safe_load(out.read_text())["kind"] == "LeaderWorkerSet"
+    assert "holds the API key" in capsys.readouterr().err
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert _objects(out.read_text())["LeaderWorkerSet"]["kind"] == "LeaderWorkerSet"
+    assert main(["serve", "k3-tp8-latency", "--render", "k8s", "-o", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
     assert main(["serve", "k3-tp8-latency", "--render", "nomad"]) == 2
     assert "allowed: slurm, k8s" in capsys.readouterr().err
+    assert main(["serve", "k3-tp8-latency", "--render", "slurm", "--api-key-secret", "s"]) == 2
+    assert "goes with --render k8s" in capsys.readouterr().err
 
 
 _scalars = st.one_of(

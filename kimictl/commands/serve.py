@@ -91,6 +91,10 @@ def serve(
     api_key_file: Annotated[
         Path | None, typer.Option(help="File holding the API key (else $VLLM_API_KEY).")
     ] = None,
+    api_key_secret: Annotated[
+        str | None,
+        typer.Option(help="--render k8s: read the key from this existing Secret (key 'key')."),
+    ] = None,
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow a non-loopback bind without an API key.")
     ] = False,
@@ -110,6 +114,8 @@ def serve(
         raise InputError("--render writes one deployment; drop --ab (render each profile).")
     if output is not None and render is None:
         raise InputError("--output goes with --render; without it there is no file to write.")
+    if api_key_secret is not None and render != "k8s":
+        raise InputError("--api-key-secret names a Kubernetes Secret; it goes with --render k8s.")
     request = workflow.ServeRequest(
         profile=profile,
         model=model,
@@ -123,21 +129,36 @@ def serve(
         ray=ray,
         api_key_file=api_key_file,
         insecure=insecure,
-        for_render=render is not None,
+        for_render=render or False,
     )
     prepared = workflow.prepare_serve(request)
     if render is not None:
         from kimictl.runtime.serving.render import render as render_job
+        from kimictl.runtime.serving.render import write_private
 
         workflow.refuse_if_blocked(prepared)
         plan = prepared.plans[0]
-        text = render_job(plan, render, nnodes=nnodes, api_key=plan.api_key is not None)
+        text = render_job(
+            plan,
+            render,
+            nnodes=nnodes if nnodes > 1 else None,
+            cluster=prepared.cluster,
+            api_key_secret=api_key_secret,
+            insecure=insecure,
+        )
+        holds_key = plan.api_key is not None and plan.api_key in text
         if output is None:
             sys.stdout.write(text)
         else:
-            output.write_text(text)
+            write_private(output, text, private=holds_key)
             if not json_out:
                 console.print(f"wrote {output} ({render}) for profile {prepared.profile}")
+        if holds_key:
+            print(
+                f"note: the {render} file holds the API key in a Secret; keep it private "
+                "(or name an existing Secret with --api-key-secret).",
+                file=sys.stderr,
+            )
         if json_out and output is not None:
             emit_json({"render": render, "path": str(output), "profile": prepared.profile})
         return

@@ -44,6 +44,7 @@ import tomlkit
 import tomlkit.exceptions
 
 from kimictl.runtime.deployment import buckets
+from kimictl.runtime.deployment.cluster import CLUSTER_KEYS, ClusterSettings, cluster_settings
 from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
@@ -87,6 +88,7 @@ class Profile:
     runtime: str = "gpu"
     description: str = ""
     prebuilt_units: str = PREBUILT_DEFAULT  # one of PREBUILT_MODES
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)  # what a render needs
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +98,7 @@ class Profile:
             "runtime": self.runtime,
             "stock_twin": self.stock_twin,
             "prebuilt_units": self.prebuilt_units,
+            "cluster": self.cluster.to_json(),
             "command": self.spec.to_command(),
             "spec": self.spec.to_json(),
             "provenance": self.provenance,
@@ -205,6 +208,7 @@ def _section_schema(section: str, fields: dict[str, str]) -> dict[str, ValueChec
 
 PROFILE_SECTIONS: dict[str, dict[str, ValueCheck]] = {
     **{section: _section_schema(section, fields) for section, fields in _FIELD_OF.items()},
+    "cluster": dict(CLUSTER_KEYS),  # rendered jobs only (`serve --render`)
     "env": {},  # any VAR = "value"
     "provenance": {},  # free-form
 }
@@ -478,6 +482,11 @@ def _load_path(path: Path) -> Profile:
     sections = _validate(path, text, document.unwrap())
     spec = _spec_from_sections(path, text, sections)
     serve = sections.get("serve", {})
+    try:
+        cluster = cluster_settings(sections.get("cluster", {}))
+    except ValueError as exc:
+        line = _line_of(text, "cluster")
+        raise InputError(f"{path}:{line}: [cluster] needs {exc}.") from exc
     return Profile(
         name=path.stem,
         path=path,
@@ -487,6 +496,7 @@ def _load_path(path: Path) -> Profile:
         runtime=serve.get("runtime", "gpu"),
         prebuilt_units=serve.get("prebuilt_units", PREBUILT_DEFAULT),
         description=sections[""].get("description", ""),
+        cluster=cluster,
     )
 
 

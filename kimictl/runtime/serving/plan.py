@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_PORT",
     "LOG_NAME",
     "LaunchPlan",
+    "check_nodes",
     "check_port_free",
     "plan_launch",
     "require_tcp_port",
@@ -170,12 +171,16 @@ def plan_launch(
         env[ENV_VAR] = api_key
     argv = spec.to_argv(executable)
 
+    check_nodes(
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        world_size=spec.gpus_needed,
+        ray=spec.distributed_executor_backend == "ray",
+    )
     other_nodes: list[list[str]] = []
-    if nnodes > 1:
-        if master_addr is None:
-            raise InputError("--nnodes above 1 needs --master-addr (the address of node rank 0).")
-        if not 0 <= node_rank < nnodes:
-            raise InputError(f"--node-rank {node_rank} is outside 0..{nnodes - 1}.")
+    if nnodes > 1 and spec.distributed_executor_backend != "ray":
+        assert master_addr is not None  # check_nodes refused it otherwise
         base = [*argv, "--nnodes", str(nnodes), "--master-addr", master_addr]
         argv = [*base, "--node-rank", str(node_rank)]
         if node_rank > 0:
@@ -202,6 +207,90 @@ def plan_launch(
         nice=cpu_runtime.SERVER_NICE if runtime == "cpu" else 0,
         other_nodes=other_nodes,
     )
+
+
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False  # a host name: resolved on the nodes, not here
+
+
+def check_nodes(
+    *,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str | None,
+    world_size: int,
+    ray: bool = False,
+) -> None:
+    """Refuse, before anything starts, the node flags vLLM's engine arguments refuse later
+    (`EngineArgs.create_engine_config`: nnodes divides the world size TPxPPxDP, 0 <= node-rank <
+    nnodes; `ParallelConfig`: nnodes > 1 only with the mp backend) and those it silently
+    ignores (a node rank without nnodes; a loopback master the other nodes cannot reach)."""
+    if nnodes < 1:
+        raise InputError(f"--nnodes {nnodes} is not a node count; allowed: 1 or more.")
+    if nnodes == 1:
+        if node_rank != 0:
+            raise InputError(
+                f"--node-rank {node_rank} needs --nnodes above 1; vLLM ignores a node rank "
+                "on a single node.",
+                hint="pass --nnodes N (the deployment's node count) with --node-rank.",
+            )
+        if master_addr is not None:
+            raise InputError(
+                f"--master-addr {master_addr} needs --nnodes above 1; a single node has no "
+                "master to reach.",
+                hint="pass --nnodes N with --master-addr, or drop --master-addr.",
+            )
+        return
+    if ray:
+        # vLLM: "nnodes > 1 can only be set when distributed executor backend is mp, uni or
+        # external_launcher." Ray places every rank itself from the head node.
+        if node_rank != 0 or master_addr is not None:
+            raise InputError(
+                "--ray runs one `vllm serve` on the Ray head node and Ray places the other "
+                "ranks; --node-rank and --master-addr belong to vLLM's mp backend.",
+                hint="start Ray on every node (`ray start --head` / `ray start --address "
+                "HEAD:6379`), then run `kimictl serve PROFILE --ray --nnodes N` on the head.",
+            )
+        if world_size % nnodes:
+            raise InputError(
+                f"--nnodes {nnodes} must evenly divide the world size ({world_size} = TP x PP "
+                "x DP).",
+                hint="allowed --nnodes: "
+                + ", ".join(str(n) for n in range(1, world_size + 1) if world_size % n == 0)
+                + ".",
+            )
+        return
+    if world_size % nnodes:
+        raise InputError(
+            f"`--nnodes {nnodes}` must evenly divide the total world size ({world_size} = TP x "
+            "PP x DP); vLLM refuses it at start.",
+            hint="allowed --nnodes: "
+            + ", ".join(str(n) for n in range(1, world_size + 1) if world_size % n == 0)
+            + ".",
+        )
+    if not 0 <= node_rank < nnodes:
+        raise InputError(
+            f"`--node-rank` must be between 0 and {nnodes - 1}; got `--node-rank {node_rank}`.",
+            hint="set it to this node's zero-based index.",
+        )
+    if master_addr is None:
+        raise InputError(
+            f"--nnodes {nnodes} needs --master-addr (the address of node rank 0, reachable "
+            "from every node)."
+        )
+    if _is_loopback(master_addr):
+        raise InputError(
+            f"--master-addr {master_addr} is a loopback address; the other {nnodes - 1} "
+            "node(s) cannot reach node rank 0 there.",
+            hint="pass node rank 0's address on the network the nodes share.",
+        )
 
 
 # Linux limits a unix socket path to 107 bytes; vLLM names its ZMQ sockets with a 36-character

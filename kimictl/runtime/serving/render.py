@@ -1,13 +1,14 @@
 """`kimictl serve PROFILE --render slurm|k8s`: the same launch, written for a cluster scheduler.
 
-Both use vLLM's own multi-node mechanism (the mp backend: `--nnodes`, `--node-rank`,
-`--master-addr`, and `--headless` on ranks above 0), so a rendered job runs exactly the argv and
-environment `kimictl serve --dry-run` prints, plus the three node flags.
-- slurm: an sbatch script, one task per node; `srun` starts every rank, rank 0 serves the API.
-- k8s: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): the leader is rank 0, workers take their
-  rank from LWS_WORKER_INDEX; Kubernetes expands `$(VAR)` in container args.
-Secrets never land in the file: VLLM_API_KEY comes from the job's environment (slurm) or a
-Secret (k8s).
+Both run the argv and environment `kimictl serve --dry-run` prints, with three changes a cluster
+needs: rank 0 binds 0.0.0.0 (the scheduler's address for it is not loopback), the node flags of
+vLLM's mp backend (`--nnodes`, `--node-rank`, `--master-addr`, `--headless` above rank 0) come
+from the scheduler, and the weights come from a volume the profile's `[cluster]` table names.
+With `--ray` the ranks join a Ray cluster instead and only rank 0 runs `vllm serve` (vLLM
+refuses `--nnodes` under Ray).
+- slurm: an sbatch script, one task per node.
+- k8s: Secret (when rendered) + ComputeDomain (IMEX channel, more than one node) +
+  LeaderWorkerSet + leader Service, built in render_k8s.py.
 """
 
 from __future__ import annotations
@@ -16,24 +17,90 @@ import json
 import math
 import re
 import shlex
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kimictl.runtime.apikeys import ENV_VAR
 from kimictl.runtime.checks.stack import VLLM_VERSION
+from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving.plan import LaunchPlan, redact_argv
 
-__all__ = ["FORMATS", "GPUS_PER_NODE", "VLLM_IMAGE", "render", "to_yaml"]
+__all__ = [
+    "BIND_ALL",
+    "FORMATS",
+    "GPUS_PER_NODE",
+    "IMEX_CHANNEL",
+    "RAY_PORT",
+    "VLLM_IMAGE",
+    "Job",
+    "job_for",
+    "render",
+    "to_yaml",
+    "write_private",
+]
 
 FORMATS = ("slurm", "k8s")
 GPUS_PER_NODE = 4  # one GB300 NVL72 compute tray
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+BIND_ALL = "0.0.0.0"
+RAY_PORT = 6379
+# The device node NVIDIA's IMEX daemon gives a process for cross-node NVLink memory (the fast
+# path's multicast buffers span trays); the DRA driver's ComputeDomain injects it into pods.
+IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 # Local to the machine that renders: meaningless on the cluster.
 _LOCAL_ENV = ("TMPDIR",)
 
 
-def _env(plan: LaunchPlan) -> dict[str, str]:
-    return {k: v for k, v in plan.env.items() if k not in _LOCAL_ENV and k != ENV_VAR}
+@dataclass(frozen=True)
+class Job:
+    """One rendered deployment: the launch, how it spreads, and where its key and weights are."""
+
+    fmt: str
+    plan: LaunchPlan
+    nodes: int
+    per_node: int  # GPUs per node (CPU runtime: 0)
+    ray: bool
+    cluster: ClusterSettings
+    key: str  # "secret" (a named one), "rendered" (value in a rendered Secret), "env", "none"
+    secret: str | None = None  # the Secret the pods read the key from (k8s)
+    image: str = VLLM_IMAGE
+
+    @property
+    def argv(self) -> list[str]:
+        """The one-node argv, bound to every interface, key redacted."""
+        return _bind_all(redact_argv(self.plan.argv))
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in self.plan.env.items() if k not in _LOCAL_ENV and k != ENV_VAR}
+        if self.hf_home:  # the volume holds the checkpoints: read them, never download
+            env |= {"HF_HOME": self.hf_home, "HF_HUB_OFFLINE": "1"}
+        return env
+
+    @property
+    def hf_home(self) -> str | None:
+        """The Hugging Face cache every rank reads: on the shared path (Slurm) or the mounted
+        volume (k8s); None when the profile names no weights volume for this format."""
+        if self.fmt == "slurm":
+            path = self.cluster.weights_path
+            return f"{path.rstrip('/')}/hf" if path else None
+        return self.cluster.hf_home
+
+    @property
+    def needs_imex(self) -> bool:
+        """TP ranks on several GPU nodes: cross-node NVLink (IMEX) is what the fast path runs on."""
+        return self.nodes > 1 and self.plan.runtime == "gpu"
+
+
+def _bind_all(argv: list[str]) -> list[str]:
+    out = list(argv)
+    if "--host" in out:
+        out[out.index("--host") + 1] = BIND_ALL
+    else:
+        out += ["--host", BIND_ALL]
+    return out
 
 
 def _nodes(plan: LaunchPlan, nnodes: int | None, gpus_per_node: int) -> tuple[int, int]:
@@ -49,130 +116,211 @@ def _nodes(plan: LaunchPlan, nnodes: int | None, gpus_per_node: int) -> tuple[in
     return nodes, gpus // nodes
 
 
+def job_for(
+    plan: LaunchPlan,
+    fmt: str,
+    *,
+    nnodes: int | None = None,
+    gpus_per_node: int = GPUS_PER_NODE,
+    cluster: ClusterSettings | None = None,
+    api_key_secret: str | None = None,
+    insecure: bool = False,
+    image: str = VLLM_IMAGE,
+) -> Job:
+    """Check what the cluster needs that a local launch does not, and fix node count and key."""
+    if fmt not in FORMATS:
+        raise InputError(f"--render {fmt!r} is not a format; allowed: {', '.join(FORMATS)}.")
+    cluster = cluster or ClusterSettings()
+    if plan.runtime == "cpu":  # no GPUs to spread: the node count is the one asked for
+        nodes, per_node = max(nnodes or 1, 1), 0
+    else:
+        nodes, per_node = _nodes(plan, nnodes, gpus_per_node)
+    ray = "--distributed-executor-backend" in plan.argv and (
+        plan.argv[plan.argv.index("--distributed-executor-backend") + 1] == "ray"
+    )
+    secret = api_key_secret or cluster.api_key_secret
+    if secret is not None:
+        if fmt != "k8s":
+            raise InputError(
+                f"--api-key-secret {secret} names a Kubernetes Secret; a Slurm job reads "
+                f"{ENV_VAR} from the environment sbatch runs in.",
+                hint=f"export {ENV_VAR} before sbatch, and drop --api-key-secret.",
+            )
+        key = "secret"
+    elif fmt == "slurm":
+        key = "none" if insecure else "env"  # sbatch's environment at submit time
+    elif plan.api_key:
+        key = "rendered"
+    elif insecure:
+        key = "none"
+    else:
+        raise InputError(
+            f"the rendered pods bind {BIND_ALL} (the kubelet probes and the Service reach the "
+            "pod IP), so the API needs a key and none was given.",
+            hint=f"set {ENV_VAR} or pass --api-key-file (rendered into a Secret), name an "
+            "existing Secret with --api-key-secret (or [cluster] api_key_secret), or pass "
+            "--insecure.",
+        )
+    if key == "rendered":
+        secret = f"{plan.name}-api-key"
+    return Job(fmt, plan, nodes, per_node, ray, cluster, key, secret, image)
+
+
 def render(
     plan: LaunchPlan,
     fmt: str,
     *,
     nnodes: int | None = None,
     gpus_per_node: int = GPUS_PER_NODE,
-    api_key: bool = False,
+    cluster: ClusterSettings | None = None,
+    api_key_secret: str | None = None,
+    insecure: bool = False,
     image: str = VLLM_IMAGE,
 ) -> str:
-    """The job file for `plan` (a single-node plan: the node flags are added here)."""
-    if fmt not in FORMATS:
-        raise InputError(f"--render {fmt!r} is not a format; allowed: {', '.join(FORMATS)}.")
-    nodes, per_node = _nodes(plan, nnodes, gpus_per_node)
+    """The job file for `plan` (a one-node plan: the node flags are added here)."""
+    job = job_for(
+        plan,
+        fmt,
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        cluster=cluster,
+        api_key_secret=api_key_secret,
+        insecure=insecure,
+        image=image,
+    )
     if fmt == "slurm":
-        return _slurm(plan, nodes, per_node, api_key)
-    return to_yaml(_lws(plan, nodes, per_node, api_key, image))
+        return _slurm(job)
+    from kimictl.runtime.serving.render_k8s import k8s_objects
+
+    return "---\n".join(to_yaml(obj) for obj in k8s_objects(job))
+
+
+def write_private(path: Path, text: str, *, private: bool) -> None:
+    """Write a new file (never over one the user has); mode 0600 when it holds a secret."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
+    except FileExistsError:
+        raise InputError(
+            f"--output {path} already exists; kimictl does not overwrite it.",
+            hint="remove it first, or pick another file name.",
+        ) from None
+    except OSError as exc:
+        raise InputError(f"--output {path}: cannot create it ({exc.strerror}).") from exc
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 # ---------------------------------------------------------------- slurm
 
 
-def _slurm(plan: LaunchPlan, nodes: int, per_node: int, api_key: bool) -> str:
-    argv = redact_argv(plan.argv)
+def _slurm(job: Job) -> str:
+    plan, nodes = job.plan, job.nodes
     lines = [
         "#!/usr/bin/env bash",
-        f"# Rendered by kimictl from profile {plan.profile}: "
-        f"vLLM on {nodes} node(s) x {per_node} GPU(s).",
-        "# Rank 0 serves the OpenAI API; ranks above 0 run headless (vLLM's mp backend).",
+        f"# Rendered by kimictl from profile {plan.profile}: vLLM on {nodes} node(s)"
+        + (f" x {job.per_node} GPU(s)." if job.per_node else " (CPU)."),
+        "# Rank 0 serves the OpenAI API on every interface; "
+        + (
+            "the other nodes join its Ray cluster."
+            if job.ray
+            else "ranks above 0 run headless (vLLM's mp backend)."
+        ),
         f"#SBATCH --job-name={plan.name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={per_node}",
+    ]
+    if job.per_node:
+        lines.append(f"#SBATCH --gpus-per-node={job.per_node}")
+    lines += [
         "#SBATCH --exclusive",
+        "#SBATCH --mem=0",  # all of each node's memory: vLLM sizes its buffers from what it sees
         "set -euo pipefail",
         "",
     ]
-    for key, value in _env(plan).items():
+    for key, value in job.env.items():
         lines.append(f"export {key}={shlex.quote(value)}")
-    if api_key:
-        lines.append('export VLLM_API_KEY="${VLLM_API_KEY:?set VLLM_API_KEY before sbatch}"')
+    if job.key == "env":
+        lines.append(f'export {ENV_VAR}="${{{ENV_VAR}:?set {ENV_VAR} before sbatch}}"')
+    if not job.hf_home:
+        lines.append("# No [cluster] weights_path: each node fills its own Hugging Face cache.")
     lines += [
         "",
         "VLLM_ARGV=(",
-        *(f"  {shlex.quote(word)}" for word in argv),
+        *(f"  {shlex.quote(word)}" for word in job.argv),
         ")",
         "",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export MASTER_ADDR",
         f'echo "API: http://$MASTER_ADDR:{plan.port} (model {plan.model})"',
         "",
-        "# One task per node; each picks its rank from SLURM_NODEID.",
-        "srun --ntasks-per-node=1 bash -c '",
-        '  rank="$SLURM_NODEID"',
-        '  extra=(--node-rank "$rank")',
-        '  if [ "$rank" -gt 0 ]; then extra+=(--headless); fi',
-        f'  exec "$0" "$@" --nnodes {nodes} --master-addr "$MASTER_ADDR" "${{extra[@]}}"',
-        '\' "${VLLM_ARGV[@]}"',
-        "",
     ]
+    # One step per phase; --kill-on-bad-exit=1 ends every task of a step when one fails, and
+    # set -e then ends the job: one dead rank never leaves a half-alive server.
+    step = f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
+    if job.needs_imex:
+        lines += [
+            "# Cross-node NVLink: every node needs its IMEX channel (nvidia-imex running).",
+            f"{step} bash -c '"
+            f'test -e {IMEX_CHANNEL} || {{ echo "$(hostname): no IMEX channel {IMEX_CHANNEL}; '
+            "start nvidia-imex on every node of the NVLink domain\" >&2; exit 1; }'",
+            "",
+        ]
+    if job.ray:
+        lines += _slurm_ray(job, step)
+    else:
+        lines += [
+            "# One task per node; each picks its rank from SLURM_NODEID.",
+            f"{step} bash -c '",
+            '  rank="$SLURM_NODEID"',
+            '  extra=(--node-rank "$rank")',
+            '  if [ "$rank" -gt 0 ]; then extra+=(--headless); fi',
+            f'  exec "$0" "$@" --nnodes {nodes} --master-addr "$MASTER_ADDR" "${{extra[@]}}"',
+            '\' "${VLLM_ARGV[@]}"',
+            "",
+        ]
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- k8s LeaderWorkerSet
-
-
-def _container(
-    plan: LaunchPlan, nodes: int, per_node: int, api_key: bool, image: str, leader: bool
-) -> dict[str, Any]:
-    rank = "0" if leader else "$(LWS_WORKER_INDEX)"
-    args = [*redact_argv(plan.argv)]
+def _slurm_ray(job: Job, step: str) -> list[str]:
+    """Ray head on the first node, one Ray worker per other node, then `vllm serve` (Ray backend,
+    no node flags) on the head. The job ends when the server or any Ray node ends."""
+    nodes = job.nodes
+    # the head starts in the background: connect once it answers, then count the nodes
+    wait = (
+        "import ray, sys, time\n"
+        "for _ in range(600):\n"
+        "    try:\n"
+        "        if not ray.is_initialized(): ray.init(address='auto', logging_level='ERROR')\n"
+        f"        if sum(n['Alive'] for n in ray.nodes()) >= {nodes}: sys.exit(0)\n"
+        "    except ConnectionError:\n"
+        "        pass\n"
+        "    time.sleep(1)\n"
+        f"sys.exit('Ray cluster: fewer than {nodes} nodes joined in 600 s')"
+    )
+    one = "srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
+    lines = [
+        f'{one} -w "$MASTER_ADDR" ray start --head --node-ip-address="$MASTER_ADDR" '
+        f"--port={RAY_PORT} --block &",
+    ]
     if nodes > 1:
-        args += ["--nnodes", str(nodes), "--master-addr", "$(LWS_LEADER_ADDRESS)"]
-        args += ["--node-rank", rank]
-        if not leader:
-            args.append("--headless")
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in _env(plan).items()]
-    if api_key:
-        env.append(
-            {
-                "name": ENV_VAR,
-                "valueFrom": {"secretKeyRef": {"name": f"{plan.name}-api-key", "key": "key"}},
-            }
-        )
-    container: dict[str, Any] = {
-        "name": "vllm-leader" if leader else "vllm-worker",
-        "image": image,
-        "command": args[:1],
-        "args": args[1:],
-        "env": env,
-        "resources": {"limits": {"nvidia.com/gpu": per_node}},
-    }
-    if leader:
-        container["ports"] = [{"containerPort": plan.port, "name": "http"}]
-        container["readinessProbe"] = {
-            "httpGet": {"path": "/health", "port": plan.port},
-            "periodSeconds": 10,
-            "failureThreshold": 360,
-        }
-    return container
+        lines += [
+            "sleep 5",
+            f"srun --nodes={nodes - 1} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+            f'--exclude="$MASTER_ADDR" ray start --address="$MASTER_ADDR:{RAY_PORT}" --block &',
+        ]
+    lines += [
+        f"python3 -c {shlex.quote(wait)}",
+        f'{one} -w "$MASTER_ADDR" --overlap "${{VLLM_ARGV[@]}}" &',
+        "wait -n  # the server or a Ray node ended: end the job (its other steps with it)",
+        "exit 1",
+        "",
+    ]
+    return lines
 
 
-def _lws(plan: LaunchPlan, nodes: int, per_node: int, api_key: bool, image: str) -> dict[str, Any]:
-    def template(leader: bool) -> dict[str, Any]:
-        return {
-            "metadata": {"labels": {"app": plan.name, "role": "leader" if leader else "worker"}},
-            "spec": {
-                "containers": [_container(plan, nodes, per_node, api_key, image, leader)],
-            },
-        }
-
-    worker_set: dict[str, Any] = {
-        "size": nodes,
-        "leaderTemplate": template(True),
-        "workerTemplate": template(nodes == 1),
-    }
-    return {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "metadata": {
-            "name": plan.name,
-            "annotations": {"kimictl/profile": str(plan.profile), "kimictl/model": plan.model},
-        },
-        "spec": {"replicas": 1, "leaderWorkerTemplate": worker_set},
-    }
+# ---------------------------------------------------------------- YAML
 
 
 def to_yaml(value: Any, indent: int = 0) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.apikeys import read_api_key
+from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError, KimictlError
 from kimictl.runtime.serving.launcher import (
     DEFAULT_PORT,
@@ -70,7 +71,7 @@ class ServeRequest:
     ray: bool = False
     api_key_file: Path | None = None
     insecure: bool = False
-    for_render: bool = False
+    for_render: str | bool = False  # the --render format (slurm | k8s), or False
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Prepared:
     checks: list[Any]  # rules.Check
     notes: list[str] = field(default_factory=list)
     forced: bool = False
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)  # for --render
 
     @property
     def blocking(self) -> list[Any]:
@@ -237,11 +239,22 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         notes.append(f"no GPU found: serving the embedded CPU demo (profile {CPU_DEMO}).")
     profile = _load(name)
     runtime = profile.runtime
-    if runtime == "cpu" and request.for_render:
+    if runtime == "cpu" and request.for_render == "k8s":
         raise InputError(
-            f"profile {profile.name} has runtime 'cpu': "
-            "--render writes GPU cluster launchers only.",
+            f"profile {profile.name} has runtime 'cpu' (kimictl's local CPU build): "
+            "--render k8s writes GPU pods only; --render slurm runs it on a local cluster.",
             hint="render a GPU profile (see `kimictl profiles list`).",
+        )
+    if request.for_render and request.host is not None:
+        raise InputError(
+            f"--render binds the server to 0.0.0.0 on its node (the scheduler's address for "
+            f"it); drop --host {request.host}.",
+        )
+    if request.for_render and (request.node_rank != 0 or request.master_addr is not None):
+        raise InputError(
+            "--render writes every node's rank and rank 0's address from the scheduler "
+            "(Slurm's node list, LWS's leader address); drop --node-rank and --master-addr.",
+            hint="pass only --nnodes N to choose how many nodes the job spans.",
         )
     specs = [(profile, "tuned" if request.ab else None)]
     if request.ab:
@@ -262,7 +275,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             )
     api_key = read_api_key(request.api_key_file)
     host = request.host or profile.spec.host or "127.0.0.1"
-    if not _is_loopback(host) and not api_key and not request.insecure:
+    if not request.for_render and not _is_loopback(host) and not api_key and not request.insecure:
         raise InputError(
             f"--host {host} exposes the server beyond this machine without an API key.",
             hint="pass --api-key-file FILE (or set VLLM_API_KEY), or --insecure to accept it.",
@@ -294,7 +307,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             spec, note = _with_prebuilt(prof, spec, probes, role)
             if note:
                 notes.append(note)
-        found = _gate(spec, prof_runtime, host, [run_port], request.for_render, probes)
+        found = _gate(spec, prof_runtime, host, [run_port], bool(request.for_render), probes)
         checks.extend(found)
         try:
             plan = plan_launch(
@@ -307,7 +320,8 @@ def prepare_serve(request: ServeRequest) -> Prepared:
                 api_key=api_key,
                 role=role,
                 ab_group=ab_group,
-                nnodes=request.nnodes,
+                # A render adds the node flags per scheduler; its plan is the one-node launch.
+                nnodes=1 if request.for_render else request.nnodes,
                 node_rank=request.node_rank,
                 master_addr=request.master_addr,
                 ray=request.ray,
@@ -335,6 +349,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         checks=checks,
         notes=notes,
         forced=request.force,
+        cluster=profile.cluster,
     )
     return prepared
 

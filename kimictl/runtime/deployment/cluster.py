@@ -1,0 +1,108 @@
+"""A profile's `[cluster]` table: what a rendered cluster job needs beyond the vLLM launch line
+(where the weights live, what each pod or node asks for, which Secret holds the API key)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CLUSTER_KEYS",
+    "DEFAULT_SHM",
+    "DEFAULT_WEIGHTS_MOUNT",
+    "ClusterSettings",
+    "check_dns_label",
+    "cluster_settings",
+]
+
+DEFAULT_WEIGHTS_MOUNT = "/models"
+# vLLM's mp backend and NCCL share tensors through /dev/shm; a container's default is 64 MiB.
+DEFAULT_SHM = "16Gi"
+
+# Kubernetes names (k8s.io/apimachinery validation): a DNS-1123 label, which is also a valid
+# DNS-1035 label (what a Service name must be) when it starts with a letter.
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# resource.Quantity: <signed number><suffix>, suffix binary (Ki..Ei), decimal (m, k, M..E) or exp.
+_QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?")
+
+
+def check_dns_label(value: str, *, max_len: int = 63) -> str | None:
+    """None when `value` is a Kubernetes DNS label starting with a letter, else why not."""
+    if len(value) > max_len:
+        return f"{len(value)} characters, at most {max_len}"
+    if not _DNS_LABEL.fullmatch(value):
+        return "lowercase letters, digits and '-', starting with a letter and ending alphanumeric"
+    return None
+
+
+def _subdomain(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise ValueError("a Kubernetes object name (lowercase letters, digits, '-' and '.')")
+    return value
+
+
+def _abs_path(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
+        raise ValueError('an absolute path, e.g. "/shared/models"')
+    return value
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError('a Kubernetes quantity, e.g. "64", "512Gi" or "500m"')
+    text = str(value)
+    if not _QUANTITY.fullmatch(text):
+        raise ValueError('a Kubernetes quantity, e.g. "64", "512Gi" or "500m"')
+    return text
+
+
+CLUSTER_KEYS = {
+    "weights_pvc": _subdomain,
+    "weights_path": _abs_path,
+    "weights_mount": _abs_path,
+    "cpu": _quantity,
+    "memory": _quantity,
+    "shm_size": _quantity,
+    "api_key_secret": _subdomain,
+}
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """`[cluster]`: weights come from a PersistentVolumeClaim (k8s) or a path present on every
+    node (a shared filesystem under Slurm, a hostPath under k8s), mounted at `weights_mount`;
+    the Hugging Face cache (HF_HOME) lives there, so a restart reads, never downloads."""
+
+    weights_pvc: str | None = None
+    weights_path: str | None = None
+    weights_mount: str = DEFAULT_WEIGHTS_MOUNT
+    cpu: str | None = None
+    memory: str | None = None
+    shm_size: str = DEFAULT_SHM
+    api_key_secret: str | None = None  # an existing Secret (key "key") instead of a rendered one
+
+    @property
+    def hf_home(self) -> str | None:
+        if self.weights_pvc or self.weights_path:
+            return f"{self.weights_mount.rstrip('/')}/hf"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "weights_pvc": self.weights_pvc,
+            "weights_path": self.weights_path,
+            "weights_mount": self.weights_mount,
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "shm_size": self.shm_size,
+            "api_key_secret": self.api_key_secret,
+        }
+
+
+def cluster_settings(table: dict[str, Any]) -> ClusterSettings:
+    """ClusterSettings from a checked `[cluster]` table; ValueError when it names two volumes."""
+    if table.get("weights_pvc") and table.get("weights_path"):
+        raise ValueError("one weights volume: weights_pvc or weights_path, not both")
+    return ClusterSettings(**table)

@@ -1,0 +1,238 @@
+"""Two real hosts on one machine: network namespaces joined by a veth pair, one vLLM CPU rank each
+(profile cpu-demo-tp2: the tiny model at TP2, one TP rank per host, gloo over the veth).
+
+vLLM's mp backend through `kimictl serve cpu-demo-tp2 --nnodes 2 --node-rank 0|1 --master-addr
+10.77.0.1`, each host with its own kimictl state folder (two machines share nothing): rank 0
+answers and benches; after stopping rank 1's kimictl, or SIGKILL of rank 1's vLLM, rank 0 never
+answers again: an idle rank 0 keeps /health at 200 until its next collective (vLLM has no
+cross-node heartbeat), that request fails and the deployment goes down; neither host keeps a
+process.
+
+Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise. Runs under the
+shared vLLM lock like every slow test (scripts/check runs it in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.multihost]
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = "cpu-demo-tp2"
+MASTER = "10.77.0.1"
+PORT = 8100
+STARTUP_S = 600  # two ranks on 2 shared cores; alone they are ready in about a minute
+DOWN_S = 120  # a rank's loss reaches the other within the launcher's health polls
+
+
+@dataclass
+class Host:
+    ns: str
+    ifname: str
+    addr: str
+    state: Path
+
+    def cmd(self, *argv: str, env: dict[str, str] | None = None) -> list[str]:
+        extra = {
+            "PYTHONPATH": str(ROOT),
+            "KIMICTL_STATE_DIR": str(self.state),
+            # the namespaces share the machine's host name, which resolves to loopback: tell
+            # gloo which interface the ranks share (a real host's name resolves to its address)
+            "GLOO_SOCKET_IFNAME": self.ifname,
+            **(env or {}),
+        }
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns,
+            "env",
+            *(f"{k}={v}" for k, v in extra.items()),
+            *argv,
+        ]
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+
+def _why_no_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is missing"
+    from kimictl.runtime.serving import cpu_runtime
+
+    if not cpu_runtime.is_installed():
+        return "kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+    why = _why_no_namespaces()
+    if why:
+        pytest.skip(why)
+    tag = f"{os.getpid() % 100000}"
+    a = Host(f"kmh{tag}a", f"kmh{tag}a0", MASTER, tmp_path / "host-a")
+    b = Host(f"kmh{tag}b", f"kmh{tag}b0", "10.77.0.2", tmp_path / "host-b")
+    try:
+        for h in (a, b):
+            _ip("netns", "add", h.ns)
+        _ip("link", "add", a.ifname, "type", "veth", "peer", "name", b.ifname)
+        for h in (a, b):
+            _ip("link", "set", h.ifname, "netns", h.ns)
+            _ip("-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.ifname)
+            _ip("-n", h.ns, "link", "set", "lo", "up")
+            _ip("-n", h.ns, "link", "set", h.ifname, "up")
+            # vLLM finds its own address through the default route
+            _ip("-n", h.ns, "route", "add", "default", "dev", h.ifname)
+    except subprocess.CalledProcessError as exc:
+        for h in (a, b):
+            subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
+        pytest.skip(f"cannot build two network namespaces: {exc.stderr.decode().strip()}")
+    yield a, b
+    for h in (a, b):  # whatever a failed test left in our own namespaces, then the namespaces
+        for pid in h.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
+
+
+def _serve(h: Host, rank: int, log: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "kimictl", "serve", PROFILE, "--nnodes", "2"]
+    argv += ["--node-rank", str(rank), "--master-addr", MASTER, "--timeout", str(STARTUP_S)]
+    with log.open("wb") as out:
+        return subprocess.Popen(h.cmd(*argv), stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if text in log.read_text(errors="replace"):
+            return time.monotonic() - start
+        if proc.poll() is not None:
+            pytest.fail(f"{log.name} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        time.sleep(1.0)
+    pytest.fail(f"no {text!r} in {log.name} after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {timeout} s after its peer went down: {proc.args}")
+
+
+def _completion_status(h: Host) -> int | None:
+    """HTTP status of a one-token completion on rank 0 (None: no answer within 60 s)."""
+    probe = (
+        "import httpx, sys\n"
+        "try:\n"
+        f"    r = httpx.post('http://127.0.0.1:{PORT}/v1/completions', timeout=60, json="
+        "{'model': 'tiny-k2', 'prompt': 'hi', 'max_tokens': 1})\n"
+        "    print(r.status_code)\n"
+        "except httpx.HTTPError:\n"
+        "    print('none')\n"
+    )
+    out = subprocess.run(h.cmd(sys.executable, "-c", probe), capture_output=True, text=True)
+    text = out.stdout.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _vllm_pids(h: Host) -> list[int]:
+    found = []
+    for pid in h.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"/vllm") for part in cmdline) and b"serve" in cmdline:
+            found.append(pid)
+    return found
+
+
+def _start_pair(a: Host, b: Host, tmp_path: Path) -> tuple[subprocess.Popen[bytes], ...]:
+    ra = _serve(a, 0, tmp_path / "rank0.log")
+    rb = _serve(b, 1, tmp_path / "rank1.log")
+    took = _wait_line(tmp_path / "rank0.log", "monitor: kimictl monitor", ra, STARTUP_S)
+    print(f"rank 0 ready (answered a completion) after {took:.1f} s")
+    return ra, rb
+
+
+def test_mp_two_hosts_serve_bench_and_stop_from_the_worker_side(hosts, tmp_path):
+    a, b = hosts
+    ra, rb = _start_pair(a, b, tmp_path)
+    report = tmp_path / "bench.json"
+    bench = subprocess.run(
+        a.cmd(sys.executable, "-m", "kimictl", "bench", "-t", f"http://127.0.0.1:{PORT}",
+              "--num-prompts", "8", "--concurrency", "2", "--input-len", "64",
+              "--output-len", "32", "--json", str(report)),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    (run,) = json.loads(report.read_text())["runs"]
+    keys = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms")
+    print("bench:", {k: run.get(k) for k in (*keys, "median_tpot_ms")})
+    assert (run["completed"], run["failed"]) == (8, 0)
+    # rank 1's host stops its side: the deployment goes down on both hosts
+    rb.send_signal(signal.SIGTERM)
+    assert _wait_exit(rb, DOWN_S) == 0
+    t0 = time.monotonic()
+    try:
+        ra.wait(timeout=30)
+        print(f"rank 0 went down by itself {time.monotonic() - t0:.1f} s after rank 1 stopped")
+    except subprocess.TimeoutExpired:
+        # an idle rank 0 notices a lost peer at its next collective: a request must fail, never
+        # be answered by a deployment missing half its model
+        status = _completion_status(a)
+        print(f"rank 0 still up 30 s after rank 1 stopped; a completion then got {status}")
+        assert status != 200
+    code = _wait_exit(ra, DOWN_S)
+    log0 = (tmp_path / "rank0.log").read_text()
+    assert code != 0 or "stopped" in log0, log0[-2000:]
+    time.sleep(2)
+    assert a.pids() == [] and b.pids() == [], (a.pids(), b.pids())
+
+
+def test_sigkill_of_one_rank_brings_the_deployment_down(hosts, tmp_path):
+    a, b = hosts
+    ra, rb = _start_pair(a, b, tmp_path)
+    (victim,) = _vllm_pids(b)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        ra.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        # vLLM's rank 0 has no heartbeat to remote ranks: idle, it keeps /health at 200 until
+        # its next collective. That request must fail, and then the deployment goes down.
+        status = _completion_status(a)
+        print(f"rank 0 still up 30 s after SIGKILL of rank 1; a completion then got {status}")
+        assert status != 200
+    code_a = _wait_exit(ra, DOWN_S)
+    took = time.monotonic() - t0
+    log0 = (tmp_path / "rank0.log").read_text()
+    print(f"rank 0's kimictl exited {code_a} {took:.1f} s after SIGKILL of rank 1's vLLM")
+    assert code_a == 1, log0[-2000:]  # reported as died, never left ready with a dead peer
+    assert "died" in log0 or "failed" in log0, log0[-2000:]
+    assert _wait_exit(rb, DOWN_S) == 1
+    time.sleep(2)
+    assert a.pids() == [] and b.pids() == [], (a.pids(), b.pids())
