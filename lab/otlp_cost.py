@@ -1,0 +1,163 @@
+"""What exporting one trace span per request costs the vLLM server: paired A/B, export vs none.
+
+Two CPU vLLM servers with the tiny model, identical but for `--otlp-traces-endpoint` (and the
+environment `[metrics] traces = "kimictl"` renders), the traced one sending to a receiver in this
+process (`kimictl monitor`'s OtlpReceiver). Pairs of short blocks of one fixed load
+(`kimictl bench`: C streams x N prompts, fixed input/output lengths, no /metrics scrapes), one
+block on each server, the order alternating pair by pair so the box's drift hits both arms alike.
+Tracing cannot be switched on a running server, so each arm is its own server: the pairs share
+the machine, not the process.
+
+Per block: output tokens/s, TPOT and TTFT medians (client), and the API-server process's CPU
+seconds per request (where vLLM builds and exports the spans). Printed: per-pair ratios traced /
+untraced, their geometric mean with a 95 % t-interval over pairs, and the CPU ms per request of
+each arm.
+
+    python lab/otlp_cost.py [--pairs 8] [--prompts 16] [--concurrency 4] [--output-len 64]
+        [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+FIGURES = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "api_cpu_ms_per_request")
+# t quantiles (two-sided 95 %) by degrees of freedom
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+        10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 29: 2.05}  # fmt: skip
+
+
+def _t95(df: int) -> float:
+    return _T95.get(df) or _T95[max(k for k in _T95 if k <= df)]
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _block(url: str, pid: int, args: argparse.Namespace) -> dict[str, float]:
+    argv = [sys.executable, "-m", "kimictl", "bench", "-t", url, "--input-len", "32",
+            "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
+            "--num-prompts", str(args.prompts), "--warmup", "0", "--no-metrics",
+            "--json", "-"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cpu0 = _cpu_s(pid)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=900, env=env)
+    cpu = _cpu_s(pid) - cpu0
+    (run,) = json.loads(out.stdout)["runs"]
+    return {
+        "output_throughput": run["output_throughput"],
+        "median_tpot_ms": run["median_tpot_ms"],
+        "median_ttft_ms": run["median_ttft_ms"],
+        "api_cpu_ms_per_request": cpu * 1000 / max(1, run["completed"]),
+        "completed": run["completed"],
+    }
+
+
+def _interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the ratios and its 95 % t-interval (on the logs)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), math.nan, math.nan
+    half = _t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--json", type=Path, default=None, help="write the raw blocks here")
+    args = parser.parse_args()
+
+    from conftest import free_port, start_cpu_server_retrying, stop_cpu_server
+
+    from kimictl.runtime.deployment.traces import kimictl_endpoint, tracing_env
+    from kimictl.runtime.observe.otlp import OtlpReceiver
+
+    run_dir = Path(tempfile.mkdtemp(prefix="kimictl-otlp-cost-"))
+    receiver = OtlpReceiver(port=free_port()).start()
+    endpoint = kimictl_endpoint(receiver.port)
+    servers: dict[str, Any] = {}
+    try:
+        port = free_port()
+        servers["traced"] = start_cpu_server_retrying(
+            run_dir / "traced",
+            port=port,
+            max_model_len=768,
+            extra=["--otlp-traces-endpoint", endpoint],
+            env=tracing_env(endpoint, host="127.0.0.1", port=port),
+        )
+        servers["none"] = start_cpu_server_retrying(run_dir / "none", max_model_len=768)
+        blocks: list[dict[str, Any]] = []
+        for i in range(args.pairs):
+            order = ("traced", "none") if i % 2 == 0 else ("none", "traced")
+            pair: dict[str, Any] = {"pair": i, "order": order}
+            for arm in order:
+                s = servers[arm]
+                pair[arm] = _block(s.url, s.process.pid, args)
+            blocks.append(pair)
+            print(f"pair {i}: " + ", ".join(
+                f"{arm} {pair[arm]['output_throughput']:.1f} tok/s "
+                f"TPOT {pair[arm]['median_tpot_ms']:.1f} ms "
+                f"API CPU {pair[arm]['api_cpu_ms_per_request']:.2f} ms/req"
+                for arm in ("traced", "none")), flush=True)  # fmt: skip
+        time.sleep(1.5)  # the last spans
+        spans = receiver.store.received
+    finally:
+        for s in servers.values():
+            stop_cpu_server(s)
+        receiver.close()
+
+    summary: dict[str, Any] = {}
+    for fig in FIGURES:
+        ratios = [b["traced"][fig] / b["none"][fig] for b in blocks if b["none"][fig]]
+        gm, lo, hi = _interval(ratios)
+        summary[fig] = {
+            "ratio": gm,
+            "ci95": [lo, hi],
+            "traced_median": statistics.median(b["traced"][fig] for b in blocks),
+            "none_median": statistics.median(b["none"][fig] for b in blocks),
+        }
+    requests = sum(b["traced"]["completed"] for b in blocks)
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "spans_received": spans,
+        "traced_requests": requests,
+        "summary": summary,
+        "blocks": blocks,
+    }
+    print(f"\n{args.pairs} pairs; spans received {spans} for {requests} traced requests")
+    print(f"{'figure':28} {'traced/none':>11}  95 % interval      traced    none")
+    for fig, s in summary.items():
+        print(f"{fig:28} {s['ratio']:11.3f}  [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]"
+              f"  {s['traced_median']:8.2f} {s['none_median']:7.2f}")  # fmt: skip
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
