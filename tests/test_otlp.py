@@ -354,3 +354,81 @@ def test_once_table_shows_histograms_as_the_source_without_traces(
 def test_bad_traces_port_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["monitor", "--once", "--traces-port", "70000", "http://127.0.0.1:9"]) == 2
     assert "error: --traces-port 70000 is not a TCP port" in capsys.readouterr().err
+
+
+def test_bench_server_view_takes_traced_requests_of_its_point_window() -> None:
+    """`kimictl bench`'s server view of one point: the /metrics pair's window, exact where the
+    target's traced requests finished inside it (and only those)."""
+    from types import SimpleNamespace
+
+    from kimictl.runtime.load.records import RecordList
+    from kimictl.runtime.load.summary import _server_view
+    from kimictl.runtime.observe.snapshot import snapshot_from_text
+
+    fix = Path(__file__).parent / "fixtures" / "metrics"
+    t0 = time.time()
+    old = snapshot_from_text((fix / "load_t0.txt").read_text(), taken_at=t0, monotonic=100.0)
+    new = snapshot_from_text((fix / "load_t2.txt").read_text(), taken_at=t0 + 20, monotonic=120)
+    records = RecordList()
+    records.metrics[("tuned", "c1", 0)] = (old, new)
+    store = TraceStore()
+    store.add(traced([20, 20, 20, 40], at=t0 + 10))
+    store.add(traced([5], at=t0 - 1))  # before the point
+    store.add(traced([5], at=t0 + 21))  # after it
+    target = SimpleNamespace(url="http://127.0.0.1:8000", model=None)
+    view = _server_view(records, ("tuned", "c1", 0), target, store)
+    assert view is not None
+    assert view["sources"]["interactivity_p50"] == "traces"
+    assert view["counts"]["interactivity_p50"] == 4
+    assert view["interactivity_p50"] == pytest.approx(50.0)  # 1 / 20 ms
+    assert view["tokens_per_s"] is not None  # the scrape's, unchanged
+    plain = _server_view(records, ("tuned", "c1", 0), target, None)
+    assert plain is not None and plain["sources"]["interactivity_p50"] == "histograms"
+
+
+def test_profile_traces_kimictl_renders_flag_and_exporter_env(tmp_path: Path) -> None:
+    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.runtime.deployment.vllm_args import parse_vllm_command
+
+    path = tmp_path / "p.toml"
+    path.write_text('[model]\nname = "m"\n[serve]\nport = 8123\n[metrics]\ntraces = "kimictl"\n')
+    spec = load_profile(str(path)).spec
+    argv = spec.to_argv()
+    assert argv[argv.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:14318/v1/traces"
+    env = spec.to_env()
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"  # vLLM's default is grpc
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "service.instance.id=127.0.0.1:8123"
+    # a gRPC collector's address keeps vLLM's own protocol: no OTLP/HTTP settings added
+    grpc = parse_vllm_command("vllm serve m --otlp-traces-endpoint http://c:4317").spec
+    assert grpc.otlp_traces_endpoint == "http://c:4317" and grpc.to_env() == {}
+
+
+def test_bad_traces_setting_exits_2_naming_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[model]\nname = "m"\n[metrics]\ntraces = "grpc"\n')
+    assert main(["profiles", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'error: {path}:4: [metrics] traces = "grpc" is not allowed; it must be')
+
+
+def test_doctor_fails_a_traced_deployment_without_the_otel_packages() -> None:
+    from kimictl.runtime.checks.rules.base import Status
+    from kimictl.runtime.checks.rules.tracing import tracing_check
+    from kimictl.runtime.checks.stack import StackReport
+    from kimictl.runtime.deployment.spec import DeploymentSpec
+
+    spec = DeploymentSpec(model="m", otlp_traces_endpoint="http://127.0.0.1:14318/v1/traces")
+    have = dict.fromkeys(("opentelemetry-sdk", "opentelemetry-api"), "1.45.2")
+    stack = StackReport(
+        "3.11", [], None, "x", tracing={**have, "opentelemetry-exporter-otlp": None}
+    )
+    (check,) = tracing_check(spec, stack)
+    assert check.status is Status.FAIL and "opentelemetry-exporter-otlp" in check.message
+    assert (
+        check.remedy == "pip install opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp"
+    )
+    full = StackReport("3.11", [], None, "x", tracing={**have, "opentelemetry-exporter-otlp": "1"})
+    assert tracing_check(spec, full)[0].status is Status.PASS
+    assert tracing_check(DeploymentSpec(model="m"), stack) == []  # no traces asked: no check

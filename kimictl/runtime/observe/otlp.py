@@ -295,10 +295,11 @@ def apply_traces(
 ) -> WindowStats | None:
     """`stats` (the /metrics window) with its per-request figures replaced by the exact ones of
     the traced requests that finished in the same window, when at least one did. The window is
-    the scrapes' own (ended_at - window_s .. ended_at); without scrapes, the last `window_s`."""
+    the scrapes' own (ended_at - window_s .. ended_at], so a request is counted where the
+    histograms count it; without scrapes, the last `window_s`."""
     end = stats.ended_at if stats is not None else (time.time() if now is None else now)
     span = stats.window_s if stats is not None else window_s
-    requests = store.requests(url=url, name=name, start=end - span)
+    requests = store.requests(url=url, name=name, start=end - span, end=end)
     if not requests:
         return stats
     figures, counts = traced_figures(requests)
