@@ -9,7 +9,6 @@ from typing import Any
 
 import orjson
 
-from kimictl.runtime.deployment.traces import DEFAULT_TRACES_PORT
 from kimictl.runtime.http1 import fetch_text
 from kimictl.runtime.load.ab import compare
 from kimictl.runtime.load.loadgen import run_load
@@ -47,8 +46,8 @@ class BenchConfig(LoadSettings):
     workload: Workload
     scrape_metrics: bool = True  # a bench reports the server's view beside the client's
     # receive traced servers' per-request spans here (observe.otlp): the server's view then has
-    # exact percentiles; None = histograms only. A taken port leaves the histograms too.
-    traces_port: int | None = DEFAULT_TRACES_PORT
+    # exact percentiles; None = histograms only (a monitor may hold the port), as a taken port.
+    traces_port: int | None = None
     slo: SLO | None = None
 
 
