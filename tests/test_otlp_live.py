@@ -6,8 +6,9 @@ renders, sending to a receiver set up as `kimictl monitor` sets it up (OtlpRecei
 EndpointPoller scraping /metrics every second). `vllm bench serve --save-detailed` from the CPU
 runtime is the independent truth: it times every request on the client (TTFT = first chunk -
 send, latency = last chunk - send, TPOT = (latency - TTFT) / (output tokens - 1)). After each
-load the monitor's view covers exactly the benchmark's requests (from just after vLLM's initial
-single-prompt test request, which the saved results leave out, to now).
+load the monitor's view covers exactly the benchmark's requests (from its first finished
+request to now; `--ready-check-timeout-sec 0` leaves out vLLM bench's initial test request,
+which its saved results would not hold).
 
 Tolerances: the request count and the multiset of output-token counts must match EXACTLY (the
 same requests, seen by both sides). Timings differ by delivery: the client's clock starts before
@@ -76,6 +77,7 @@ def vllm_bench(url: str, model_dir: Path, out: Path, load: list[str]) -> dict[st
             "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "32",
             "--random-range-ratio", "0.5", "--num-prompts", str(NUM_PROMPTS), "--ignore-eos",
             "--seed", "7", "--disable-tqdm", "--save-result", "--save-detailed",
+            "--ready-check-timeout-sec", "0",
             "--result-dir", str(out.parent), "--result-filename", out.name, *load]  # fmt: skip
     env = cpu_runtime.server_env(out.parent / "bench-run")
     subprocess.run(argv, env=env, check=True, timeout=900, capture_output=True)
@@ -124,21 +126,22 @@ def test_traced_percentiles_match_the_clients_per_request_timings(tmp_path: Path
                     )
                     time.sleep(2.5)  # the batch processor's 0.5 s delay, and a scrape after it
                     mine = store.requests(url=server.url, name="traced", start=before)
-                    # vLLM's initial single-prompt test finishes before the measured run starts
                     first = min(r.finished_at for r in mine)
                     newest = poller.series.latest
                     assert newest is not None
-                    view = poller.view(newest.taken_at - first - 0.001, interval=1.0)
+                    # the window the monitor would show, from just before the first request ended
+                    view = poller.view(newest.taken_at - first + 0.001, interval=1.0)
                 client = client_figures(result)
                 stats = view.stats
                 assert stats is not None
-                report[label] = {"monitor": stats.to_json(), "client": client}
+                report[label] = {
+                    "monitor": stats.to_json(),
+                    "client": client,
+                    "server_output_tokens": sorted(r.output_tokens or 0 for r in mine),
+                }
                 assert stats.sources["interactivity_p10"] == "traces"
                 assert stats.counts["interactivity_p10"] == client["n"] == NUM_PROMPTS
-                assert (
-                    sorted(r.output_tokens or 0 for r in mine if r.finished_at > first)
-                    == client["output_lens"]
-                )
+                assert report[label]["server_output_tokens"] == client["output_lens"]
                 for p in (10, 50, 90):
                     ours = getattr(stats, f"interactivity_p{p}")
                     theirs = client["interactivity"][p]
