@@ -15,6 +15,14 @@ each arm.
 
     python lab/otlp_cost.py [--pairs 8] [--prompts 16] [--concurrency 4] [--output-len 64]
         [--json FILE]
+
+`--micro N` measures the span itself instead, without a vLLM server: in the CPU runtime's Python
+(the OpenTelemetry SDK and exporter vLLM uses), N spans shaped as vLLM's `llm_request` are
+created and ended as `do_tracing` does (`tracer.start_span` + `set_attributes` + `end`), with the
+batch processor and OTLP/HTTP exporter vLLM configures, sending to this process's receiver; the
+child's CPU time per span (all its threads: creating, batching, encoding, POSTing) is the cost
+one traced request adds to the API server, against the same loop with tracing off (a no-op
+tracer).
 """
 
 from __future__ import annotations
@@ -80,6 +88,74 @@ def _interval(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+_MICRO_CHILD = r"""
+import os, sys, time
+n, endpoint, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.trace import SpanKind
+if mode == "traced":
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "127.0.0.1:1"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    tracer = provider.get_tracer("vllm.llm_engine")
+else:
+    provider, tracer = None, trace.NoOpTracer()
+attrs = {
+    "gen_ai.latency.time_to_first_token": 0.041, "gen_ai.latency.e2e": 0.61,
+    "gen_ai.latency.time_in_queue": 3e-05, "gen_ai.usage.prompt_tokens": 32,
+    "gen_ai.usage.completion_tokens": 48, "gen_ai.latency.time_in_model_prefill": 0.03,
+    "gen_ai.latency.time_in_model_decode": 0.55, "gen_ai.latency.time_in_model_inference": 0.58,
+    "gen_ai.request.id": "cmpl-0123456789abcdef-0", "gen_ai.request.max_tokens": 48,
+    "gen_ai.request.top_p": 1.0, "gen_ai.request.temperature": 1.0, "gen_ai.request.n": 1,
+}
+cpu0, wall0 = time.process_time(), time.monotonic()
+for i in range(n):
+    span = tracer.start_span("llm_request", start_time=time.time_ns() - 610_000_000,
+                             kind=SpanKind.SERVER)
+    span.set_attributes(attrs)
+    span.end()
+    if i % 50 == 49:
+        time.sleep(0.05)  # requests end spread out, as on a server (batches of ~50 spans)
+if provider is not None:
+    provider.shutdown()  # flush: every span exported
+print(time.process_time() - cpu0, time.monotonic() - wall0)
+"""
+
+
+def micro(n: int, repeats: int) -> dict[str, Any]:
+    """CPU seconds per span in the exporting process, traced vs a no-op tracer (see module doc)."""
+    from kimictl.runtime.observe.otlp import OtlpReceiver
+    from kimictl.runtime.serving import cpu_runtime
+
+    py = str(cpu_runtime.python_path())
+    rows: dict[str, list[float]] = {"traced": [], "none": []}
+    with OtlpReceiver(port=0) as receiver:
+        for _ in range(repeats):
+            for mode in ("traced", "none"):
+                out = subprocess.run(
+                    [py, "-c", _MICRO_CHILD, str(n), receiver.url, mode],
+                    capture_output=True, text=True, check=True, timeout=600,
+                )  # fmt: skip
+                cpu_s, _wall = map(float, out.stdout.split())
+                rows[mode].append(cpu_s / n * 1e6)
+        received = receiver.store.received
+    per_span = [t - z for t, z in zip(rows["traced"], rows["none"], strict=True)]
+    mean = statistics.fmean(per_span)
+    half = _t95(len(per_span) - 1) * statistics.stdev(per_span) / math.sqrt(len(per_span))
+    return {
+        "spans_per_run": n,
+        "runs": repeats,
+        "spans_received": received,
+        "cpu_us_per_span_traced": rows["traced"],
+        "cpu_us_per_span_none": rows["none"],
+        "added_cpu_us_per_span": mean,
+        "ci95_us": [mean - half, mean + half],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=8)
@@ -87,7 +163,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--json", type=Path, default=None, help="write the raw blocks here")
+    parser.add_argument("--micro", type=int, default=0, help="N spans per run: span cost only")
+    parser.add_argument("--micro-runs", type=int, default=5)
     args = parser.parse_args()
+    if args.micro:
+        result = micro(args.micro, args.micro_runs)
+        result |= {
+            "command": "python " + " ".join(sys.argv),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        }
+        lo, hi = result["ci95_us"]
+        print(f"{result['added_cpu_us_per_span']:.0f} us of CPU per span [{lo:.0f}, {hi:.0f}] "
+              f"(95 %), {result['spans_received']} spans received")  # fmt: skip
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+        return
 
     from conftest import free_port, start_cpu_server_retrying, stop_cpu_server
 
