@@ -14,7 +14,7 @@ untraced, their geometric mean with a 95 % t-interval over pairs, and the CPU ms
 each arm.
 
     python lab/otlp_cost.py [--pairs 8] [--prompts 16] [--concurrency 4] [--output-len 64]
-        [--json FILE]
+        [--warmup-pairs 1] [--json FILE]
 
 `--micro N` measures the span itself instead, without a vLLM server: in the CPU runtime's Python
 (the OpenTelemetry SDK and exporter vLLM uses), N spans shaped as vLLM's `llm_request` are
@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--warmup-pairs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the raw blocks here")
     parser.add_argument("--micro", type=int, default=0, help="N spans per run: span cost only")
     parser.add_argument("--micro-runs", type=int, default=5)
@@ -199,6 +200,8 @@ def main() -> None:
             env=tracing_env(endpoint, host="127.0.0.1", port=port),
         )
         servers["none"] = start_cpu_server_retrying(run_dir / "none", max_model_len=768)
+        for arm in ("traced", "none") * args.warmup_pairs:  # first blocks run slow: not counted
+            _block(servers[arm].url, servers[arm].process.pid, args)
         blocks: list[dict[str, Any]] = []
         for i in range(args.pairs):
             order = ("traced", "none") if i % 2 == 0 else ("none", "traced")
