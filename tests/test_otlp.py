@@ -426,9 +426,8 @@ def test_doctor_fails_a_traced_deployment_without_the_otel_packages() -> None:
     )
     (check,) = tracing_check(spec, stack)
     assert check.status is Status.FAIL and "opentelemetry-exporter-otlp" in check.message
-    assert (
-        check.remedy == "pip install opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp"
-    )
+    wanted = "pip install opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp"
+    assert check.remedy == wanted
     full = StackReport("3.11", [], None, "x", tracing={**have, "opentelemetry-exporter-otlp": "1"})
     assert tracing_check(spec, full)[0].status is Status.PASS
     assert tracing_check(DeploymentSpec(model="m"), stack) == []  # no traces asked: no check
