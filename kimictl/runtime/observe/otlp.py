@@ -17,12 +17,12 @@ not interpolated inside buckets. Each figure says its source and how many reques
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import math
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -198,43 +198,53 @@ def server_key_matches(key: str, *, url: str, name: str) -> bool:
 
 @dataclass
 class TraceStore:
-    """Finished requests from every sender, newest last; thread-safe (the receiver's threads add,
-    the monitor reads). Keeps `keep_s` seconds by finish time."""
+    """Finished requests from every sender, per server key and in finish order; thread-safe (the
+    receiver's threads add, the monitor reads). Keeps `keep_s` seconds by finish time. A window
+    is two bisections, however many requests a busy server sends."""
 
     keep_s: float = 330.0
-    _requests: deque[TracedRequest] = field(default_factory=deque)
+    _by_server: dict[str, list[TracedRequest]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     received: int = 0  # spans taken, all senders, since the start
     rejected: int = 0  # bodies refused (undecodable, too large, wrong type)
-    servers: set[str] = field(default_factory=set)
+
+    @property
+    def servers(self) -> set[str]:
+        with self._lock:
+            return set(self._by_server)
 
     def add(self, requests: Sequence[TracedRequest], *, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+        horizon = (time.time() if now is None else now) - self.keep_s
         with self._lock:
-            self._requests.extend(requests)
             self.received += len(requests)
-            self.servers.update(r.server for r in requests)
-            while self._requests and self._requests[0].finished_at < now - self.keep_s:
-                self._requests.popleft()
+            for r in requests:
+                kept = self._by_server.setdefault(r.server, [])
+                if not kept or kept[-1].finished_at <= r.finished_at:
+                    kept.append(r)  # the usual case: batches arrive in finish order
+                else:
+                    bisect.insort(kept, r, key=_finished)
+            for kept in self._by_server.values():
+                old = bisect.bisect_left(kept, horizon, key=_finished)
+                if old:
+                    del kept[:old]
 
     def requests(
         self, *, url: str, name: str, start: float, end: float | None = None
     ) -> list[TracedRequest]:
         """The endpoint's requests that finished after `start` (and at or before `end`)."""
+        out: list[TracedRequest] = []
         with self._lock:
-            snapshot = list(self._requests)
-        return [
-            r
-            for r in snapshot
-            if r.finished_at > start
-            and (end is None or r.finished_at <= end)
-            and server_key_matches(r.server, url=url, name=name)
-        ]
+            for key, kept in self._by_server.items():
+                if not server_key_matches(key, url=url, name=name):
+                    continue
+                lo = bisect.bisect_right(kept, start, key=_finished)
+                hi = len(kept) if end is None else bisect.bisect_right(kept, end, key=_finished)
+                out.extend(kept[lo:hi])
+        return out
 
-    def has_sent(self, *, url: str, name: str) -> bool:
-        with self._lock:
-            keys = list(self.servers)
-        return any(server_key_matches(k, url=url, name=name) for k in keys)
+
+def _finished(r: TracedRequest) -> float:
+    return r.finished_at
 
 
 # --- figures -------------------------------------------------------------------------------------
