@@ -262,7 +262,7 @@ def test_exact_percentiles_replace_the_histogram_figures_with_their_count() -> N
     assert out.ttft_p50_ms == pytest.approx(105.0) and out.queue_p90_ms == pytest.approx(9.0)
     assert out.tokens_per_s == 42.0  # not a per-request figure: the scrape's
     assert out.sources["interactivity_p10"] == "traces" and out.counts["interactivity_p10"] == 11
-    assert out.requests_finished == 11
+    assert out.requests_finished is None  # a counter figure: /metrics says it, not the spans
     assert "interactivity_p10" not in out.unresolved  # exact now, no bound to show
 
 

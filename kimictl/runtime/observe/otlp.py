@@ -259,7 +259,9 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def traced_figures(requests: Sequence[TracedRequest]) -> tuple[dict[str, float | None], dict]:
+def traced_figures(
+    requests: Sequence[TracedRequest],
+) -> tuple[dict[str, float | None], dict[str, int]]:
     """The per-request figures (window.HISTOGRAM_FIGURES keys) over `requests`, exactly, and the
     number of requests behind each."""
     tpots = [t for t in (r.tpot_s for r in requests) if t is not None]
@@ -320,7 +322,6 @@ def apply_traces(
     return replace(
         stats,
         **figures,  # type: ignore[arg-type]
-        requests_finished=float(len(requests)),
         sources=sources,
         counts=dict(stats.counts) | counts,
         unresolved=unresolved,
