@@ -469,3 +469,38 @@ def test_store_keeps_finish_order_and_forgets_what_left_every_window() -> None:
     kept = store.requests(url="http://127.0.0.1:8000", name="a", start=0)
     assert [r.finished_at for r in kept] == [now + 59]
     assert store.received == 3
+
+
+async def test_screen_shows_the_source_row_and_the_receiver_line() -> None:
+    from test_monitor import ReplayServer, captures, continued, no_gpus, rendered, wait_for
+
+    from kimictl.runtime.observe.poller import EndpointPoller
+    from kimictl.tui.app import MonitorApp
+    from kimictl.tui.widgets import FiguresTable, StatusLine
+
+    scrape = ReplayServer(continued(captures(), 200))
+    scrape.start()
+    store = TraceStore()
+    instance = f"127.0.0.1:{scrape.port}"
+    # finished after the first scrape: inside the scrapes' window from the next ones on
+    store.add(traced([25, 25, 25], server=instance, at=time.time() + 0.5))
+    # the same server twice: through the receiver, and not (a monitor started with --no-traces)
+    pollers = [
+        EndpointPoller("traced", scrape.url, traces=store),
+        EndpointPoller("scraped", scrape.url),
+    ]
+    status = {"listening": True, "url": "http://127.0.0.1:14318/v1/traces", "spans": 3}
+    status |= {"rejected": 0, "servers": [instance], "reason": None}
+    app = MonitorApp(pollers, interval=0.1, gpu_sampler=no_gpus, traces_status=lambda: status)
+    try:
+        async with app.run_test(size=(120, 60)) as pilot:
+            table = app.query_one(FiguresTable)
+            await wait_for(
+                pilot, lambda: "traces (3)" in rendered(table) and "histograms (" in rendered(table)
+            )
+            row = next(ln for ln in rendered(table).splitlines() if "per-request source" in ln)
+            assert row.count("traces (3)") == 1 and "histograms (" in row
+            line = rendered(app.query_one(StatusLine)).splitlines()[-1]
+            assert line == f"traces: http://127.0.0.1:14318/v1/traces · 3 spans from {instance}"
+    finally:
+        scrape.stop()

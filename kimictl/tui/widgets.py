@@ -147,7 +147,11 @@ class FiguresTable(_Lines):
         if show_ratio:
             assert ab is not None
             heads.append((f"{ab[0]}/{ab[1]}", "bold"))
-        col_w = max(12, *(len(h) + 2 for h, _ in heads))
+        sources = [
+            source_cell(v.stats.sources, v.stats.counts) if v.stats is not None else "-"
+            for v in views
+        ]
+        col_w = max(12, *(len(h) + 2 for h, _ in heads), *(len(c) + 2 for c in sources))
         lines = [
             Text.assemble(
                 (f"window {window_label}".ljust(label_w), "bold"),
@@ -172,10 +176,7 @@ class FiguresTable(_Lines):
                 parts.append((cell.rjust(col_w), style))
             lines.append(Text.assemble(*parts))
         parts = [(SOURCE_LABEL.ljust(label_w), "dim")]
-        for v in views:
-            stats = v.stats
-            cell = source_cell(stats.sources, stats.counts) if stats is not None else "-"
-            parts.append((cell.rjust(col_w), "dim"))
+        parts.extend((cell.rjust(col_w), "dim") for cell in sources)
         lines.append(Text.assemble(*parts))
         self.feed(Text("\n").join(lines), len(lines))
 
