@@ -90,7 +90,7 @@ def _interval(ratios: list[float]) -> tuple[float, float, float]:
 
 _MICRO_CHILD = r"""
 import os, sys, time
-n, endpoint, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+n, endpoint, mode, rate = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -117,16 +117,19 @@ for i in range(n):
                              kind=SpanKind.SERVER)
     span.set_attributes(attrs)
     span.end()
-    if i % 50 == 49:
-        time.sleep(0.05)  # requests end spread out, as on a server (batches of ~50 spans)
+    if rate:
+        time.sleep(1 / rate)  # requests ending at `rate` a second: batches of rate / 2 spans
+    elif i % 50 == 49:
+        time.sleep(0.05)  # bursts: batches of up to 512 spans
 if provider is not None:
     provider.shutdown()  # flush: every span exported
 print(time.process_time() - cpu0, time.monotonic() - wall0)
 """
 
 
-def micro(n: int, repeats: int) -> dict[str, Any]:
+def micro(n: int, repeats: int, rate: float) -> dict[str, Any]:
     """CPU seconds per span in the exporting process, traced vs a no-op tracer (see module doc)."""
+    from kimictl.runtime.deployment.traces import tracing_env
     from kimictl.runtime.observe.otlp import OtlpReceiver
     from kimictl.runtime.serving import cpu_runtime
 
@@ -136,8 +139,10 @@ def micro(n: int, repeats: int) -> dict[str, Any]:
         for _ in range(repeats):
             for mode in ("traced", "none"):
                 out = subprocess.run(
-                    [py, "-c", _MICRO_CHILD, str(n), receiver.url, mode],
-                    capture_output=True, text=True, check=True, timeout=600,
+                    [py, "-c", _MICRO_CHILD, str(n), receiver.url, mode, str(rate)],
+                    capture_output=True, text=True, check=True, timeout=900,
+                    # the batch delay `[metrics] traces` sets (deployment.traces)
+                    env={**os.environ, **tracing_env(receiver.url, host="127.0.0.1", port=1)},
                 )  # fmt: skip
                 cpu_s, _wall = map(float, out.stdout.split())
                 rows[mode].append(cpu_s / n * 1e6)
@@ -147,6 +152,7 @@ def micro(n: int, repeats: int) -> dict[str, Any]:
     half = _t95(len(per_span) - 1) * statistics.stdev(per_span) / math.sqrt(len(per_span))
     return {
         "spans_per_run": n,
+        "spans_per_s": rate or None,
         "runs": repeats,
         "spans_received": received,
         "cpu_us_per_span_traced": rows["traced"],
@@ -166,9 +172,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the raw blocks here")
     parser.add_argument("--micro", type=int, default=0, help="N spans per run: span cost only")
     parser.add_argument("--micro-runs", type=int, default=5)
+    parser.add_argument("--micro-rate", type=float, default=0, help="spans/s (0: bursts)")
     args = parser.parse_args()
     if args.micro:
-        result = micro(args.micro, args.micro_runs)
+        result = micro(args.micro, args.micro_runs, args.micro_rate)
         result |= {
             "command": "python " + " ".join(sys.argv),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
