@@ -209,6 +209,13 @@ def bench(
     no_metrics: Annotated[
         bool, typer.Option("--no-metrics", help="Do not scrape /metrics.")
     ] = False,
+    traces_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Receive the targets' trace spans on 127.0.0.1:PORT for exact server-side "
+            "percentiles (servers sending there: [metrics] traces); default: histograms only."
+        ),
+    ] = None,
     interleave: Annotated[
         bool, typer.Option(help="A/B: load all targets at once per point instead of in turn.")
     ] = False,
@@ -246,6 +253,8 @@ def bench(
             raise InputError(f"{flag} {value} must be >= 1")
     if warmup < 0:
         raise InputError(f"--warmup {warmup} must be >= 0")
+    if traces_port is not None and not 0 < traces_port < 65536:
+        raise InputError(f"--traces-port {traces_port} is not a TCP port; allowed: 1-65535.")
     if duration is not None and duration <= 0:
         raise InputError(f"--duration {duration} must be > 0 seconds")
     if timeout <= 0:
@@ -275,6 +284,7 @@ def bench(
         chat=endpoint == "chat",
         ignore_eos=ignore_eos,
         scrape_metrics=not no_metrics,
+        traces_port=traces_port,
         interleave=interleave,
         slo=slo_obj,
     )

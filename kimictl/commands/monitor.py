@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.runtime.deployment.traces import DEFAULT_TRACES_PORT
 from kimictl.runtime.errors import InputError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def _render_table(doc: dict[str, Any]) -> None:
 
     from kimictl.commands._output import console
     from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, format_window
-    from kimictl.tui.rows import ROWS, fmt_cell, fmt_ratio
+    from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell, traces_line
 
     endpoints = doc["endpoints"]
     ab = doc.get("ab")
@@ -67,7 +68,12 @@ def _render_table(doc: dict[str, Any]) -> None:
                 cell = f"[{'green' if better else 'red'}]{cell}[/]"
             cells.append(cell)
         table.add_row(row.label, *cells)
+    sources = [source_cell(ep.get("sources"), ep.get("counts")) for ep in endpoints.values()]
+    table.add_row(SOURCE_LABEL, *sources, *([""] if ab else []))
     console.print(table)
+    line = traces_line(doc.get("traces"))
+    if line:
+        console.print(f"[dim]{line}[/dim]")
     for name, ep in endpoints.items():
         if ep["reason"]:
             console.print(f"[red]{name}[/]: {ep['reason']}")
@@ -100,7 +106,13 @@ def _line(doc: dict[str, Any]) -> str:
         parts.append(
             f"{name} {tps:.1f} tok/s, interactivity p10 "
             + ("-" if p10 is None else f"{p10:.1f}")
-            + f" tok/s/user, running {ep.get('running') or 0:.0f}"
+            + " tok/s/user"
+            + (
+                f" (traces, {ep['counts'].get('interactivity_p10', 0)} requests)"
+                if (ep.get("sources") or {}).get("interactivity_p10") == "traces"
+                else ""
+            )
+            + f", running {ep.get('running') or 0:.0f}"
             + f", waiting {ep.get('waiting') or 0:.0f}"
             + (f" (slow scrapes: every {ep['paced_s']:.0f} s)" if ep.get("paced_s") else "")
         )
@@ -144,6 +156,19 @@ def monitor(
         float | None,
         typer.Option(help="SLO line on the interactivity chart (tokens/s/user, p10)."),
     ] = None,
+    traces_port: Annotated[
+        int,
+        typer.Option(
+            help="Receive vLLM's per-request trace spans (OTLP/HTTP) on 127.0.0.1:PORT; "
+            'servers send them with a profile\'s [metrics] traces = "kimictl".'
+        ),
+    ] = DEFAULT_TRACES_PORT,
+    traces: Annotated[
+        bool,
+        typer.Option(
+            "--traces/--no-traces", help="Exact figures from traced requests (histograms else)."
+        ),
+    ] = True,
 ) -> None:
     import asyncio
 
@@ -159,63 +184,83 @@ def monitor(
         raise InputError(f"--duration {duration:g} must be a finite number of seconds > 0.")
     if json_out and not (once or no_tui):
         raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
+    if not 0 <= traces_port < 65536:
+        raise InputError(f"--traces-port {traces_port} is not a TCP port; allowed: 0-65535.")
     if record is not None:
         metrics.check_record_target(record)
     resolved = _targets(targets or [])
     keep_s = max(330.0, window_s * 1.1 + 2 * interval)  # history long enough for the window
+    receiver = None
+    if traces:
+        from kimictl.runtime.observe.otlp import OtlpReceiver, TraceStore
+
+        receiver = OtlpReceiver(port=traces_port, store=TraceStore(keep_s=keep_s))
+        receiver.try_start()
     pollers = [
-        metrics.EndpointPoller(t.name, t.url, t.model, series=metrics.MetricsSeries(keep_s=keep_s))
+        metrics.EndpointPoller(
+            t.name,
+            t.url,
+            t.model,
+            series=metrics.MetricsSeries(keep_s=keep_s),
+            traces=receiver.store if receiver is not None else None,
+        )
         for t in resolved
     ]
+    traces_status = receiver.status if receiver is not None else None
+    try:
+        if once or no_tui:
+            from kimictl.runtime.observe.gpu_telemetry import sample_gpus
 
-    if once or no_tui:
-        from kimictl.runtime.observe.gpu_telemetry import sample_gpus
+            def on_tick(doc: dict[str, Any]) -> None:
+                if record is not None:
+                    metrics.append_jsonl(record, doc)
+                if no_tui and not once:
+                    if json_out:
+                        import orjson
 
-        def on_tick(doc: dict[str, Any]) -> None:
-            if record is not None:
-                metrics.append_jsonl(record, doc)
-            if no_tui and not once:
-                if json_out:
-                    import orjson
+                        typer.echo(orjson.dumps(doc).decode())
+                    else:
+                        typer.echo(_line(doc))
 
-                    typer.echo(orjson.dumps(doc).decode())
-                else:
-                    typer.echo(_line(doc))
-
-        # --once: until the scrapes span one window (give up a little after it)
-        run_for = window_s + max(5.0, 3 * interval) if once else duration
-        try:
-            doc = asyncio.run(
-                metrics.watch(
-                    pollers,
-                    interval=interval,
-                    window_s=window_s,
-                    duration_s=run_for,
-                    on_tick=on_tick,
-                    gpu_sampler=sample_gpus,
-                    full_window=once,
+            # --once: until the scrapes span one window (give up a little after it)
+            run_for = window_s + max(5.0, 3 * interval) if once else duration
+            try:
+                doc = asyncio.run(
+                    metrics.watch(
+                        pollers,
+                        interval=interval,
+                        window_s=window_s,
+                        duration_s=run_for,
+                        on_tick=on_tick,
+                        gpu_sampler=sample_gpus,
+                        full_window=once,
+                        traces_status=traces_status,
+                    )
                 )
-            )
-        except KeyboardInterrupt:
+            except KeyboardInterrupt:
+                return
+            if once:
+                silent = metrics.none_answered(pollers)
+                if json_out:
+                    from kimictl.commands._output import emit_json
+
+                    emit_json(doc)
+                elif silent is None:  # a table of dashes says nothing the error does not
+                    _render_table(doc)
+                if silent is not None:
+                    raise silent
             return
-        if once:
-            silent = metrics.none_answered(pollers)
-            if json_out:
-                from kimictl.commands._output import emit_json
 
-                emit_json(doc)
-            elif silent is None:  # a table of dashes says nothing the error does not
-                _render_table(doc)
-            if silent is not None:
-                raise silent
-        return
+        from kimictl.tui.app import MonitorApp
 
-    from kimictl.tui.app import MonitorApp
-
-    MonitorApp(
-        pollers,
-        interval=interval,
-        window_s=window_s,
-        slo_interactivity=slo_interactivity,
-        record=record,
-    ).run()
+        MonitorApp(
+            pollers,
+            interval=interval,
+            window_s=window_s,
+            slo_interactivity=slo_interactivity,
+            record=record,
+            traces_status=traces_status,
+        ).run()
+    finally:
+        if receiver is not None:
+            receiver.close()

@@ -100,6 +100,13 @@ def serve(
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness (> 0).")] = 900.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    traces: Annotated[
+        str | None,
+        typer.Option(
+            help="Send one trace span per finished request: kimictl (to `kimictl monitor` on "
+            "this host), off, or an OTLP/HTTP URL; default: the profile's [metrics] traces."
+        ),
+    ] = None,
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
@@ -130,6 +137,7 @@ def serve(
         api_key_file=api_key_file,
         insecure=insecure,
         for_render=render or False,
+        traces=traces,
     )
     prepared = workflow.prepare_serve(request)
     if render is not None:

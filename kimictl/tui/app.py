@@ -8,6 +8,7 @@ widgets. A failed scrape marks the endpoint DOWN (reason, backoff) and keeps its
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from kimictl.runtime.observe.metrics import (
     poll_all,
 )
 from kimictl.runtime.outputs import atomic_write
+from kimictl.tui.rows import traces_line
 from kimictl.tui.widgets import (
     SERIES_STYLES,
     ChartsPanel,
@@ -108,6 +110,7 @@ class MonitorApp(App[None]):
         record: Path | None = None,
         export_dir: Path | None = None,
         gpu_sampler: Any = sample_gpus,
+        traces_status: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.pollers = pollers
@@ -117,6 +120,7 @@ class MonitorApp(App[None]):
         self.record = record
         self.export_dir = export_dir or Path.cwd()
         self.gpu_sampler = gpu_sampler
+        self.traces_status = traces_status
         self.paused = False
         self.ab = ab_pair_of([p.name for p in pollers])
         self.views: list[EndpointView] = []
@@ -205,7 +209,8 @@ class MonitorApp(App[None]):
             status = None
         if status is None:
             return
-        status.show(views, self.slo)
+        traces = self.traces_status() if self.traces_status is not None else None
+        status.show(views, self.slo, traces_line(traces))
         ratios = None
         if self.ab is not None:
             by = {v.name: v for v in views}
@@ -240,6 +245,7 @@ class MonitorApp(App[None]):
             window_s=self.window_s,
             ab=self.ab,
             gpus=self.gpus.to_json() if self.gpus is not None else None,
+            traces=self.traces_status() if self.traces_status is not None else None,
         )
 
     # ---- keys

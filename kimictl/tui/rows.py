@@ -9,7 +9,16 @@ from typing import Any
 
 from kimictl.runtime.observe.resolution import describe
 
-__all__ = ["ROWS", "Row", "fmt", "fmt_cell", "fmt_ratio"]
+__all__ = [
+    "ROWS",
+    "SOURCE_LABEL",
+    "Row",
+    "fmt",
+    "fmt_cell",
+    "fmt_ratio",
+    "source_cell",
+    "traces_line",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +64,27 @@ def fmt_cell(row: Row, value: float | None, unresolved: Mapping[str, Any]) -> st
 
 def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+SOURCE_LABEL = "per-request source (n)"
+
+
+def source_cell(sources: Mapping[str, str] | None, counts: Mapping[str, int] | None) -> str:
+    """Where the interactivity/TTFT figures come from and how many requests are behind them:
+    'traces (42)' (exact, observe.otlp) or 'histograms (40)' (bucket interpolation)."""
+    for key in ("interactivity_p10", "ttft_p50_ms"):
+        source = (sources or {}).get(key)
+        if source:
+            return f"{source} ({(counts or {}).get(key, 0)})"
+    return "-"
+
+
+def traces_line(status: Mapping[str, Any] | None) -> str | None:
+    """One line on the trace receiver: where it listens and what it took, or why it does not."""
+    if status is None:
+        return None
+    if not status.get("listening"):
+        return f"traces: not received ({status.get('reason') or 'off'}); figures from histograms"
+    servers = ", ".join(status.get("servers") or ()) or "none yet"
+    rejected = f", {status['rejected']} bodies refused" if status.get("rejected") else ""
+    return f"traces: {status['url']} · {status['spans']} spans from {servers}{rejected}"

@@ -15,7 +15,7 @@ from textual.widget import Widget
 
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
 from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
-from kimictl.tui.rows import ROWS, fmt_cell, fmt_ratio
+from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell
 
 __all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]
 
@@ -114,11 +114,15 @@ class _Lines(Widget):
 class StatusLine(_Lines):
     """UP/DOWN lines, one per endpoint."""
 
-    def show(self, views: Sequence[EndpointView], slo: float | None = None) -> None:
-        lines = Text("\n").join(
+    def show(
+        self, views: Sequence[EndpointView], slo: float | None = None, traces: str | None = None
+    ) -> None:
+        texts = [
             status_text(v, SERIES_STYLES[i % len(SERIES_STYLES)], slo) for i, v in enumerate(views)
-        )
-        self.feed(lines, len(views))
+        ]
+        if traces:
+            texts.append(Text(traces, style="dim"))
+        self.feed(Text("\n").join(texts), len(texts))
 
 
 class FiguresTable(_Lines):
@@ -143,7 +147,11 @@ class FiguresTable(_Lines):
         if show_ratio:
             assert ab is not None
             heads.append((f"{ab[0]}/{ab[1]}", "bold"))
-        col_w = max(12, *(len(h) + 2 for h, _ in heads))
+        sources = [
+            source_cell(v.stats.sources, v.stats.counts) if v.stats is not None else "-"
+            for v in views
+        ]
+        col_w = max(12, *(len(h) + 2 for h, _ in heads), *(len(c) + 2 for c in sources))
         lines = [
             Text.assemble(
                 (f"window {window_label}".ljust(label_w), "bold"),
@@ -167,6 +175,9 @@ class FiguresTable(_Lines):
                 cell = fmt_ratio(ratio) if row.key in HIGHER_IS_BETTER else ""
                 parts.append((cell.rjust(col_w), style))
             lines.append(Text.assemble(*parts))
+        parts = [(SOURCE_LABEL.ljust(label_w), "dim")]
+        parts.extend((cell.rjust(col_w), "dim") for cell in sources)
+        lines.append(Text.assemble(*parts))
         self.feed(Text("\n").join(lines), len(lines))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kimictl.runtime.checks.hardware._types import Unavailable
+from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 
 __all__ = [
     "PINNED",
@@ -147,6 +148,9 @@ class StackReport:
     vllm_location: str | None
     specialized_decode: str | Unavailable  # the directory found, or why not
     notes: list[str] = field(default_factory=list)
+    # the OpenTelemetry packages vLLM exports trace spans with (deployment.traces.OTEL_PACKAGES):
+    # name -> installed version or None; {} when not probed (an older snapshot)
+    tracing: dict[str, str | None] = field(default_factory=dict)
 
     def package(self, name: str) -> PackageCheck | None:
         return next((p for p in self.packages if p.name == name), None)
@@ -166,6 +170,7 @@ class StackReport:
             "vllm_location": self.vllm_location,
             "specialized_decode": {"unavailable": sd.reason} if isinstance(sd, Unavailable) else sd,
             "notes": list(self.notes),
+            "tracing": dict(self.tracing),
         }
 
     @classmethod
@@ -179,6 +184,7 @@ class StackReport:
             if isinstance(sd, dict)
             else str(sd),
             notes=list(raw.get("notes", [])),
+            tracing=dict(raw.get("tracing") or {}),
         )
 
 
@@ -241,4 +247,5 @@ def probe_stack() -> StackReport:
         vllm_location=location,
         specialized_decode=sd,
         notes=notes,
+        tracing={name: _installed(name) for name in OTEL_PACKAGES},
     )

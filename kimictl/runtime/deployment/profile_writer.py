@@ -11,7 +11,7 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from kimictl.runtime.deployment import buckets, k3
+from kimictl.runtime.deployment import buckets, k3, traces
 from kimictl.runtime.deployment.profiles import (
     _ADDITIONAL_KEYS,
     _COMPILE_KEYS,
@@ -140,18 +140,19 @@ def profile_from_spec(
             ("extra_args", list(spec.extra_args) or None),
         ],
     )
-    if spec.custom_histogram_buckets:
-        hb = dict(spec.custom_histogram_buckets)
-        derived = buckets.range_of(hb.get(buckets.FAMILY, []))
-        if derived is not None:
-            del hb[buckets.FAMILY]
-        section(
-            "metrics",
-            [
-                ("interactivity_range", [_whole_if(v) for v in derived] if derived else None),
-                ("custom_histogram_buckets", hb or None),
-            ],
-        )
+    hb = dict(spec.custom_histogram_buckets or {})
+    derived = buckets.range_of(hb.get(buckets.FAMILY, []))
+    if derived is not None:
+        del hb[buckets.FAMILY]
+    endpoint = spec.otlp_traces_endpoint
+    section(
+        "metrics",
+        [
+            ("interactivity_range", [_whole_if(v) for v in derived] if derived else None),
+            ("custom_histogram_buckets", hb or None),
+            ("traces", traces.KIMICTL if endpoint == traces.kimictl_endpoint() else endpoint),
+        ],
+    )
     if spec.env:
         env = tomlkit.table()
         for key, value in spec.env.items():

@@ -43,7 +43,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from kimictl.runtime.deployment import buckets
+from kimictl.runtime.deployment import buckets, traces
 from kimictl.runtime.deployment.cluster import CLUSTER_KEYS, ClusterSettings, cluster_settings
 from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
@@ -176,7 +176,7 @@ _FIELD_OF: dict[str, dict[str, str]] = {
         **_json_keys("additional_config"),
         **_same("extra_args"),
     },
-    "metrics": {},  # profile-only keys below, both landing in custom_histogram_buckets
+    "metrics": {},  # profile-only keys below: histogram buckets and the traces endpoint
 }
 # inline tables whose keys land in a JSON config: the keys kimictl knows are checked there too
 _JSON_TABLES: dict[tuple[str, str], str] = {
@@ -197,6 +197,7 @@ _PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
     "metrics": {
         "interactivity_range": _speed_range,
         "custom_histogram_buckets": buckets.check_buckets,
+        "traces": traces.check_traces,
     },
 }
 
@@ -472,6 +473,7 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
         "port": serve.get("port"),
         "env": env,
         "extra_args": serve.get("extra_args", []),
+        "otlp_traces_endpoint": traces.resolve_traces(metrics.get("traces")),
         "custom_histogram_buckets": histogram_buckets or None,
     }
     return DeploymentSpec(**values)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimictl.runtime.apikeys import redact_env
-from kimictl.runtime.deployment import buckets, k3
+from kimictl.runtime.deployment import buckets, k3, traces
 from kimictl.runtime.errors import InputError
 
 # The switch of kimictl's vLLM plugin (kimictl.kernels.vllm.plugin), rendered by profiles from
@@ -110,6 +110,8 @@ class DeploymentSpec:
     distributed_executor_backend: str | None = None
     # --custom-histogram-buckets: family -> seconds bounds (deployment.buckets derives them)
     custom_histogram_buckets: dict[str, list[float]] | None = None
+    # --otlp-traces-endpoint: where vLLM sends one span per finished request (deployment.traces)
+    otlp_traces_endpoint: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
 
@@ -193,16 +195,23 @@ class DeploymentSpec:
             argv += ["--additional-config", dump_json(self.additional_config)]
         if self.custom_histogram_buckets:
             argv += buckets.flag_for(self.custom_histogram_buckets)
+        if self.otlp_traces_endpoint is not None:
+            argv += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
         argv += list(self.extra_args)
         return argv
 
     def to_env(self) -> dict[str, str]:
-        """Environment variables to add to the launch environment."""
-        return dict(self.env)
+        """Environment variables to add to the launch environment: with an OTLP/HTTP traces URL
+        (path /v1/traces), the span exporter's settings too; what `env` sets wins."""
+        if not traces.is_otlp_http(self.otlp_traces_endpoint):
+            return dict(self.env)
+        assert self.otlp_traces_endpoint is not None
+        env = traces.tracing_env(self.otlp_traces_endpoint, host=self.host, port=self.port)
+        return env | self.env
 
     def to_command(self, *, executable: str = "vllm", redact: bool = True) -> str:
         """One shell line `VAR=value ... vllm serve MODEL ...`; secrets redacted unless told."""
-        env = redact_env(self.env) if redact else self.env
+        env = redact_env(self.to_env()) if redact else self.to_env()
         words = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
         words += [shlex.quote(a) for a in self.to_argv(executable)]
         return " ".join(words)

@@ -75,6 +75,7 @@ _register("distributed_executor_backend", "str", "--distributed-executor-backend
 _register("compilation_config", "sizes", "--cudagraph-capture-sizes")
 _register("env", "apikey", "--api-key")
 _register("custom_histogram_buckets", "json", "--custom-histogram-buckets")
+_register("otlp_traces_endpoint", "str", "--otlp-traces-endpoint")
 
 # vLLM flags kimictl knows but does not model: kept in extra_args, not reported as unrecognised.
 # value = number of values the flag takes (0 = switch).

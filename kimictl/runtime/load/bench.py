@@ -34,6 +34,9 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # The whole bench: what `kimictl bench` calls
 
+# vLLM's batch span processor sends every 0.5 s as kimictl configures it (deployment.traces)
+SPAN_DELIVERY_S = 1.5
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig(LoadSettings):
@@ -42,6 +45,9 @@ class BenchConfig(LoadSettings):
     targets: tuple[LoadTarget, ...]
     workload: Workload
     scrape_metrics: bool = True  # a bench reports the server's view beside the client's
+    # receive traced servers' per-request spans here (observe.otlp): the server's view then has
+    # exact percentiles; None = histograms only (a monitor may hold the port), as a taken port.
+    traces_port: int | None = None
     slo: SLO | None = None
     primary: str = HEADLINE  # the A/B metric tested alone, whose row carries the verdict
 
@@ -104,14 +110,26 @@ async def run_bench(
     on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
 ) -> BenchOutcome:
     """Run the load, summarize every (target, point, repeat), compare the first two targets."""
-    records = await run_load(
-        cfg.targets,
-        cfg.workload,
-        cfg,
-        stop=stop,
-        on_record=on_record,
-        on_point=on_point,
-    )
+    receiver = None
+    if cfg.scrape_metrics and cfg.traces_port is not None:
+        from kimictl.runtime.observe.otlp import OtlpReceiver
+
+        receiver = OtlpReceiver(port=cfg.traces_port)
+        receiver.try_start()
+    try:
+        records = await run_load(
+            cfg.targets,
+            cfg.workload,
+            cfg,
+            stop=stop,
+            on_record=on_record,
+            on_point=on_point,
+        )
+        if receiver is not None and receiver.store.received:
+            await asyncio.sleep(SPAN_DELIVERY_S)  # the last requests' spans are on their way
+    finally:
+        if receiver is not None:
+            receiver.close()
     summaries = summarize_run(
         records,
         targets={t.name: t for t in cfg.targets},
@@ -121,6 +139,7 @@ async def run_bench(
         endpoint_type="openai-chat" if cfg.chat else "openai",
         num_prompts=cfg.num_prompts,
         workload=cfg.workload.describe(),
+        traces=receiver.store if receiver is not None else None,
     )
     ab = None
     if len(cfg.targets) >= 2:

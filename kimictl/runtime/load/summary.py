@@ -21,12 +21,15 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.load import vllm_compat
 from kimictl.runtime.load.clientlag import client_health
 from kimictl.runtime.load.records import RecordList, RequestRecord
 from kimictl.runtime.load.slo import SLO
+
+if TYPE_CHECKING:
+    from kimictl.runtime.observe.otlp import TraceStore
 
 __all__ = [
     "PERCENTILES",
@@ -253,10 +256,12 @@ def summarize_run(
     endpoint_type: str = "openai",
     num_prompts: int | None = None,
     workload: Mapping[str, Any] | None = None,
+    traces: TraceStore | None = None,
 ) -> list[dict[str, Any]]:
     """One summary per (target, point, repeat) that has records, in run order.
 
-    `targets` maps name -> object with .url/.model; `points` maps label -> LoadPoint.
+    `targets` maps name -> object with .url/.model; `points` maps label -> LoadPoint. With
+    `traces`, the server's view takes exact per-request figures from traced requests.
     """
     groups: dict[tuple[str, str, int], list[RequestRecord]] = {}
     for r in result:
@@ -267,7 +272,7 @@ def summarize_run(
         name, label, rep = key
         t = targets[name]
         p = points[label]
-        server = _server_view(result, key, getattr(t, "model", None))
+        server = _server_view(result, key, t, traces)
         health = client_health(recs, result.client_lag, window=result.windows.get(key))
         out.append(
             summarize(
@@ -298,14 +303,20 @@ def summarize_run(
 
 
 def _server_view(
-    result: RecordList, key: tuple[str, str, int], model: str | None
+    result: RecordList, key: tuple[str, str, int], target: Any, traces: TraceStore | None
 ) -> dict[str, Any] | None:
     pair = result.metrics.get(key)
     if pair is None:
         return None
     from kimictl.runtime.observe import metrics
+    from kimictl.runtime.observe.otlp import apply_traces
 
     old, new = pair
-    view = metrics.compute_window(old, new).to_json()
+    stats = metrics.compute_window(old, new)
+    if traces is not None:
+        url = getattr(target, "url", "")
+        traced = apply_traces(stats, traces, url=url, name=key[0], window_s=stats.window_s)
+        stats = traced if traced is not None else stats
+    view = stats.to_json()
     view["vllm_spec_decode"] = vllm_compat.spec_decode_fields(old, new)
     return view

@@ -1,4 +1,4 @@
-"""vLLM (V1, 0.33) metric family names: the one place they live."""
+"""vLLM (V1, 0.33) metric family and trace span attribute names: the one place they live."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ __all__ = [
     "REQUEST_QUEUE_TIME",
     "REQUEST_SUCCESS",
     "SAMPLE_NAMES",
+    "SPAN_DECODE_TIME",
+    "SPAN_E2E",
+    "SPAN_OUTPUT_TOKENS",
+    "SPAN_PROMPT_TOKENS",
+    "SPAN_QUEUE_TIME",
+    "SPAN_REQUEST_ID",
+    "SPAN_TTFT",
     "SPEC_ACCEPTED_PER_POS",
     "SPEC_ACCEPTED_TOKENS",
     "SPEC_DRAFTS",
@@ -76,3 +83,14 @@ SAMPLE_NAMES = (
     *(c + "_total" for c in (*COUNTERS, SPEC_ACCEPTED_PER_POS)),
     *(h + suffix for h in HISTOGRAMS for suffix in ("_bucket", "_count", "_sum")),
 )
+
+# --- vLLM's per-request trace span ("llm_request") attributes ------------------------------------
+# vllm/tracing/utils.py `SpanAttributes`, set in vllm/v1/engine/output_processor.py `do_tracing`
+# (the same in the 0.32 CPU build and 0.33). Times in seconds, from the request's stats.
+SPAN_TTFT = "gen_ai.latency.time_to_first_token"  # first_token_latency, as the TTFT histogram
+SPAN_E2E = "gen_ai.latency.e2e"
+SPAN_QUEUE_TIME = "gen_ai.latency.time_in_queue"  # scheduled - queued, as the queue histogram
+SPAN_DECODE_TIME = "gen_ai.latency.time_in_model_decode"  # last token - first token
+SPAN_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+SPAN_OUTPUT_TOKENS = "gen_ai.usage.completion_tokens"
+SPAN_REQUEST_ID = "gen_ai.request.id"

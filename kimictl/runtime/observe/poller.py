@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.observe.otlp import TraceStore, apply_traces
 from kimictl.runtime.observe.scrape import REFUSED, MetricsScraper, scrape_timeout
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
 
@@ -117,6 +118,7 @@ class EndpointPoller:
     next_try_mono: float = 0.0
     paced_s: float | None = None
     scrape_budget: float = SCRAPE_BUDGET
+    traces: TraceStore | None = None  # spans the monitor receives (observe.otlp), any server
     history: deque[HistoryPoint] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     scraper: MetricsScraper = field(init=False, repr=False)
 
@@ -165,7 +167,7 @@ class EndpointPoller:
         self.paced_s = pace if pace > interval else None
         self.next_try_mono = started + pace if self.paced_s else 0.0
         self.series.ingest(snap)
-        chart = self.series.window(CHART_WINDOW_S)
+        chart = self.window(CHART_WINDOW_S)
         if chart is not None:
             self.history.append(
                 HistoryPoint(
@@ -176,6 +178,14 @@ class EndpointPoller:
                 )
             )
         return True
+
+    def window(self, window_s: float) -> WindowStats | None:
+        """The scrapes' window, its per-request figures exact where traced requests finished in
+        it (observe.otlp.apply_traces); histograms otherwise."""
+        stats = self.series.window(window_s)
+        if self.traces is None:
+            return stats
+        return apply_traces(stats, self.traces, url=self.url, name=self.name, window_s=window_s)
 
     def view(self, window_s: float, *, interval: float) -> EndpointView:
         now = time.monotonic()
@@ -193,7 +203,7 @@ class EndpointPoller:
             stale_since=stale_since,
             last_ok_at=self.last_ok_at,
             next_try_in_s=max(0.0, self.next_try_mono - now) if self.failures else None,
-            stats=self.series.window(window_s),
+            stats=self.window(window_s),
             history=tuple(self.history),
             paced_s=self.paced_s,
         )
@@ -225,6 +235,7 @@ def monitor_snapshot(
     window_s: float,
     ab: tuple[str, str] | None = None,
     gpus: Any = None,
+    traces: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON document of `--once --json`, `--record` lines and the TUI's export."""
     doc: dict[str, Any] = {
@@ -243,6 +254,8 @@ def monitor_snapshot(
         }
     if gpus is not None:
         doc["gpus"] = gpus
+    if traces is not None:
+        doc["traces"] = dict(traces)
     return doc
 
 
@@ -300,6 +313,7 @@ async def watch(
     on_tick: Callable[[dict[str, Any]], None],
     gpu_sampler: Callable[[], Any] | None = None,
     full_window: bool = False,
+    traces_status: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Headless monitor loop: poll every `interval`, call `on_tick(snapshot)` after each round,
     stop after `duration_s` (None = until cancelled). Returns the last snapshot.
@@ -308,7 +322,14 @@ async def watch(
     slow first scrape does not shorten the window), giving up `duration_s` after the start."""
     try:
         return await _watch_loop(
-            pollers, interval, window_s, duration_s, on_tick, gpu_sampler, full_window
+            pollers,
+            interval,
+            window_s,
+            duration_s,
+            on_tick,
+            gpu_sampler,
+            full_window,
+            traces_status,
         )
     finally:
         for p in pollers:
@@ -323,13 +344,15 @@ async def _watch_loop(
     on_tick: Callable[[dict[str, Any]], None],
     gpu_sampler: Callable[[], Any] | None,
     full_window: bool,
+    traces_status: Callable[[], Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
     ab = ab_pair_of([p.name for p in pollers])
 
     def snapshot() -> dict[str, Any]:
         views = [p.view(window_s, interval=interval) for p in pollers]
         gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
-        return monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus)
+        traces = traces_status() if traces_status is not None else None
+        return monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus, traces=traces)
 
     start = time.monotonic()
     # a hard stop one scrape timeout past --duration: whatever an await does (a socket that

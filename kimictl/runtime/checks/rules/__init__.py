@@ -79,6 +79,10 @@ def evaluate(
         from kimictl.runtime.checks.rules.vllm_check import vllm_gate_checks
 
         found.extend(vllm_gate_checks(spec, found))  # only where vLLM 0.33 is importable
+        if stack is not None:
+            from kimictl.runtime.checks.rules.tracing import tracing_check
+
+            checks.extend(tracing_check(spec, stack))
         ids = {c.id for c in found if c.status is not Status.UNKNOWN}
         drop = {mine for theirs, mine in _DUPLICATES.items() if theirs in ids}
         checks = [c for c in checks if c.id not in drop]
