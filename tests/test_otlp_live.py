@@ -159,5 +159,5 @@ def test_traced_percentiles_match_the_clients_per_request_timings(tmp_path: Path
         finally:
             stop_cpu_server(server)
             out = os.environ.get("KIMICTL_OTLP_LIVE_REPORT")
-            if out:  # docs/results-otlp.md quotes this run
+            if out:  # docs/results.md quotes this run
                 Path(out).write_text(json.dumps(report, indent=2))

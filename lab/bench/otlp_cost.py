@@ -13,7 +13,7 @@ seconds per request (where vLLM builds and exports the spans). Printed: per-pair
 untraced, their geometric mean with a 95 % t-interval over pairs, and the CPU ms per request of
 each arm.
 
-    python lab/otlp_cost.py [--pairs 8] [--prompts 16] [--concurrency 4] [--output-len 64]
+    python lab/bench/otlp_cost.py [--pairs 8] [--prompts 16] [--concurrency 4] [--output-len 64]
         [--warmup-pairs 1] [--json FILE]
 
 `--micro N` measures the span itself instead, without a vLLM server: in the CPU runtime's Python
