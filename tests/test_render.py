@@ -453,3 +453,14 @@ _values = st.recursive(
 @given(st.dictionaries(st.text(min_size=1, max_size=8), _values, max_size=5))
 def test_to_yaml_round_trips_through_a_yaml_parser(value):
     assert yaml.safe_load(render.to_yaml(value)) == value
+
+
+@pytest.mark.parametrize("fmt", ["k8s", "slurm"])
+def test_traces_to_the_nodes_own_loopback_are_refused(fmt):
+    # a pod's 127.0.0.1 is the pod: spans sent there reach no monitor
+    plan = _plan("k3-tp8-latency", fmt, traces="kimictl")
+    assert "--otlp-traces-endpoint" in plan.argv
+    with pytest.raises(InputError, match="no monitor listens"):
+        render.render(plan, fmt, insecure=True)
+    remote = _plan("k3-tp8-latency", fmt, traces="http://collector.obs:4318/v1/traces")
+    assert "collector.obs:4318" in render.render(remote, fmt, insecure=True)

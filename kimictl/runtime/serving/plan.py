@@ -209,7 +209,8 @@ def plan_launch(
     )
 
 
-def _is_loopback(addr: str) -> bool:
+def is_loopback(addr: str) -> bool:
+    """True for a loopback IP or `localhost`; a host name is resolved on the nodes, not here."""
     import ipaddress
 
     if addr == "localhost":
@@ -285,7 +286,7 @@ def check_nodes(
             f"--nnodes {nnodes} needs --master-addr (the address of node rank 0, reachable "
             "from every node)."
         )
-    if _is_loopback(master_addr):
+    if is_loopback(master_addr):
         raise InputError(
             f"--master-addr {master_addr} is a loopback address; the other {nnodes - 1} "
             "node(s) cannot reach node rank 0 there.",

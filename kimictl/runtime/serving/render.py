@@ -20,12 +20,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kimictl.runtime.apikeys import ENV_VAR
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving.plan import LaunchPlan, redact_argv
+from kimictl.runtime.serving.plan import LaunchPlan, is_loopback, redact_argv
 
 __all__ = [
     "BIND_ALL",
@@ -131,6 +132,15 @@ def job_for(
     if fmt not in FORMATS:
         raise InputError(f"--render {fmt!r} is not a format; allowed: {', '.join(FORMATS)}.")
     cluster = cluster or ClusterSettings()
+    if "--otlp-traces-endpoint" in plan.argv:
+        endpoint = plan.argv[plan.argv.index("--otlp-traces-endpoint") + 1]
+        if is_loopback(urlsplit(endpoint).hostname or ""):
+            # inside a pod or a Slurm step, loopback is that node: no kimictl monitor listens there
+            raise InputError(
+                f"traces go to {endpoint}, the job's own node, where no monitor listens.",
+                hint="render with --traces off, or set [metrics] traces to a collector URL "
+                "the nodes reach (http://HOST:PORT/v1/traces).",
+            )
     if plan.runtime == "cpu":  # no GPUs to spread: the node count is the one asked for
         nodes, per_node = max(nnodes or 1, 1), 0
     else:

@@ -28,6 +28,7 @@ from kimictl.runtime.serving.launcher import (
     supervise,
     wait_ready,
 )
+from kimictl.runtime.serving.plan import is_loopback
 from kimictl.runtime.serving.runs import RunRecord
 
 if TYPE_CHECKING:
@@ -100,10 +101,6 @@ class Prepared:
             "checks": [c.to_json() for c in self.checks],
             "runs": [p.to_json() for p in self.plans],
         }
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _load(name: str) -> Profile:
@@ -294,7 +291,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             )
     api_key = read_api_key(request.api_key_file)
     host = request.host or profile.spec.host or "127.0.0.1"
-    if not request.for_render and not _is_loopback(host) and not api_key and not request.insecure:
+    if not request.for_render and not is_loopback(host) and not api_key and not request.insecure:
         raise InputError(
             f"--host {host} exposes the server beyond this machine without an API key.",
             hint="pass --api-key-file FILE (or set VLLM_API_KEY), or --insecure to accept it.",
