@@ -181,6 +181,35 @@ def test_ready_then_stop_cleans_group_and_sockets():
     assert runs.list_runs() == []
 
 
+def test_phases_logged_before_health_answers_are_shown(monkeypatch):
+    """The loaded-machine order, made certain: the log is read, then kimictl loses the CPU while
+    vLLM logs its last phases and starts answering; the first /health probe then says 200."""
+    real_health = launcher.health
+
+    def late_health(url, **kwargs):
+        deadline = time.monotonic() + 20
+        while real_health(url, **kwargs) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return real_health(url, **kwargs)
+
+    monkeypatch.setattr(launcher, "health", late_health)
+    plan = fake_plan("ok")
+    launch = launcher.start(plan)
+    seen: list[str] = []
+    try:
+        launcher.wait_ready([launch], timeout=30, on_phase=lambda _l, p, _t: seen.append(p))
+    finally:
+        launcher.stop_run(launch.record, process=launch.process, grace=5)
+    assert seen == [
+        "starting API server",
+        "reading model config",
+        "loading weights",
+        "API up, warming",
+        "first completion",
+        "ready",
+    ]
+
+
 @pytest.mark.parametrize("detach", [False, True])
 def test_server_runs_at_the_plansniceness(detach):
     plan = LaunchPlan(**{**fake_plan("ok").__dict__, "nice": 7})

@@ -69,7 +69,11 @@ def test_record_round_trips_through_disk(sleeper):
 
 
 def test_ids_are_unique_and_path_safe():
-    ids = {runs.new_run_id("My Profile/../x") for _ in range(50)}
+    ids = set()
+    for _ in range(50):  # unique among existing run folders (4 hex digits alone collide ~2%)
+        run_id = runs.new_run_id("My Profile/../x")
+        runs.run_dir_for(run_id).mkdir(parents=True)
+        ids.add(run_id)
     assert len(ids) == 50
     assert all("/" not in i and " " not in i and i.startswith("my-profile-x-") for i in ids)
 

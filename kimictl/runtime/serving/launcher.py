@@ -296,6 +296,9 @@ def _wait_ready(
                 continue
             if health(launch.plan.url, timeout=2.0, client=client) != 200:
                 continue
+            # Whatever vLLM logged before /health answered is in the file now: read it before
+            # "ready", or phases written between the read above and the probe are never shown.
+            _advance_phases(launch, elapsed, on_phase)
             if on_phase:
                 on_phase(launch, "first completion", elapsed)
             ok, detail = _one_token(launch.plan, 60.0, client)
