@@ -6,6 +6,7 @@ real HTTP server that prints vLLM's own log lines); the real vLLM CPU server is 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -256,7 +257,8 @@ def test_engine_sick_after_ready_is_reported():
     launcher.wait_ready([launch], timeout=30)
     with pytest.raises(EndpointError, match="died after it was ready: /health answered 503"):
         launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
-    assert runs.get_run(plan.run_id).state is RunState.FAILED
+    assert runs.get_run(plan.run_id).state is RunState.DIED
+    assert group_gone(launch.record.pgid)  # supervise took it down
     launcher.stop_run(launch.record, process=launch.process, grace=2)
     assert group_gone(launch.record.pgid)
 
@@ -266,9 +268,52 @@ def test_engine_process_gone_after_ready_is_reported():
     launch = launcher.start(plan)
     launcher.wait_ready([launch], timeout=30)
     os.killpg(launch.record.pgid, signal.SIGKILL)
-    with pytest.raises(EndpointError, match="exited with code -9"):
+    with pytest.raises(EndpointError, match=r"API server \(pid \d+\) was killed by SIGKILL"):
         launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
     launcher.stop_run(launch.record, process=launch.process, grace=1)
+
+
+@pytest.mark.parametrize("victim", ["API server", "engine core"])
+def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
+    plan = fake_plan("engine")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    roles = {m["role"]: m["pid"] for m in launch.record.members}
+    assert set(roles) == {"API server", "engine core"}
+    os.kill(roles[victim], signal.SIGKILL)
+    with pytest.raises(EndpointError, match=f"its {victim} \\(pid {roles[victim]}\\)"):
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2, grace=2)
+    assert group_gone(launch.record.pgid)
+    record = runs.get_run(plan.run_id)
+    assert record.state is RunState.DIED and victim in (record.reason or "")
+    assert record.extra["last_log_lines"]  # the cause's evidence is in the record
+    launcher.stop_run(record, process=launch.process, grace=1)
+    assert runs.get_run(plan.run_id).state is RunState.DIED  # a stop keeps the cause
+
+
+def test_detached_run_with_a_dead_member_is_reported_died():
+    """No supervisor: the record says ready, the probe says died."""
+    plan = fake_plan("engine")
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = workflow.run_serve(prepared, detach=True)
+    try:
+        engine = next(m["pid"] for m in record.members if m["role"] == "engine core")
+        os.kill(engine, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while runs.get_run(record.id).state is RunState.READY and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = runs.get_run(record.id)
+        assert seen.state is RunState.DIED
+        assert f"engine core (pid {engine}) died after ready" in (seen.reason or "")
+        assert record.id in [r.id for r in runs.list_runs()]  # listed: processes are left
+        ps = subprocess.run(
+            [sys.executable, "-m", "kimictl", "ps", "--json"], capture_output=True, text=True
+        )
+        (shown,) = json.loads(ps.stdout)
+        assert shown["state"] == "died" and shown["health"] == 200  # answering, yet broken
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert group_gone(record.pgid)
 
 
 def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():

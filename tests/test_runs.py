@@ -78,14 +78,14 @@ def test_ids_are_unique_and_path_safe():
     assert all("/" not in i and " " not in i and i.startswith("my-profile-x-") for i in ids)
 
 
-def test_dead_ready_run_is_reported_failed(sleeper):
+def test_dead_ready_run_is_reported_died(sleeper):
     record = _record("cpu-demo", sleeper.pid)
     runs.write_record(record)
     os.killpg(sleeper.pid, signal.SIGKILL)
     sleeper.wait()
     assert runs.list_runs() == []  # finished runs are hidden by default
     (seen,) = runs.list_runs(include_finished=True)
-    assert seen.state is RunState.FAILED
+    assert seen.state is RunState.DIED
     assert "engine died after ready" in (seen.reason or "")
     with pytest.raises(InputError, match="has no live endpoint"):
         runs.resolve_target(record.id)
@@ -98,7 +98,7 @@ def test_recycled_pid_is_not_taken_for_the_server(sleeper):
         RunRecord.from_json({**record.to_json(), "start_ticks": 1, "pgid": 2**22 + 7})
     )
     (seen,) = runs.list_runs(include_finished=True)
-    assert seen.state is RunState.FAILED
+    assert seen.state is RunState.DIED
 
 
 def test_resolve_target_forms(sleeper):

@@ -1,6 +1,7 @@
 """Start, watch and stop vLLM servers: one process group per run, logs in the run folder.
 
-Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed.
+Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed (never ready) or
+died (a member of the deployment died after ready).
 - `plan_launch` (plan.py) turns a DeploymentSpec into a `LaunchPlan` (argv + env, secrets kept
   out of argv).
 - `start` checks the port, starts vLLM in its own session (so its whole tree is one process group),
@@ -11,8 +12,10 @@ Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed.
   /health answers 200 AND a one-token completion succeeds (a healthy server can still die on its
   first request). vLLM exiting meanwhile becomes a LaunchError with the exit code, the last 40 log
   lines and the likely cause.
-- `supervise` watches a ready foreground run until a stop is asked (SIGINT/SIGTERM) or the engine
-  dies, which is reported (EndpointError), never hidden.
+- `supervise` watches a ready foreground run until a stop is asked (SIGINT/SIGTERM) or a member
+  of the deployment (API server, engine core, worker: recorded at ready) dies or /health fails;
+  then it takes the rest of the process group down, records the run as died with the cause and
+  raises EndpointError: a broken deployment is never left half-running or reported ready.
 - `stop_run` sends SIGTERM to the group, SIGKILL after the grace period, reaps, and removes the
   run's temp folder (vLLM leaves its ZMQ socket files there even after a clean exit).
 """
@@ -52,6 +55,7 @@ from kimictl.runtime.serving.startup import log_tail as log_tail
 from kimictl.runtime.serving.startup import read_phases as read_phases
 
 __all__ = [
+    "DEATH_GRACE_S",
     "HEADLESS_SETTLE_S",
     "STOP_GRACE_S",
     "Launch",
@@ -70,6 +74,8 @@ __all__ = [
 
 STOP_GRACE_S = 20.0
 HEADLESS_SETTLE_S = 10.0
+# A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL.
+DEATH_GRACE_S = 5.0
 
 
 class StopRequested(Exception):
@@ -202,9 +208,16 @@ def _stopped_elsewhere(launch: Launch) -> bool:
 
 
 def _mark(record: RunRecord, state: RunState, **changes: Any) -> RunRecord:
-    if state in (RunState.STOPPED, RunState.FAILED):
+    if state in (RunState.STOPPED, RunState.FAILED, RunState.DIED):
         changes.setdefault("ended_at", time.time())
     return runs.update_record(record, state=state, **changes)
+
+
+def _mark_ready(record: RunRecord) -> RunRecord:
+    """Ready, with the deployment's members as they are now: from here on, any of them gone
+    means the run died."""
+    members = [m.to_json() for m in runs.group_members(record)]
+    return _mark(record, RunState.READY, ready_at=time.time(), members=members)
 
 
 # ---------------------------------------------------------------- readiness
@@ -289,7 +302,7 @@ def _wait_ready(
             if launch.plan.headless:
                 # A headless rank serves no HTTP: running for a while is all it can show.
                 if elapsed >= HEADLESS_SETTLE_S:
-                    launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
+                    launch.record = _mark_ready(launch.record)
                     if on_phase:
                         on_phase(launch, "running headless (the API is on rank 0)", elapsed)
                     pending.remove(launch)
@@ -303,7 +316,7 @@ def _wait_ready(
                 on_phase(launch, "first completion", elapsed)
             ok, detail = _one_token(launch.plan, 60.0, client)
             if ok:
-                launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
+                launch.record = _mark_ready(launch.record)
                 if on_phase:
                     on_phase(launch, "ready", time.time() - launch.record.started_at)
                 pending.remove(launch)
@@ -378,11 +391,37 @@ def supervise(
     stop_flag: Callable[[], bool],
     poll_s: float = 2.0,
     failures_to_dead: int = 2,
+    grace: float = DEATH_GRACE_S,
 ) -> None:
-    """Watch ready runs until `stop_flag()`; raise EndpointError when an engine dies after ready
-    (process gone, or /health not 200 on `failures_to_dead` polls in a row)."""
+    """Watch ready runs until `stop_flag()`. When a member of a deployment dies (API server,
+    engine core, worker) or its /health fails `failures_to_dead` polls in a row, take the rest of
+    its process group down, record it as died with the cause, and raise EndpointError."""
     with _client() as client:
-        _supervise(launches, stop_flag, poll_s, failures_to_dead, client)
+        _supervise(launches, stop_flag, poll_s, failures_to_dead, grace, client)
+
+
+def _death(launch: Launch) -> str | None:
+    """What died in this deployment, or None while all its members live."""
+    code = launch.returncode()
+    gone = runs.missing_members(launch.record)
+    if code is None and not gone:
+        return None
+    leader = launch.record.leader_pid
+    parts = []
+    if code is not None:
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        parts.append(f"its API server (pid {leader}) {how}")
+    for member in gone:
+        if member.pid != leader:  # not kimictl's child: its exit status went to its parent
+            parts.append(f"its {member.role} (pid {member.pid}) is gone")
+    return "; ".join(parts) or f"its API server (pid {leader}) is gone"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _supervise(
@@ -390,50 +429,65 @@ def _supervise(
     stop_flag: Callable[[], bool],
     poll_s: float,
     failures_to_dead: int,
+    grace: float,
     client: httpx.Client,
 ) -> None:
     bad: dict[str, int] = {}
     while not stop_flag():
         for launch in launches:
-            code = launch.returncode()
-            if code is None and launch.plan.headless:
+            what = _death(launch)
+            if what is None and launch.plan.headless:
                 continue  # no HTTP on a headless rank: alive is healthy
-            status = (
-                None if code is not None else health(launch.plan.url, timeout=5.0, client=client)
-            )
-            if code is None and status == 200:
-                bad[launch.plan.run_id] = 0
-                continue
-            bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
-            # An explicit non-200 counts at once; no answer at all (a busy 2-core machine under
-            # load can miss a 5 s /health) needs three times as many misses in a row.
-            needed = failures_to_dead if status is not None else 3 * failures_to_dead
-            if code is None and bad[launch.plan.run_id] < needed:
-                continue
+            if what is None:
+                status = health(launch.plan.url, timeout=5.0, client=client)
+                if status == 200:
+                    bad[launch.plan.run_id] = 0
+                    continue
+                bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
+                # An explicit non-200 counts at once; no answer at all (a busy 2-core machine
+                # under load can miss a 5 s /health) needs three times as many misses in a row.
+                needed = failures_to_dead if status is not None else 3 * failures_to_dead
+                if bad[launch.plan.run_id] < needed:
+                    continue
+                what = (
+                    f"/health did not answer {needed} times in a row"
+                    if status is None
+                    else f"/health answered {status}"
+                )
             if _stopped_elsewhere(launch):
                 return  # `kimictl stop` from another shell: a stop, not a death
-            if code is not None:
-                what = f"exited with code {code}"
-            elif status is None:
-                what = f"/health did not answer {needed} times in a row"
-            else:
-                what = f"/health answered {status}"
-            launch.record = _mark(
-                launch.record,
-                RunState.FAILED,
-                exit_code=code,
-                reason=f"engine died after ready: {what}",
-            )
-            tail = "\n".join("  " + line for line in log_tail(launch.plan.log_path))
-            raise EndpointError(
-                f"vLLM ({launch.plan.name}) died after it was ready: {what}; "
-                f"likely cause: {likely_cause(log_tail(launch.plan.log_path), code)}.\n"
-                f"last lines of {launch.plan.log_path}:\n{tail}",
-                hint=f"full log: {launch.plan.log_path}",
-            )
+            _die(launch, what, grace)
         deadline = time.monotonic() + poll_s
         while time.monotonic() < deadline and not stop_flag():
             time.sleep(0.1)
+
+
+def _die(launch: Launch, what: str, grace: float) -> None:
+    """Take the rest of the deployment down, record it as died with the cause, and raise."""
+    record = launch.record
+    tail = log_tail(launch.plan.log_path)
+    cause = likely_cause(tail, launch.returncode())
+    if runs.is_alive(record):
+        _signal_group(record.pgid, signal.SIGTERM)
+        if not runs.wait_gone(record, grace):
+            _signal_group(record.pgid, signal.SIGKILL)
+            runs.wait_gone(record, 10.0)
+    left = len(runs.group_members(record))
+    launch.record = _mark(
+        record,
+        RunState.DIED,
+        exit_code=launch.returncode(),
+        reason=f"died after ready: {what}",
+        extra={**record.extra, "last_log_lines": tail[-10:]},
+    )
+    shown = "\n".join("  " + line for line in tail)
+    taken = "the rest of its process group was stopped" if not left else f"{left} process(es) left"
+    raise EndpointError(
+        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}; "
+        f"likely cause: {cause}.\n"
+        f"last lines of {launch.plan.log_path}:\n{shown}",
+        hint=f"full log: {launch.plan.log_path}",
+    )
 
 
 # ---------------------------------------------------------------- stop
@@ -462,7 +516,7 @@ def stop_run(
     reason: str | None = None,
 ) -> RunRecord:
     """SIGTERM the run's group, SIGKILL after `grace` seconds, reap, clean, mark stopped."""
-    final = record.state if record.state is RunState.FAILED else RunState.STOPPED
+    final = record.state if record.state in (RunState.FAILED, RunState.DIED) else RunState.STOPPED
     if runs.is_alive(record):
         record = runs.update_record(record, state=RunState.STOPPING)
         _signal_group(record.pgid, signal.SIGTERM)
