@@ -88,6 +88,7 @@ def test_phases_from_a_real_vllm_cpu_log():
         "starting API server",
         "reading model config",
         "starting engine",
+        "starting workers",
         "loading weights",
         "allocating KV cache",
         "API up, warming",
@@ -202,6 +203,7 @@ def test_phases_logged_before_health_answers_are_shown(monkeypatch):
     finally:
         launcher.stop_run(launch.record, process=launch.process, grace=5)
     assert seen == [
+        "launching vLLM",
         "starting API server",
         "reading model config",
         "loading weights",
@@ -209,6 +211,29 @@ def test_phases_logged_before_health_answers_are_shown(monkeypatch):
         "first completion",
         "ready",
     ]
+
+
+def test_quiet_start_up_gets_a_heartbeat(monkeypatch):
+    """vLLM prints nothing while it imports: a "still ..." line keeps coming meanwhile."""
+    monkeypatch.setattr(launcher, "HEARTBEAT_S", 0.5)
+    plan = fake_plan("ok")
+    plan = LaunchPlan(
+        **{**plan.__dict__, "argv": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    )
+    launch = launcher.start(plan)
+    seen: list[tuple[str, float]] = []
+    try:
+        with pytest.raises(LaunchError, match="not ready after 2 s"):
+            launcher.wait_ready(
+                [launch], timeout=2, poll_s=0.1, on_phase=lambda _l, p, t: seen.append((p, t))
+            )
+    finally:
+        launcher.stop_run(launch.record, process=launch.process, grace=1)
+    assert seen[0][0] == "launching vLLM"
+    beats = [(p, t) for p, t in seen if p.startswith("still launching vLLM (")]
+    assert len(beats) >= 2 and all(
+        b[1] - a[1] >= 0.5 for a, b in zip(beats, beats[1:], strict=False)
+    )
 
 
 @pytest.mark.parametrize("detach", [False, True])

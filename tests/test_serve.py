@@ -365,6 +365,21 @@ def test_any_member_killed_takes_the_deployment_down(_state_dir, victim):
     out, err = serve.communicate(timeout=60)
     assert serve.returncode == 1, err[-3000:]
     assert f"its {victim} (pid {roles[victim]})" in err and "died after it was ready" in err
+    # start-up was shown live, phase by phase, in the order vLLM goes through them
+    shown = [line.split(": ", 1)[1] for line in err.splitlines() if "s cpu-demo: " in line]
+    order = [
+        "launching vLLM",
+        "starting API server",
+        "reading model config",
+        "starting engine",
+        "starting workers",
+        "loading weights",
+        "allocating KV cache",
+        "API up, warming",
+        "first completion",
+        "ready",
+    ]
+    assert [p for p in shown if p in order] == order, shown
     assert _group_gone(record["pgid"]), "a process of the deployment outlived it"
     assert time.monotonic() - began < 30
     (record,) = _records(_state_dir)

@@ -57,6 +57,7 @@ from kimictl.runtime.serving.startup import read_phases as read_phases
 __all__ = [
     "DEATH_GRACE_S",
     "HEADLESS_SETTLE_S",
+    "HEARTBEAT_S",
     "STOP_GRACE_S",
     "Launch",
     "StopRequested",
@@ -74,6 +75,8 @@ __all__ = [
 
 STOP_GRACE_S = 20.0
 HEADLESS_SETTLE_S = 10.0
+# Start-up quiet for this long gets a "still <phase>" line.
+HEARTBEAT_S = 12.0
 # A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL.
 DEATH_GRACE_S = 5.0
 
@@ -123,6 +126,7 @@ class Launch:
     process: subprocess.Popen[bytes] | None = None
     log_offset: int = 0
     phases: list[tuple[float, str]] = field(default_factory=list)
+    said_at: float = 0.0  # seconds after start of the last progress line
 
     def returncode(self) -> int | None:
         if self.process is not None:
@@ -284,6 +288,8 @@ def _wait_ready(
     pending = list(launches)
     begin = time.monotonic()
     next_probe: dict[str, float] = {}
+    for launch in launches:  # a first line at once: vLLM logs nothing while it imports
+        _say(launch, "launching vLLM", time.time() - launch.record.started_at, on_phase)
     while pending:
         if stop_flag():
             raise StopRequested()
@@ -291,6 +297,7 @@ def _wait_ready(
         for launch in list(pending):
             elapsed = time.time() - launch.record.started_at
             _advance_phases(launch, elapsed, on_phase)
+            _heartbeat(launch, elapsed, on_phase)
             code = launch.returncode()
             if code is not None:
                 if _stopped_elsewhere(launch):
@@ -303,8 +310,7 @@ def _wait_ready(
                 # A headless rank serves no HTTP: running for a while is all it can show.
                 if elapsed >= HEADLESS_SETTLE_S:
                     launch.record = _mark_ready(launch.record)
-                    if on_phase:
-                        on_phase(launch, "running headless (the API is on rank 0)", elapsed)
+                    _say(launch, "running headless (the API is on rank 0)", elapsed, on_phase)
                     pending.remove(launch)
                 continue
             if health(launch.plan.url, timeout=2.0, client=client) != 200:
@@ -312,13 +318,11 @@ def _wait_ready(
             # Whatever vLLM logged before /health answered is in the file now: read it before
             # "ready", or phases written between the read above and the probe are never shown.
             _advance_phases(launch, elapsed, on_phase)
-            if on_phase:
-                on_phase(launch, "first completion", elapsed)
+            _say(launch, "first completion", elapsed, on_phase)
             ok, detail = _one_token(launch.plan, 60.0, client)
             if ok:
                 launch.record = _mark_ready(launch.record)
-                if on_phase:
-                    on_phase(launch, "ready", time.time() - launch.record.started_at)
+                _say(launch, "ready", time.time() - launch.record.started_at, on_phase)
                 pending.remove(launch)
                 continue
             # A healthy server that fails its first request: dead, or about to be.
@@ -340,6 +344,21 @@ def _wait_ready(
         time.sleep(poll_s)
 
 
+def _say(launch: Launch, text: str, elapsed: float, on_phase: ProgressFn | None) -> None:
+    launch.said_at = elapsed
+    if on_phase:
+        on_phase(launch, text, elapsed)
+
+
+def _heartbeat(launch: Launch, elapsed: float, on_phase: ProgressFn | None) -> None:
+    """vLLM is quiet for minutes at a time (imports, the worker's start, compiling): after
+    HEARTBEAT_S without a line, say which phase it is still in and for how long."""
+    if elapsed - launch.said_at < HEARTBEAT_S:
+        return
+    since, phase = launch.phases[-1] if launch.phases else (0.0, "launching vLLM")
+    _say(launch, f"still {phase} ({elapsed - since:.0f} s in this phase)", elapsed, on_phase)
+
+
 def _advance_phases(launch: Launch, elapsed: float, on_phase: ProgressFn | None) -> None:
     try:
         with open(launch.plan.log_path, "rb") as handle:
@@ -354,8 +373,7 @@ def _advance_phases(launch: Launch, elapsed: float, on_phase: ProgressFn | None)
     for phase in read_phases(chunk[:cut].decode(errors="replace")):
         if phase not in seen:
             launch.phases.append((elapsed, phase))
-            if on_phase:
-                on_phase(launch, phase, elapsed)
+            _say(launch, phase, elapsed, on_phase)
 
 
 # ---------------------------------------------------------------- signals and supervision
