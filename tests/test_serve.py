@@ -306,7 +306,7 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
 
     bench = subprocess.run(
-        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json", "-"],
+        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
