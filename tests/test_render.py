@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from kimictl.cli import main
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving import launcher, render, workflow
+from kimictl.runtime.serving import render, workflow
+from kimictl.runtime.serving.plan import LaunchPlan
 
 
 @pytest.fixture(autouse=True)
@@ -21,7 +22,7 @@ def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
 
 
-def _plan(profile: str) -> launcher.LaunchPlan:
+def _plan(profile: str) -> LaunchPlan:
     prepared = workflow.prepare_serve(workflow.ServeRequest(profile=profile, for_render=True))
     assert prepared.blocking == [], [c.message for c in prepared.blocking]
     return prepared.plans[0]

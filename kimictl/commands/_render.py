@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.bench import BenchOutcome
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.serving.launcher import Launch, LaunchPlan
+    from kimictl.runtime.serving.launcher import Launch
+    from kimictl.runtime.serving.plan import LaunchPlan
     from kimictl.runtime.serving.workflow import Prepared
 
 __all__ = [
@@ -237,7 +238,7 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
-    from kimictl.runtime.load.benchreport import NOT_MEASURED
+    from kimictl.runtime.load.ab import NOT_MEASURED
 
     assert outcome.ab is not None
     a = outcome.summaries[0]["kimictl"]["target"]

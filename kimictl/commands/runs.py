@@ -147,6 +147,7 @@ def logs(
 
     from kimictl.runtime.errors import InputError
     from kimictl.runtime.serving import launcher, runs
+    from kimictl.runtime.serving.startup import log_tail
 
     record = runs.get_run(run_id)
     try:
@@ -155,7 +156,7 @@ def logs(
         raise InputError(f"log of run {record.id} is gone: {record.log_path}.") from error
     with handle:
         if tail > 0:
-            lines = launcher.log_tail(record.log_path, tail)
+            lines = log_tail(record.log_path, tail)
             sys.stdout.write("".join(line + "\n" for line in lines))
             handle.seek(0, 2)
         else:

@@ -303,9 +303,9 @@ def _server_view(
     pair = result.metrics.get(key)
     if pair is None:
         return None
-    from kimictl.runtime.observe import metrics
+    from kimictl.runtime.observe.window import compute_window
 
     old, new = pair
-    view = metrics.compute_window(old, new).to_json()
+    view = compute_window(old, new).to_json()
     view["vllm_spec_decode"] = vllm_compat.spec_decode_fields(old, new)
     return view
