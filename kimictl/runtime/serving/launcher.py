@@ -22,8 +22,10 @@ died (a member of the deployment died after ready).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -35,13 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kimictl.runtime.apikeys import bearer_headers
 from kimictl.runtime.apikeys import read_api_key as read_api_key
 from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.runtime.http1 import Endpoint
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
 from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
@@ -227,34 +227,70 @@ def _mark_ready(record: RunRecord) -> RunRecord:
 # ---------------------------------------------------------------- readiness
 
 
-def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
+class _Http:
+    """Blocking requests through the project's HTTP/1.1 client (runtime/http1): one event loop
+    and one keep-alive connection per server for a whole wait, so a poll costs one round trip."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._endpoints: dict[tuple[str, str | None], Endpoint] = {}
+
+    def request(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        api_key: str | None = None,
+        timeout: float,
+    ) -> tuple[int, bytes] | None:
+        """(status, body), or None when nothing answers within `timeout`."""
+        endpoint = self._endpoints.setdefault((url, api_key), Endpoint(url, api_key))
+        call = endpoint.request(endpoint.build(method, path, body), None, timeout)
+        try:
+            response = self._loop.run_until_complete(call)
+        except (OSError, TimeoutError):
+            return None
+        return (response.status, bytes(response.body)) if response.status else None
+
+    def __enter__(self) -> _Http:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for endpoint in self._endpoints.values():
+            endpoint.close()
+        self._loop.close()
+
+
+def health(url: str, *, timeout: float = 2.0, client: _Http | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
-    try:
-        if client is not None:
-            return client.get(f"{url}/health", timeout=timeout).status_code
-        return httpx.get(f"{url}/health", timeout=timeout).status_code
-    except httpx.HTTPError:
-        return None
+    if client is None:
+        with _Http() as own:
+            return health(url, timeout=timeout, client=own)
+    answer = client.request(url, "GET", "/health", timeout=timeout)
+    return answer[0] if answer else None
 
 
-def _client() -> httpx.Client:
-    # One client per wait: a new client per poll builds an SSL context each time (measurable CPU
-    # on a 2-core machine that is also running the server).
-    return httpx.Client(trust_env=False)
+def _client() -> _Http:
+    return _Http()
 
 
-def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[bool, str]:
-    try:
-        reply = client.post(
-            f"{plan.url}/v1/completions",
-            json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            headers=bearer_headers(plan.api_key),
-            timeout=timeout,
-        )
-    except httpx.HTTPError as error:
-        return False, f"{type(error).__name__}: {error}"
-    if reply.status_code != 200:
-        return False, f"HTTP {reply.status_code}: {reply.text[:200]}"
+def _one_token(plan: LaunchPlan, timeout: float, client: _Http) -> tuple[bool, str]:
+    body = {"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    answer = client.request(
+        plan.url,
+        "POST",
+        "/v1/completions",
+        body=json.dumps(body).encode(),
+        api_key=plan.api_key,
+        timeout=timeout,
+    )
+    if answer is None:
+        return False, f"no answer within {timeout:g} s (or the connection was refused or reset)"
+    status, text = answer
+    if status != 200:
+        return False, f"HTTP {status}: {text[:200].decode(errors='replace')}"
     return True, "ok"
 
 
@@ -279,7 +315,7 @@ def wait_ready(
 
 def _wait_ready(
     launches: list[Launch],
-    client: httpx.Client,
+    client: _Http,
     timeout: float,
     on_phase: ProgressFn | None,
     stop_flag: Callable[[], bool],
@@ -448,7 +484,7 @@ def _supervise(
     poll_s: float,
     failures_to_dead: int,
     grace: float,
-    client: httpx.Client,
+    client: _Http,
 ) -> None:
     bad: dict[str, int] = {}
     while not stop_flag():
