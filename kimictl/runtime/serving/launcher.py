@@ -22,7 +22,6 @@ died (a member of the deployment died after ready).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import json
@@ -41,7 +40,7 @@ from kimictl.runtime.apikeys import read_api_key as read_api_key
 from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.http1 import Endpoint
+from kimictl.runtime.http1 import BlockingClient
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
 from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
@@ -227,68 +226,37 @@ def _mark_ready(record: RunRecord) -> RunRecord:
 # ---------------------------------------------------------------- readiness
 
 
-class _Http:
-    """Blocking requests through the project's HTTP/1.1 client (runtime/http1): one event loop
-    and one keep-alive connection per server for a whole wait, so a poll costs one round trip."""
-
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._endpoints: dict[tuple[str, str | None], Endpoint] = {}
-
-    def request(
-        self,
-        url: str,
-        method: str,
-        path: str,
-        *,
-        body: bytes | None = None,
-        api_key: str | None = None,
-        timeout: float,
-    ) -> tuple[int, bytes] | None:
-        """(status, body), or None when nothing answers within `timeout`."""
-        endpoint = self._endpoints.setdefault((url, api_key), Endpoint(url, api_key))
-        call = endpoint.request(endpoint.build(method, path, body), None, timeout)
-        try:
-            response = self._loop.run_until_complete(call)
-        except (OSError, TimeoutError):
-            return None
-        return (response.status, bytes(response.body)) if response.status else None
-
-    def __enter__(self) -> _Http:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for endpoint in self._endpoints.values():
-            endpoint.close()
-        self._loop.close()
-
-
-def health(url: str, *, timeout: float = 2.0, client: _Http | None = None) -> int | None:
+def health(url: str, *, timeout: float = 2.0, client: BlockingClient | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
     if client is None:
-        with _Http() as own:
+        with BlockingClient() as own:
             return health(url, timeout=timeout, client=own)
-    answer = client.request(url, "GET", "/health", timeout=timeout)
-    return answer[0] if answer else None
+    try:
+        return client.request(url, "GET", "/health", timeout=timeout)[0]
+    except (OSError, TimeoutError):
+        return None
 
 
-def _client() -> _Http:
-    return _Http()
+def _client() -> BlockingClient:
+    # One client per wait: one keep-alive connection per server, one round trip per poll.
+    return BlockingClient()
 
 
-def _one_token(plan: LaunchPlan, timeout: float, client: _Http) -> tuple[bool, str]:
+def _one_token(plan: LaunchPlan, timeout: float, client: BlockingClient) -> tuple[bool, str]:
     body = {"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    answer = client.request(
-        plan.url,
-        "POST",
-        "/v1/completions",
-        body=json.dumps(body).encode(),
-        api_key=plan.api_key,
-        timeout=timeout,
-    )
-    if answer is None:
-        return False, f"no answer within {timeout:g} s (or the connection was refused or reset)"
-    status, text = answer
+    try:
+        status, text = client.request(
+            plan.url,
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body).encode(),
+            api_key=plan.api_key,
+            timeout=timeout,
+        )
+    except TimeoutError:
+        return False, f"no answer within {timeout:g} s"
+    except OSError as error:
+        return False, f"{type(error).__name__}: {error}"
     if status != 200:
         return False, f"HTTP {status}: {text[:200].decode(errors='replace')}"
     return True, "ok"
@@ -315,7 +283,7 @@ def wait_ready(
 
 def _wait_ready(
     launches: list[Launch],
-    client: _Http,
+    client: BlockingClient,
     timeout: float,
     on_phase: ProgressFn | None,
     stop_flag: Callable[[], bool],
@@ -484,7 +452,7 @@ def _supervise(
     poll_s: float,
     failures_to_dead: int,
     grace: float,
-    client: _Http,
+    client: BlockingClient,
 ) -> None:
     bad: dict[str, int] = {}
     while not stop_flag():
