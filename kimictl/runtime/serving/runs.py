@@ -228,8 +228,9 @@ class Member:
         return ticks is not None and ticks == self.start_ticks
 
 
-# vLLM's process titles (vllm/utils/system_utils.set_process_title: `VLLM::<name>`), in the order
-# they are looked for. Processes with none of them (compile pools, resource trackers) come and go.
+# vLLM's process titles (vllm/utils/system_utils.set_process_title: `<prefix>::<name>`, set when
+# setproctitle is installed, as vLLM's own requirements have it), in the order they are looked
+# for. Processes with none of them (compile pools, resource trackers) come and go.
 _ROLES = (
     ("EngineCore", "engine core"),
     ("Worker", "worker"),
@@ -248,7 +249,7 @@ def _role(pid: int, leader: int) -> str | None:
     except OSError:
         return None
     for marker, role in _ROLES:
-        if title.startswith("VLLM::") and marker in title:
+        if f"::{marker}" in title:  # the prefix is VLLM_PROCESS_NAME_PREFIX (default VLLM)
             return role
     return None
 
