@@ -406,7 +406,6 @@ def test_detached_deployment_with_a_killed_api_server_is_reported_died(_state_di
         shown = _ps_all()[record["id"]]
         assert shown["state"] == "died", shown
         assert f"API server (pid {api}) died after ready" in shown["reason"]
-        assert shown["alive"], "its engine is left running: ps must say so"
     finally:
         subprocess.run([sys.executable, "-m", "kimictl", "stop", record["id"], "--grace", "5"])
     assert _group_gone(record["pgid"])
