@@ -63,6 +63,7 @@ def start_cpu_server(
     """Start a real vLLM CPU server and wait until it answers a one-token completion; `env` is
     added to the server's environment."""
     from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
+    from kimictl.runtime.serving.plan import run_tmp_dir
 
     if not cpu_runtime.is_installed():
         pytest.skip("kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`")
@@ -74,7 +75,7 @@ def start_cpu_server(
     env = cpu_runtime.server_env(run_dir)
     env.update(base_env)
     # pytest's folders can be too deep for vLLM's unix socket paths: the launcher's rule decides.
-    env["TMPDIR"] = str(launcher.run_tmp_dir(run_dir, f"test-{port}"))
+    env["TMPDIR"] = str(run_tmp_dir(run_dir, f"test-{port}"))
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

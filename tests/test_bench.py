@@ -48,6 +48,10 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
             ["--target", "http://x:1", "--arrivals", "uniform", "--rate", "2"],
             "--arrivals 'uniform'",
         ),
+        # --json is a switch, as in every command; the report file is --output
+        (["--target", "http://x:1", "--json", "r.json"], "use --output FILE (-o FILE)"),
+        (["--target", "http://x:1", "--json", "-"], "--json takes no value ('-')"),
+        (["--target", "http://x:1", "stray"], "unexpected argument(s) stray"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(
@@ -147,7 +151,7 @@ def _bench_proc(url: str, out: Path, *extra: str) -> subprocess.Popen[str]:
             str(CONCURRENCY),
             "--num-prompts",
             "1000",
-            "--json",
+            "--output",
             str(out / "r.json"),
             "--csv",
             str(out / "r.csv"),
@@ -247,7 +251,7 @@ def test_random_sweep_against_vllm(
             "1",
             "--slo",
             "ttft_p99<=60s",
-            "--json",
+            "--output",
             str(tmp_path / "r.json"),
             "--csv",
             str(tmp_path / "r.csv"),
@@ -300,7 +304,7 @@ def test_ab_same_requests_to_both(
             "6",
             "--seed",
             "3",
-            "--json",
+            "--output",
             str(tmp_path / "ab.json"),
         ],
         capsys,
@@ -334,7 +338,7 @@ def test_agentic_chat_open_loop_against_vllm(cpu_server, tmp_path: Path, capsys)
             "4",
             "--num-prompts",
             "8",
-            "--json",
+            "--output",
             str(tmp_path / "g.json"),
             "--csv",
             str(tmp_path / "g.csv"),
@@ -373,7 +377,7 @@ def test_replay_and_prompts_against_vllm(cpu_server, tmp_path: Path, capsys) -> 
             str(trace),
             "--num-prompts",
             "4",
-            "--json",
+            "--output",
             str(tmp_path / "r.json"),
             "--csv",
             str(tmp_path / "r.csv"),
@@ -398,7 +402,7 @@ def test_replay_and_prompts_against_vllm(cpu_server, tmp_path: Path, capsys) -> 
             "4",
             "--num-prompts",
             "3",
-            "--json",
+            "--output",
             str(tmp_path / "p.json"),
         ],
         capsys,
@@ -439,7 +443,7 @@ def test_a_point_where_no_request_finished_fails(
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         args = ["--target", url, "--num-prompts", "3", "--warmup", "0", "--no-metrics"]
-        code, _, err = run_cli([*args, "--json", str(out)], capsys)
+        code, _, err = run_cli([*args, "--output", str(out)], capsys)
     finally:
         server.shutdown()
     assert code == 1 and "no request finished" in err and "3 failed" in err, err

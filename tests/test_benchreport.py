@@ -11,18 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kimictl.runtime.load.benchreport import (
-    HEADLINE,
-    NOT_MEASURED,
-    compare,
-    percentile,
-    summarize,
-    summarize_run,
-    write_csv,
-    write_plots,
-)
+from kimictl.runtime.load.ab import HEADLINE, NOT_MEASURED, compare
+from kimictl.runtime.load.exports import write_csv, write_plots
 from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, RecordList, RequestRecord
 from kimictl.runtime.load.slo import parse_slo
+from kimictl.runtime.load.summary import percentile, summarize, summarize_run
 from kimictl.runtime.observe.snapshot import snapshot_from_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"

@@ -18,19 +18,22 @@ from kimictl.runtime.deployment.profiles import load_profile, scan_profiles
 from kimictl.runtime.deployment.spec import DeploymentSpec
 from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.observe import metrics as m
+from kimictl.runtime.observe.names import TIME_PER_OUTPUT_TOKEN
+from kimictl.runtime.observe.prometheus import Histogram
 from kimictl.runtime.observe.resolution import read_quantile, unresolved_figures
+from kimictl.runtime.observe.snapshot import snapshot_from_text
+from kimictl.runtime.observe.window import WindowStats, compute_window
 from kimictl.runtime.tuning.bucket_check import histogram_bucket_check
 from kimictl.tui.rows import ROWS, fmt_cell
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
 
-def hist(values: list[float], bounds: list[float]) -> m.Histogram:
+def hist(values: list[float], bounds: list[float]) -> Histogram:
     """A vLLM-style cumulative histogram of `values` over `bounds` (+Inf appended)."""
     edges = [*bounds, math.inf]
     cumulative = tuple(float(sum(v <= b for v in values)) for b in edges)
-    return m.Histogram(tuple(edges), cumulative, float(len(values)), float(sum(values)))
+    return Histogram(tuple(edges), cumulative, float(len(values)), float(sum(values)))
 
 
 def test_derived_buckets_resolve_20_to_4000_within_5_percent_with_few_bounds() -> None:
@@ -59,7 +62,7 @@ def test_monitor_resolution_at_fast_path_tpot(tpot_ms: float) -> None:
     truth = {q: values[int(q * len(values)) - 1] for q in (0.1, 0.5, 0.9)}
 
     default = hist(values, list(buckets.VLLM_DEFAULT_ITL_BUCKETS))
-    got = unresolved_figures({m.TIME_PER_OUTPUT_TOKEN: default})
+    got = unresolved_figures({TIME_PER_OUTPUT_TOKEN: default})
     for key in ("interactivity_p10", "interactivity_p50", "interactivity_p90"):
         assert got[key]["bound"] == ">" and got[key]["value"] == pytest.approx(100.0)
         assert got[key]["bucket_s"] == [0.0, 0.01]
@@ -67,7 +70,7 @@ def test_monitor_resolution_at_fast_path_tpot(tpot_ms: float) -> None:
     assert fmt_cell(ROWS[3], None, got) == "> 100.0"
 
     custom = hist(values, buckets.interactivity_buckets(20, 4000))
-    assert unresolved_figures({m.TIME_PER_OUTPUT_TOKEN: custom}) == {}
+    assert unresolved_figures({TIME_PER_OUTPUT_TOKEN: custom}) == {}
     for q, true in truth.items():
         reading = read_quantile(custom, q)
         assert reading is not None and reading.resolved
@@ -76,7 +79,7 @@ def test_monitor_resolution_at_fast_path_tpot(tpot_ms: float) -> None:
 
 def test_overflow_bucket_is_a_lower_bound_on_tpot() -> None:
     h = hist([0.2, 0.3, 0.4], [0.001, 0.0011, 0.00121])
-    got = unresolved_figures({m.TIME_PER_OUTPUT_TOKEN: h})
+    got = unresolved_figures({TIME_PER_OUTPUT_TOKEN: h})
     assert got["tpot_p50_ms"]["bound"] == ">" and got["tpot_p50_ms"]["value"] == 1.21
     assert got["interactivity_p50"]["bound"] == "<"
     assert got["interactivity_p50"]["value"] == pytest.approx(1 / 0.00121)
@@ -150,11 +153,11 @@ def test_doctor_cli_json_carries_the_check(capsys: pytest.CaptureFixture[str]) -
     assert checks["deployment.histogram_buckets"]["status"] == "pass"
 
 
-def _window(prefix: str) -> m.WindowStats:
+def _window(prefix: str) -> WindowStats:
     gaps = json.loads((FIX / f"{prefix}_meta.json").read_text())["gaps_s"]
-    t0 = m.snapshot_from_text((FIX / f"{prefix}_t0.txt").read_text(), monotonic=0.0)
-    t2 = m.snapshot_from_text((FIX / f"{prefix}_t2.txt").read_text(), monotonic=sum(gaps))
-    return m.compute_window(t0, t2)
+    t0 = snapshot_from_text((FIX / f"{prefix}_t0.txt").read_text(), monotonic=0.0)
+    t2 = snapshot_from_text((FIX / f"{prefix}_t2.txt").read_text(), monotonic=sum(gaps))
+    return compute_window(t0, t2)
 
 
 def test_real_cpu_server_captures_default_vs_custom_buckets() -> None:
@@ -169,8 +172,8 @@ def test_real_cpu_server_captures_default_vs_custom_buckets() -> None:
     # the custom figure lies inside the default's bucket range: same server, same load
     assert custom.tpot_p50_ms is not None and 10.0 <= custom.tpot_p50_ms <= 25.0
     assert custom.interactivity_p50 == pytest.approx(1000.0 / custom.tpot_p50_ms)
-    t2 = m.snapshot_from_text((FIX / "fast_custom_t2.txt").read_text(), monotonic=1.0)
-    bounds = t2.histograms[m.TIME_PER_OUTPUT_TOKEN].bounds
+    t2 = snapshot_from_text((FIX / "fast_custom_t2.txt").read_text(), monotonic=1.0)
+    bounds = t2.histograms[TIME_PER_OUTPUT_TOKEN].bounds
     assert bounds[:-1] == tuple(buckets.interactivity_buckets(20, 4000))
 
 

@@ -5,13 +5,17 @@ scaled by 1+1e-2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -205,47 +209,71 @@ def test_retrieval_fit_places_insert_at_depth_with_exact_length() -> None:
     )
 
 
-# --- client errors (HTTP unit tests with MockTransport) ------------------------------------------
-def _endpoint(handler: Any) -> Endpoint:
-    return Endpoint("http://127.0.0.1:1/v1", name="cand", transport=httpx.MockTransport(handler))
+# --- client errors (a real HTTP server on loopback, answering as told) ---------------------------
+@contextlib.contextmanager
+def _server(answer: Callable[[str], tuple[int, Any]]) -> Iterator[str]:
+    """A loopback HTTP server whose replies come from `answer(path) -> (status, JSON body)`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _reply(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            status, payload = answer(self.path)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _reply
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_client_http_error_names_endpoint_path_and_server_message() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}]})
-        return httpx.Response(400, json={"error": {"message": "structured outputs are disabled"}})
+    def answer(path: str) -> tuple[int, Any]:
+        if path == "/v1/models":
+            return 200, {"data": [{"id": "m", "max_model_len": 4096}]}
+        return 400, {"error": {"message": "structured outputs are disabled"}}
 
-    ep = _endpoint(handler)
-    assert ep.base == "http://127.0.0.1:1" and ep.model == "m" and ep.max_model_len == 4096
-    with pytest.raises(EndpointError, match="cand: /v1/completions answered HTTP 400: structured"):
-        ep.complete([1, 2], max_tokens=1)
+    with _server(answer) as url, Endpoint(url + "/v1", name="cand") as ep:
+        assert ep.base == url and ep.model == "m" and ep.max_model_len == 4096
+        with pytest.raises(EndpointError, match="cand: /v1/completions answered HTTP 400: struct"):
+            ep.complete([1, 2], max_tokens=1)
 
 
 def test_client_model_checks() -> None:
-    def no_len(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"data": [{"id": "m"}]})
+    with _server(lambda _p: (200, {"data": [{"id": "m"}]})) as url, Endpoint(url) as ep:
+        with pytest.raises(EndpointError, match="no max_model_len"):
+            _ = ep.max_model_len
 
-    with pytest.raises(EndpointError, match="no max_model_len"):
-        _ = _endpoint(no_len).max_model_len
-
-    def two(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"data": [{"id": "a", "max_model_len": 1}]})
-
-    ep = Endpoint("http://x:1", model="b", transport=httpx.MockTransport(two))
-    with pytest.raises(InputError, match="does not serve model 'b' \\(it serves a\\)"):
-        _ = ep.model
+    with (
+        _server(lambda _p: (200, {"data": [{"id": "a", "max_model_len": 1}]})) as url,
+        Endpoint(url, model="b") as ep,
+    ):
+        with pytest.raises(InputError, match="does not serve model 'b' \\(it serves a\\)"):
+            _ = ep.model
     with pytest.raises(InputError, match="must start with http"):
         Endpoint("127.0.0.1:8000")
 
 
 def test_client_transport_error() -> None:
     # finished_requests() reads /metrics through observe.scrape: tests/test_scrape_filter.py
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1:1/v1/models"):
-        _ = _endpoint(down).model
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        with pytest.raises(EndpointError, match=f"cannot reach http://127.0.0.1:{port}/v1/models"):
+            _ = Endpoint(f"http://127.0.0.1:{port}/v1", name="cand").model
 
 
 def test_thresholds_overrides() -> None:

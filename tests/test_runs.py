@@ -70,19 +70,23 @@ def test_record_round_trips_through_disk(sleeper):
 
 
 def test_ids_are_unique_and_path_safe():
-    ids = {runs.new_run_id("My Profile/../x") for _ in range(50)}
+    ids = set()
+    for _ in range(50):  # unique among existing run folders (4 hex digits alone collide ~2%)
+        run_id = runs.new_run_id("My Profile/../x")
+        runs.run_dir_for(run_id).mkdir(parents=True)
+        ids.add(run_id)
     assert len(ids) == 50
     assert all("/" not in i and " " not in i and i.startswith("my-profile-x-") for i in ids)
 
 
-def test_dead_ready_run_is_reported_failed(sleeper):
+def test_dead_ready_run_is_reported_died(sleeper):
     record = _record("cpu-demo", sleeper.pid)
     runs.write_record(record)
     os.killpg(sleeper.pid, signal.SIGKILL)
     sleeper.wait()
     assert runs.list_runs() == []  # finished runs are hidden by default
     (seen,) = runs.list_runs(include_finished=True)
-    assert seen.state is RunState.FAILED
+    assert seen.state is RunState.DIED
     assert "engine died after ready" in (seen.reason or "")
     with pytest.raises(InputError, match="has no live endpoint"):
         runs.resolve_target(record.id)
@@ -95,7 +99,7 @@ def test_recycled_pid_is_not_taken_for_the_server(sleeper):
         RunRecord.from_json({**record.to_json(), "start_ticks": 1, "pgid": 2**22 + 7})
     )
     (seen,) = runs.list_runs(include_finished=True)
-    assert seen.state is RunState.FAILED
+    assert seen.state is RunState.DIED
 
 
 def test_resolve_target_forms(sleeper):

@@ -306,7 +306,7 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
 
     bench = subprocess.run(
-        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json", "-"],
+        [sys.executable, "-m", "kimictl", "bench", "--ab", "--num-prompts", "4", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -331,37 +331,85 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
     assert _leftover_sockets(_state_dir, records) == []
 
 
+def _serve_until_ready(port: int, *extra: str) -> subprocess.Popen[str]:
+    serve = _kimictl("serve", "cpu-demo", "--port", str(port), "--timeout", str(STARTUP_S), *extra)
+    assert serve.stdout is not None
+    for line in serve.stdout:  # wait for the ready line
+        if line.startswith("ready "):
+            return serve
+    pytest.fail(f"no ready line: {serve.stderr.read()[-3000:] if serve.stderr else ''}")
+
+
+def _ps_all() -> dict[str, dict]:
+    ps = subprocess.run(
+        [sys.executable, "-m", "kimictl", "ps", "--all", "--json"], capture_output=True, text=True
+    )
+    assert ps.returncode == 0, ps.stderr
+    return {r["id"]: r for r in json.loads(ps.stdout)}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(STARTUP_S + 120)
-def test_engine_death_after_ready_is_reported(_state_dir):
+@pytest.mark.parametrize("victim", ["API server", "engine core", "worker"])
+def test_any_member_killed_takes_the_deployment_down(_state_dir, victim):
+    """SIGKILL one process of a real deployment: kimictl must stop the rest of its group, exit 1,
+    and record (and `ps` show) it as died, naming the process."""
     _require_runtime()
-    port = free_port()
-    serve = _kimictl("serve", "cpu-demo", "--port", str(port), "--timeout", str(STARTUP_S))
-    assert serve.stdout is not None
-    for line in serve.stdout:  # foreground: wait for the ready line
-        if line.startswith("ready "):
-            break
-    else:
-        pytest.fail(f"no ready line: {serve.stderr.read()[-3000:] if serve.stderr else ''}")
+    serve = _serve_until_ready(free_port())
     (record,) = _records(_state_dir)
     assert record["state"] == "ready" and record["supervisor_pid"] == serve.pid
-    # Kill the engine core (every member of the group but the API server).
-    members = [
-        int(p.parent.name)
-        for p in Path("/proc").glob("[0-9]*/stat")
-        if _stat_fields(p) and _stat_fields(p)[2] == str(record["pgid"])
+    roles = {m["role"]: m["pid"] for m in record["members"]}
+    assert {"API server", "engine core", "worker"} <= set(roles), record["members"]
+    os.kill(roles[victim], signal.SIGKILL)
+    began = time.monotonic()
+    out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 1, err[-3000:]
+    assert f"its {victim} (pid {roles[victim]})" in err and "died after it was ready" in err
+    # start-up was shown live, phase by phase, in the order vLLM goes through them
+    shown = [line.split(": ", 1)[1] for line in err.splitlines() if "s cpu-demo: " in line]
+    order = [
+        "launching vLLM",
+        "starting API server",
+        "reading model config",
+        "starting engine",
+        "starting workers",
+        "loading weights",
+        "allocating KV cache",
+        "API up, warming",
+        "first completion",
+        "ready",
     ]
-    assert len(members) >= 2, "vLLM runs its engine in a child process"
-    for pid in members:
-        if pid != record["pgid"]:
-            os.kill(pid, signal.SIGKILL)
-    out, err = serve.communicate(timeout=120)
-    assert serve.returncode == 1
-    assert "died after it was ready" in err
+    assert [p for p in shown if p in order] == order, shown
+    assert _group_gone(record["pgid"]), "a process of the deployment outlived it"
+    assert time.monotonic() - began < 30
     (record,) = _records(_state_dir)
-    assert record["state"] == "failed" and "engine died after ready" in record["reason"]
-    assert _group_gone(record["pgid"])
+    assert record["state"] == "died" and victim in record["reason"]
+    assert record["extra"]["last_log_lines"]
+    assert _ps_all()[record["id"]]["state"] == "died"
     assert _leftover_sockets(_state_dir, [record]) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STARTUP_S + 120)
+def test_detached_deployment_with_a_killed_api_server_is_reported_died(_state_dir):
+    """No supervisor once detached: `ps` probes the recorded members instead of trusting the
+    record, and `stop` takes what is left down."""
+    _require_runtime()
+    serve = _serve_until_ready(free_port(), "--detach")
+    serve.communicate(timeout=60)
+    (record,) = _records(_state_dir)
+    try:
+        assert record["state"] == "ready" and record["supervisor_pid"] is None
+        api = record["members"][0]["pid"]
+        os.kill(api, signal.SIGKILL)
+        time.sleep(1.0)
+        shown = _ps_all()[record["id"]]
+        assert shown["state"] == "died", shown
+        assert f"API server (pid {api}) died after ready" in shown["reason"]
+    finally:
+        subprocess.run([sys.executable, "-m", "kimictl", "stop", record["id"], "--grace", "5"])
+    assert _group_gone(record["pgid"])
+    assert _ps_all()[record["id"]]["state"] == "died"  # the stop keeps the cause
 
 
 def _stat_fields(path: Path) -> list[str]:

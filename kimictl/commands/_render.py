@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.bench import BenchOutcome
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
-    from kimictl.runtime.serving.launcher import Launch, LaunchPlan
+    from kimictl.runtime.serving.launcher import Launch
+    from kimictl.runtime.serving.plan import LaunchPlan
     from kimictl.runtime.serving.workflow import Prepared
 
 __all__ = [

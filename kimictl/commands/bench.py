@@ -11,7 +11,7 @@ from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.errors import EndpointError, InputError
 
 if TYPE_CHECKING:
-    from kimictl.runtime.load.benchreport import BenchOutcome
+    from kimictl.runtime.load.bench import BenchOutcome
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
 
 app = typer.Typer(add_completion=False)
@@ -140,6 +140,7 @@ def _points(
 
 @app.command()
 def bench(
+    stray: Annotated[list[str] | None, typer.Argument(hidden=True)] = None,
     target: Annotated[
         list[str] | None,
         typer.Option("--target", "-t", help="[NAME=]URL or run id; repeat for A/B (first = A)."),
@@ -223,7 +224,11 @@ def bench(
         Path | None, typer.Option(help="File holding the API key (default: env VLLM_API_KEY).")
     ] = None,
     json_out: Annotated[
-        str | None, typer.Option("--json", help="Write the report JSON to FILE ('-' = stdout).")
+        bool, typer.Option("--json", help="Print the report JSON on stdout (nothing else there).")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Write the report JSON to FILE."),
     ] = None,
     csv_out: Annotated[
         Path | None, typer.Option("--csv", help="Write one row per request.")
@@ -243,9 +248,19 @@ def bench(
 
     Two targets make an A/B: the same requests go to both in turn; ratios A/B with 95% CIs.
     """
-    from kimictl.runtime.load.benchreport import BenchConfig
+    from kimictl.runtime.load.bench import BenchConfig
     from kimictl.runtime.load.slo import parse_slo
 
+    if stray:
+        if len(stray) == 1 and (stray[0] == "-" or stray[0].endswith(".json")):
+            raise InputError(
+                f"--json takes no value ('{stray[0]}'): it prints the report JSON on stdout; "
+                "to write it to a file use --output FILE (-o FILE)."
+            )
+        raise InputError(
+            f"unexpected argument(s) {' '.join(stray)}: bench takes options only "
+            "(targets are --target URL)."
+        )
     if endpoint not in ("completions", "chat"):
         raise InputError(f"--endpoint {endpoint!r} is not one of: completions, chat")
     for flag, value in (("--num-prompts", num_prompts), ("--repeat", repeat), ("--gpus", gpus)):
@@ -288,14 +303,14 @@ def bench(
         interleave=interleave,
         slo=slo_obj,
     )
-    outcome = _run(cfg, quiet=json_out == "-")
-    _write(outcome, json_out, csv_out, plot)
+    outcome = _run(cfg, quiet=json_out)
+    _write(outcome, json_out, output, csv_out, plot)
     if save_result is not None and outcome.summaries:
         from kimictl.commands._output import err_console
         from kimictl.runtime.load.vllm_compat import save_result as write_vllm_result
 
         err_console.print(f"wrote {write_vllm_result(outcome.summaries[0], save_result)}")
-    if json_out != "-":
+    if not json_out:
         from kimictl.commands._render import render_bench
 
         render_bench(outcome)
@@ -317,7 +332,7 @@ def bench(
         raise EndpointError(
             f"no request finished at {k['target']} {k['point']}: {empty[0]['failed']} failed "
             f"({', '.join(f'{n} {kind}' for kind, n in k['errors_by_kind'].items())})",
-            hint="each request's error is in the report (--json); see `kimictl logs`",
+            hint="each request's error is in the report (--json, -o FILE); see `kimictl logs`",
         )
 
 
@@ -326,7 +341,8 @@ def _check_save_result(path: Path, targets: int, points: int, repeat: int) -> No
     if targets != 1 or points != 1 or repeat != 1:
         raise InputError(
             f"--save-result writes one vLLM result (one target, one point, --repeat 1); this run "
-            f"has {targets} target(s), {points} point(s), repeat {repeat}: use --json for sweeps."
+            f"has {targets} target(s), {points} point(s), repeat {repeat}: use --output FILE "
+            "for sweeps."
         )
     if path.exists():
         raise InputError(f"--save-result {path}: the file exists; choose a new name.")
@@ -339,7 +355,7 @@ def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:
     import signal
 
     from kimictl.commands._render import bench_progress
-    from kimictl.runtime.load.benchreport import resolve_models, run_bench
+    from kimictl.runtime.load.bench import resolve_models, run_bench
 
     progress, on_point, on_record = bench_progress(cfg.num_prompts, cfg.repeat, quiet=quiet)
 
@@ -366,25 +382,29 @@ def _run(cfg: Any, *, quiet: bool) -> BenchOutcome:
 
 
 def _write(
-    outcome: BenchOutcome, json_out: str | None, csv_out: Path | None, plot: Path | None
+    outcome: BenchOutcome,
+    json_out: bool,
+    output: Path | None,
+    csv_out: Path | None,
+    plot: Path | None,
 ) -> None:
     import orjson
 
     from kimictl.commands._output import err_console
-    from kimictl.runtime.load.benchreport import write_csv, write_plots
+    from kimictl.runtime.load.exports import write_csv, write_plots
     from kimictl.runtime.outputs import atomic_write
 
-    if json_out:
+    if json_out or output:
         data = orjson.dumps(
             outcome.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
         )
-        if json_out == "-":
+        if output:
+            written = atomic_write(output, data + b"\n")
+            err_console.print(f"wrote {written}")
+        if json_out:
             import sys
 
             sys.stdout.write(data.decode() + "\n")
-        else:
-            p = atomic_write(json_out, data + b"\n")
-            err_console.print(f"wrote {p}")
     if csv_out:
         err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")
     if plot:

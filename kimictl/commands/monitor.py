@@ -44,7 +44,7 @@ def _render_table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
-    from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, format_window
+    from kimictl.runtime.observe.window import HIGHER_IS_BETTER, format_window
     from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell, traces_line
 
     endpoints = doc["endpoints"]
@@ -172,9 +172,16 @@ def monitor(
 ) -> None:
     import asyncio
 
-    from kimictl.runtime.observe import metrics
+    from kimictl.runtime.observe.poller import (
+        EndpointPoller,
+        append_jsonl,
+        check_record_target,
+        none_answered,
+        watch,
+    )
+    from kimictl.runtime.observe.window import MetricsSeries, parse_window
 
-    window_s = metrics.parse_window(window)
+    window_s = parse_window(window)
     if not 0.05 <= interval <= 60:
         raise InputError(f"--interval {interval:g} is out of range: use 0.05 to 60 seconds.")
     # `not 0 < x < inf` also refuses nan, which compares false with everything
@@ -187,7 +194,7 @@ def monitor(
     if not 0 <= traces_port < 65536:
         raise InputError(f"--traces-port {traces_port} is not a TCP port; allowed: 0-65535.")
     if record is not None:
-        metrics.check_record_target(record)
+        check_record_target(record)
     resolved = _targets(targets or [])
     keep_s = max(330.0, window_s * 1.1 + 2 * interval)  # history long enough for the window
     receiver = None
@@ -197,11 +204,11 @@ def monitor(
         receiver = OtlpReceiver(port=traces_port, store=TraceStore(keep_s=keep_s))
         receiver.try_start()
     pollers = [
-        metrics.EndpointPoller(
+        EndpointPoller(
             t.name,
             t.url,
             t.model,
-            series=metrics.MetricsSeries(keep_s=keep_s),
+            series=MetricsSeries(keep_s=keep_s),
             traces=receiver.store if receiver is not None else None,
         )
         for t in resolved
@@ -213,7 +220,7 @@ def monitor(
 
             def on_tick(doc: dict[str, Any]) -> None:
                 if record is not None:
-                    metrics.append_jsonl(record, doc)
+                    append_jsonl(record, doc)
                 if no_tui and not once:
                     if json_out:
                         import orjson
@@ -226,7 +233,7 @@ def monitor(
             run_for = window_s + max(5.0, 3 * interval) if once else duration
             try:
                 doc = asyncio.run(
-                    metrics.watch(
+                    watch(
                         pollers,
                         interval=interval,
                         window_s=window_s,
@@ -240,7 +247,7 @@ def monitor(
             except KeyboardInterrupt:
                 return
             if once:
-                silent = metrics.none_answered(pollers)
+                silent = none_answered(pollers)
                 if json_out:
                     from kimictl.commands._output import emit_json
 

@@ -17,6 +17,8 @@ _STATE_STYLE = {
     "stopping": "yellow",
     "stopped": "dim",
     "failed": "bold red",
+    "died": "bold red",
+    "unhealthy": "bold red",
 }
 
 
@@ -30,8 +32,9 @@ def _age(seconds: float) -> str:
 
 
 @ps_app.command(
-    help="List servers kimictl launched (live ones; --all adds stopped and failed). "
-    "Each live one is probed: health is /health's status. Exit 0."
+    help="List servers kimictl launched (live ones; --all adds stopped, failed and died). "
+    "Each is probed, not taken from its record: a run with any process of its deployment gone "
+    "is died, a ready one whose /health does not answer 200 is unhealthy. Exit 0."
 )
 def ps(
     all_runs: Annotated[bool, typer.Option("--all", "-a", help="Include finished runs.")] = False,
@@ -44,9 +47,23 @@ def ps(
     healths = {
         r.id: (launcher.health(r.url, timeout=1.0) if runs.is_alive(r) else None) for r in records
     }
+    # list_runs gives the state the processes show (died when a member is gone); /health adds
+    # what they answer.
+    shown = {
+        r.id: "unhealthy" if r.state.value == "ready" and healths[r.id] != 200 else r.state.value
+        for r in records
+    }
     if json_out:
         emit_json(
-            [{**r.to_json(), "alive": runs.is_alive(r), "health": healths[r.id]} for r in records]
+            [
+                {
+                    **r.to_json(),
+                    "state": shown[r.id],
+                    "alive": runs.is_alive(r),
+                    "health": healths[r.id],
+                }
+                for r in records
+            ]
         )
         return
     if not records:
@@ -64,7 +81,7 @@ def ps(
         table.add_column(column, overflow="fold")
     now = time.time()
     for r in records:
-        state = r.state.value
+        state = shown[r.id]
         health = healths[r.id]
         table.add_row(
             r.id,
@@ -80,7 +97,7 @@ def ps(
         if r.reason:
             console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
         health = healths[r.id]
-        if r.state.value == "ready" and health != 200:
+        if shown[r.id] == "unhealthy":
             said = "no answer" if health is None else f"{health}"
             console.print(
                 f"[bold red]{r.id}: /health {said}: the engine may have died; "
@@ -139,6 +156,7 @@ def logs(
 
     from kimictl.runtime.errors import InputError
     from kimictl.runtime.serving import launcher, runs
+    from kimictl.runtime.serving.startup import log_tail
 
     record = runs.get_run(run_id)
     try:
@@ -147,7 +165,7 @@ def logs(
         raise InputError(f"log of run {record.id} is gone: {record.log_path}.") from error
     with handle:
         if tail > 0:
-            lines = launcher.log_tail(record.log_path, tail)
+            lines = log_tail(record.log_path, tail)
             sys.stdout.write("".join(line + "\n" for line in lines))
             handle.seek(0, 2)
         else:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # filled in duck-typed; the client does not depend on the loa
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "BlockingClient",
     "Endpoint",
     "fetch_text",
 ]
@@ -398,3 +399,46 @@ async def fetch_text(
         return resp.body.decode("utf-8", "replace")
     finally:
         ep.close()
+
+
+class BlockingClient:
+    """Blocking requests for callers without an event loop (the launcher's readiness probes, the
+    evals client): one loop, and one keep-alive connection per (server, key), for the client's
+    life. Not for use inside a running event loop."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._endpoints: dict[tuple[str, str | None], Endpoint] = {}
+
+    def request(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        api_key: str | None = None,
+        timeout: float,
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request. OSError when it cannot connect or the connection
+        breaks, TimeoutError when the whole response does not arrive within `timeout`."""
+        endpoint = self._endpoints.get((url, api_key))
+        if endpoint is None:
+            endpoint = self._endpoints[(url, api_key)] = Endpoint(url, api_key)
+        response = self._loop.run_until_complete(
+            endpoint.request(endpoint.build(method, path, body), None, timeout)
+        )
+        if not response.status:
+            raise OSError(response.error or "the connection closed before a response")
+        return response.status, bytes(response.body)
+
+    def close(self) -> None:
+        for endpoint in self._endpoints.values():
+            endpoint.close()
+        self._loop.close()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -24,17 +24,15 @@ from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry, sample_gpus
-from kimictl.runtime.observe.metrics import (
-    WINDOWS_S,
+from kimictl.runtime.observe.poller import (
     EndpointPoller,
     EndpointView,
     ab_pair_of,
-    ab_ratios,
     append_jsonl,
-    format_window,
     monitor_snapshot,
     poll_all,
 )
+from kimictl.runtime.observe.window import WINDOWS_S, ab_ratios, format_window
 from kimictl.runtime.outputs import atomic_write
 from kimictl.tui.rows import traces_line
 from kimictl.tui.widgets import (

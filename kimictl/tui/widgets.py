@@ -14,7 +14,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.observe.metrics import HIGHER_IS_BETTER, EndpointStatus, EndpointView
+from kimictl.runtime.observe.poller import EndpointStatus, EndpointView
+from kimictl.runtime.observe.window import HIGHER_IS_BETTER
 from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell
 
 __all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]

@@ -7,12 +7,12 @@ byte-identical inputs and prompt lengths are exact. HTTP and transport errors be
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
-
-from kimictl.runtime.apikeys import bearer_headers, env_api_key
+from kimictl.runtime.apikeys import env_api_key
 from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.runtime.http1 import BlockingClient
 
 __all__ = ["Endpoint", "token_id"]
 
@@ -35,7 +35,6 @@ class Endpoint:
         model: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 600.0,
-        transport: httpx.BaseTransport | None = None,
     ) -> None:
         base = url.rstrip("/")
         if base.endswith("/v1"):
@@ -48,13 +47,8 @@ class Endpoint:
         self.base = base
         self.name = name or base
         self._api_key = api_key if api_key is not None else env_api_key()
-        headers = bearer_headers(self._api_key)
-        self._client = httpx.Client(
-            base_url=base,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport,
-        )
+        self._timeout_s = timeout_s
+        self._client = BlockingClient()
         self._model = model
         self._max_model_len: int | None = None
         # sequences this client asked for (a request with n=k is k sequences, as vLLM counts them)
@@ -70,35 +64,35 @@ class Endpoint:
         self.close()
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
         try:
-            response = self._client.request(method, path, json=body)
-        except httpx.TimeoutException as exc:
+            status, raw = self._client.request(
+                self.base, method, path, body=data, api_key=self._api_key, timeout=self._timeout_s
+            )
+        except TimeoutError as exc:
             raise EndpointError(
-                f"{self.name}: {path} timed out ({type(exc).__name__})",
+                f"{self.name}: {path} timed out (no whole answer within {self._timeout_s:g} s)",
                 hint="is the server overloaded or hung? see `kimictl logs`",
             ) from exc
-        except httpx.TransportError as exc:
+        except OSError as exc:
             raise EndpointError(
                 f"{self.name}: cannot reach {self.base}{path} ({type(exc).__name__}: {exc})",
                 hint="is the server running? `kimictl ps` lists launched servers",
             ) from exc
-        if response.status_code >= 400:
-            detail = response.text[:300].replace("\n", " ")
+        text = raw.decode(errors="replace")
+        if status >= 400:
+            detail = text[:300].replace("\n", " ")
             try:
-                payload = response.json()
+                payload = json.loads(text)
                 err = payload.get("error", payload)
                 detail = str(err.get("message", err)) if isinstance(err, dict) else str(err)
-            except ValueError:
+            except (ValueError, AttributeError):
                 pass
-            raise EndpointError(
-                f"{self.name}: {path} answered HTTP {response.status_code}: {detail}"
-            )
+            raise EndpointError(f"{self.name}: {path} answered HTTP {status}: {detail}")
         try:
-            return response.json()
+            return json.loads(text)
         except ValueError as exc:
-            raise EndpointError(
-                f"{self.name}: {path} answered non-JSON: {response.text[:200]!r}"
-            ) from exc
+            raise EndpointError(f"{self.name}: {path} answered non-JSON: {text[:200]!r}") from exc
 
     def _load_model(self) -> None:
         data = self._request("GET", "/v1/models").get("data") or []

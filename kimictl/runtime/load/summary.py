@@ -308,11 +308,11 @@ def _server_view(
     pair = result.metrics.get(key)
     if pair is None:
         return None
-    from kimictl.runtime.observe import metrics
     from kimictl.runtime.observe.otlp import apply_traces
+    from kimictl.runtime.observe.window import compute_window
 
     old, new = pair
-    stats = metrics.compute_window(old, new)
+    stats = compute_window(old, new)
     if traces is not None:
         url = getattr(target, "url", "")
         traced = apply_traces(stats, traces, url=url, name=key[0], window_s=stats.window_s)

@@ -33,7 +33,7 @@ from kimictl.runtime.outputs import atomic_write
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.records import RequestRecord
-    from kimictl.runtime.observe.metrics import MetricsSnapshot
+    from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
     "SPEC_KEYS",
@@ -68,13 +68,13 @@ SPEC_KEYS: tuple[str, ...] = (
 
 def spec_decode_fields(old: MetricsSnapshot, new: MetricsSnapshot) -> dict[str, Any]:
     """vLLM's spec_decode_* keys from two scrapes around a run; {} when no draft tokens counted."""
-    from kimictl.runtime.observe import metrics as m
+    from kimictl.runtime.observe.names import SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS
 
     def delta(name: str) -> float:
         return new.counters.get(name, 0.0) - old.counters.get(name, 0.0)
 
-    drafts, draft_tokens = delta(m.SPEC_DRAFTS), delta(m.SPEC_DRAFT_TOKENS)
-    accepted = delta(m.SPEC_ACCEPTED_TOKENS)
+    drafts, draft_tokens = delta(SPEC_DRAFTS), delta(SPEC_DRAFT_TOKENS)
+    accepted = delta(SPEC_ACCEPTED_TOKENS)
     if draft_tokens <= 0:
         return {}
     per_pos: list[float] = []

@@ -1,6 +1,7 @@
 """Start, watch and stop vLLM servers: one process group per run, logs in the run folder.
 
-Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed.
+Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed (never ready) or
+died (a member of the deployment died after ready).
 - `plan_launch` (plan.py) turns a DeploymentSpec into a `LaunchPlan` (argv + env, secrets kept
   out of argv).
 - `start` checks the port, starts vLLM in its own session (so its whole tree is one process group),
@@ -11,8 +12,10 @@ Lifetime: a run moves starting -> ready -> stopping -> stopped, or to failed.
   /health answers 200 AND a one-token completion succeeds (a healthy server can still die on its
   first request). vLLM exiting meanwhile becomes a LaunchError with the exit code, the last 40 log
   lines and the likely cause.
-- `supervise` watches a ready foreground run until a stop is asked (SIGINT/SIGTERM) or the engine
-  dies, which is reported (EndpointError), never hidden.
+- `supervise` watches a ready foreground run until a stop is asked (SIGINT/SIGTERM) or a member
+  of the deployment (API server, engine core, worker: recorded at ready) dies or /health fails;
+  then it takes the rest of the process group down, records the run as died with the cause and
+  raises EndpointError: a broken deployment is never left half-running or reported ready.
 - `stop_run` sends SIGTERM to the group, SIGKILL after the grace period, reaps, and removes the
   run's temp folder (vLLM leaves its ZMQ socket files there even after a clean exit).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -32,13 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kimictl.runtime.apikeys import bearer_headers
 from kimictl.runtime.apikeys import read_api_key as read_api_key
 from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.runtime.http1 import BlockingClient
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
 from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
@@ -52,7 +54,9 @@ from kimictl.runtime.serving.startup import log_tail as log_tail
 from kimictl.runtime.serving.startup import read_phases as read_phases
 
 __all__ = [
+    "DEATH_GRACE_S",
     "HEADLESS_SETTLE_S",
+    "HEARTBEAT_S",
     "STOP_GRACE_S",
     "Launch",
     "StopRequested",
@@ -70,6 +74,10 @@ __all__ = [
 
 STOP_GRACE_S = 20.0
 HEADLESS_SETTLE_S = 10.0
+# Start-up quiet for this long gets a "still <phase>" line.
+HEARTBEAT_S = 12.0
+# A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL.
+DEATH_GRACE_S = 5.0
 
 
 class StopRequested(Exception):
@@ -117,6 +125,7 @@ class Launch:
     process: subprocess.Popen[bytes] | None = None
     log_offset: int = 0
     phases: list[tuple[float, str]] = field(default_factory=list)
+    said_at: float = 0.0  # seconds after start of the last progress line
 
     def returncode(self) -> int | None:
         if self.process is not None:
@@ -202,42 +211,54 @@ def _stopped_elsewhere(launch: Launch) -> bool:
 
 
 def _mark(record: RunRecord, state: RunState, **changes: Any) -> RunRecord:
-    if state in (RunState.STOPPED, RunState.FAILED):
+    if state in (RunState.STOPPED, RunState.FAILED, RunState.DIED):
         changes.setdefault("ended_at", time.time())
     return runs.update_record(record, state=state, **changes)
+
+
+def _mark_ready(record: RunRecord) -> RunRecord:
+    """Ready, with the deployment's members as they are now: from here on, any of them gone
+    means the run died."""
+    members = [m.to_json() for m in runs.group_members(record)]
+    return _mark(record, RunState.READY, ready_at=time.time(), members=members)
 
 
 # ---------------------------------------------------------------- readiness
 
 
-def health(url: str, *, timeout: float = 2.0, client: httpx.Client | None = None) -> int | None:
+def health(url: str, *, timeout: float = 2.0, client: BlockingClient | None = None) -> int | None:
     """The /health status code, or None when nothing answers."""
+    if client is None:
+        with BlockingClient() as own:
+            return health(url, timeout=timeout, client=own)
     try:
-        if client is not None:
-            return client.get(f"{url}/health", timeout=timeout).status_code
-        return httpx.get(f"{url}/health", timeout=timeout).status_code
-    except httpx.HTTPError:
+        return client.request(url, "GET", "/health", timeout=timeout)[0]
+    except (OSError, TimeoutError):
         return None
 
 
-def _client() -> httpx.Client:
-    # One client per wait: a new client per poll builds an SSL context each time (measurable CPU
-    # on a 2-core machine that is also running the server).
-    return httpx.Client(trust_env=False)
+def _client() -> BlockingClient:
+    # One client per wait: one keep-alive connection per server, one round trip per poll.
+    return BlockingClient()
 
 
-def _one_token(plan: LaunchPlan, timeout: float, client: httpx.Client) -> tuple[bool, str]:
+def _one_token(plan: LaunchPlan, timeout: float, client: BlockingClient) -> tuple[bool, str]:
+    body = {"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
     try:
-        reply = client.post(
-            f"{plan.url}/v1/completions",
-            json={"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            headers=bearer_headers(plan.api_key),
+        status, text = client.request(
+            plan.url,
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body).encode(),
+            api_key=plan.api_key,
             timeout=timeout,
         )
-    except httpx.HTTPError as error:
+    except TimeoutError:
+        return False, f"no answer within {timeout:g} s"
+    except OSError as error:
         return False, f"{type(error).__name__}: {error}"
-    if reply.status_code != 200:
-        return False, f"HTTP {reply.status_code}: {reply.text[:200]}"
+    if status != 200:
+        return False, f"HTTP {status}: {text[:200].decode(errors='replace')}"
     return True, "ok"
 
 
@@ -262,7 +283,7 @@ def wait_ready(
 
 def _wait_ready(
     launches: list[Launch],
-    client: httpx.Client,
+    client: BlockingClient,
     timeout: float,
     on_phase: ProgressFn | None,
     stop_flag: Callable[[], bool],
@@ -271,6 +292,8 @@ def _wait_ready(
     pending = list(launches)
     begin = time.monotonic()
     next_probe: dict[str, float] = {}
+    for launch in launches:  # a first line at once: vLLM logs nothing while it imports
+        _say(launch, "launching vLLM", time.time() - launch.record.started_at, on_phase)
     while pending:
         if stop_flag():
             raise StopRequested()
@@ -278,6 +301,7 @@ def _wait_ready(
         for launch in list(pending):
             elapsed = time.time() - launch.record.started_at
             _advance_phases(launch, elapsed, on_phase)
+            _heartbeat(launch, elapsed, on_phase)
             code = launch.returncode()
             if code is not None:
                 if _stopped_elsewhere(launch):
@@ -289,20 +313,20 @@ def _wait_ready(
             if launch.plan.headless:
                 # A headless rank serves no HTTP: running for a while is all it can show.
                 if elapsed >= HEADLESS_SETTLE_S:
-                    launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
-                    if on_phase:
-                        on_phase(launch, "running headless (the API is on rank 0)", elapsed)
+                    launch.record = _mark_ready(launch.record)
+                    _say(launch, "running headless (the API is on rank 0)", elapsed, on_phase)
                     pending.remove(launch)
                 continue
             if health(launch.plan.url, timeout=2.0, client=client) != 200:
                 continue
-            if on_phase:
-                on_phase(launch, "first completion", elapsed)
+            # Whatever vLLM logged before /health answered is in the file now: read it before
+            # "ready", or phases written between the read above and the probe are never shown.
+            _advance_phases(launch, elapsed, on_phase)
+            _say(launch, "first completion", elapsed, on_phase)
             ok, detail = _one_token(launch.plan, 60.0, client)
             if ok:
-                launch.record = _mark(launch.record, RunState.READY, ready_at=time.time())
-                if on_phase:
-                    on_phase(launch, "ready", time.time() - launch.record.started_at)
+                launch.record = _mark_ready(launch.record)
+                _say(launch, "ready", time.time() - launch.record.started_at, on_phase)
                 pending.remove(launch)
                 continue
             # A healthy server that fails its first request: dead, or about to be.
@@ -324,6 +348,21 @@ def _wait_ready(
         time.sleep(poll_s)
 
 
+def _say(launch: Launch, text: str, elapsed: float, on_phase: ProgressFn | None) -> None:
+    launch.said_at = elapsed
+    if on_phase:
+        on_phase(launch, text, elapsed)
+
+
+def _heartbeat(launch: Launch, elapsed: float, on_phase: ProgressFn | None) -> None:
+    """vLLM is quiet for minutes at a time (imports, the worker's start, compiling): after
+    HEARTBEAT_S without a line, say which phase it is still in and for how long."""
+    if elapsed - launch.said_at < HEARTBEAT_S:
+        return
+    since, phase = launch.phases[-1] if launch.phases else (0.0, "launching vLLM")
+    _say(launch, f"still {phase} ({elapsed - since:.0f} s in this phase)", elapsed, on_phase)
+
+
 def _advance_phases(launch: Launch, elapsed: float, on_phase: ProgressFn | None) -> None:
     try:
         with open(launch.plan.log_path, "rb") as handle:
@@ -338,8 +377,7 @@ def _advance_phases(launch: Launch, elapsed: float, on_phase: ProgressFn | None)
     for phase in read_phases(chunk[:cut].decode(errors="replace")):
         if phase not in seen:
             launch.phases.append((elapsed, phase))
-            if on_phase:
-                on_phase(launch, phase, elapsed)
+            _say(launch, phase, elapsed, on_phase)
 
 
 # ---------------------------------------------------------------- signals and supervision
@@ -375,11 +413,37 @@ def supervise(
     stop_flag: Callable[[], bool],
     poll_s: float = 2.0,
     failures_to_dead: int = 2,
+    grace: float = DEATH_GRACE_S,
 ) -> None:
-    """Watch ready runs until `stop_flag()`; raise EndpointError when an engine dies after ready
-    (process gone, or /health not 200 on `failures_to_dead` polls in a row)."""
+    """Watch ready runs until `stop_flag()`. When a member of a deployment dies (API server,
+    engine core, worker) or its /health fails `failures_to_dead` polls in a row, take the rest of
+    its process group down, record it as died with the cause, and raise EndpointError."""
     with _client() as client:
-        _supervise(launches, stop_flag, poll_s, failures_to_dead, client)
+        _supervise(launches, stop_flag, poll_s, failures_to_dead, grace, client)
+
+
+def _death(launch: Launch) -> str | None:
+    """What died in this deployment, or None while all its members live."""
+    code = launch.returncode()
+    gone = runs.missing_members(launch.record)
+    if code is None and not gone:
+        return None
+    leader = launch.record.leader_pid
+    parts = []
+    if code is not None:
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        parts.append(f"its API server (pid {leader}) {how}")
+    for member in gone:
+        if member.pid != leader:  # not kimictl's child: its exit status went to its parent
+            parts.append(f"its {member.role} (pid {member.pid}) is gone")
+    return "; ".join(parts) or f"its API server (pid {leader}) is gone"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _supervise(
@@ -387,50 +451,65 @@ def _supervise(
     stop_flag: Callable[[], bool],
     poll_s: float,
     failures_to_dead: int,
-    client: httpx.Client,
+    grace: float,
+    client: BlockingClient,
 ) -> None:
     bad: dict[str, int] = {}
     while not stop_flag():
         for launch in launches:
-            code = launch.returncode()
-            if code is None and launch.plan.headless:
+            what = _death(launch)
+            if what is None and launch.plan.headless:
                 continue  # no HTTP on a headless rank: alive is healthy
-            status = (
-                None if code is not None else health(launch.plan.url, timeout=5.0, client=client)
-            )
-            if code is None and status == 200:
-                bad[launch.plan.run_id] = 0
-                continue
-            bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
-            # An explicit non-200 counts at once; no answer at all (a busy 2-core machine under
-            # load can miss a 5 s /health) needs three times as many misses in a row.
-            needed = failures_to_dead if status is not None else 3 * failures_to_dead
-            if code is None and bad[launch.plan.run_id] < needed:
-                continue
+            if what is None:
+                status = health(launch.plan.url, timeout=5.0, client=client)
+                if status == 200:
+                    bad[launch.plan.run_id] = 0
+                    continue
+                bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
+                # An explicit non-200 counts at once; no answer at all (a busy 2-core machine
+                # under load can miss a 5 s /health) needs three times as many misses in a row.
+                needed = failures_to_dead if status is not None else 3 * failures_to_dead
+                if bad[launch.plan.run_id] < needed:
+                    continue
+                what = (
+                    f"/health did not answer {needed} times in a row"
+                    if status is None
+                    else f"/health answered {status}"
+                )
             if _stopped_elsewhere(launch):
                 return  # `kimictl stop` from another shell: a stop, not a death
-            if code is not None:
-                what = f"exited with code {code}"
-            elif status is None:
-                what = f"/health did not answer {needed} times in a row"
-            else:
-                what = f"/health answered {status}"
-            launch.record = _mark(
-                launch.record,
-                RunState.FAILED,
-                exit_code=code,
-                reason=f"engine died after ready: {what}",
-            )
-            tail = "\n".join("  " + line for line in log_tail(launch.plan.log_path))
-            raise EndpointError(
-                f"vLLM ({launch.plan.name}) died after it was ready: {what}; "
-                f"likely cause: {likely_cause(log_tail(launch.plan.log_path), code)}.\n"
-                f"last lines of {launch.plan.log_path}:\n{tail}",
-                hint=f"full log: {launch.plan.log_path}",
-            )
+            _die(launch, what, grace)
         deadline = time.monotonic() + poll_s
         while time.monotonic() < deadline and not stop_flag():
             time.sleep(0.1)
+
+
+def _die(launch: Launch, what: str, grace: float) -> None:
+    """Take the rest of the deployment down, record it as died with the cause, and raise."""
+    record = launch.record
+    tail = log_tail(launch.plan.log_path)
+    cause = likely_cause(tail, launch.returncode())
+    if runs.is_alive(record):
+        _signal_group(record.pgid, signal.SIGTERM)
+        if not runs.wait_gone(record, grace):
+            _signal_group(record.pgid, signal.SIGKILL)
+            runs.wait_gone(record, 10.0)
+    left = len(runs.group_members(record))
+    launch.record = _mark(
+        record,
+        RunState.DIED,
+        exit_code=launch.returncode(),
+        reason=f"died after ready: {what}",
+        extra={**record.extra, "last_log_lines": tail[-10:]},
+    )
+    shown = "\n".join("  " + line for line in tail)
+    taken = "the rest of its process group was stopped" if not left else f"{left} process(es) left"
+    raise EndpointError(
+        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}; "
+        f"likely cause: {cause}.\n"
+        f"last lines of {launch.plan.log_path}:\n{shown}",
+        hint=f"full log: {launch.plan.log_path}",
+    )
 
 
 # ---------------------------------------------------------------- stop
@@ -459,7 +538,7 @@ def stop_run(
     reason: str | None = None,
 ) -> RunRecord:
     """SIGTERM the run's group, SIGKILL after `grace` seconds, reap, clean, mark stopped."""
-    final = record.state if record.state is RunState.FAILED else RunState.STOPPED
+    final = record.state if record.state in (RunState.FAILED, RunState.DIED) else RunState.STOPPED
     if runs.is_alive(record):
         record = runs.update_record(record, state=RunState.STOPPING)
         _signal_group(record.pgid, signal.SIGTERM)

@@ -5,9 +5,10 @@ log and the run's private cache/temp folders. Records are the contract other com
 `bench`, `monitor` and `validate` turn a run id, `NAME=URL` or a URL into a `Target` through
 `resolve_target`, and find the latest A/B pair through `latest_ab_pair`.
 
-States: starting -> ready -> stopping -> stopped, or failed.
+States: starting -> ready -> stopping -> stopped; failed (never ready) or died (after ready).
 A record's stored state is what the launcher last wrote; `observed_state` corrects it with what is
-true now (a "ready" run whose processes are gone is reported as failed, never as ready).
+true now: a run is only as alive as the members recorded when it became ready (API server, engine
+core, workers), so a "ready" run with one of them gone is reported as died, never as ready.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ __all__ = [
     "RunRecord",
     "RunState",
     "Target",
+    "Member",
     "get_run",
+    "group_members",
+    "missing_members",
     "is_alive",
     "ab_targets",
     "latest_ab_pair",
@@ -55,7 +59,8 @@ class RunState(StrEnum):
     READY = "ready"
     STOPPING = "stopping"
     STOPPED = "stopped"
-    FAILED = "failed"
+    FAILED = "failed"  # never became ready
+    DIED = "died"  # a member of the deployment died after ready
 
 
 LIVE_STATES = (RunState.STARTING, RunState.READY, RunState.STOPPING)
@@ -92,6 +97,9 @@ class RunRecord:
     ended_at: float | None = None
     exit_code: int | None = None
     reason: str | None = None
+    # The deployment's processes when it became ready (`Member.to_json()` each): any of them gone
+    # means the deployment is broken, whatever the others still answer.
+    members: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -204,6 +212,76 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Member:
+    """One process of a deployment, named by what vLLM calls it (its process title)."""
+
+    pid: int
+    role: str  # "API server" | "engine core" | "worker" | "coordinator"
+    start_ticks: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "role": self.role, "start_ticks": self.start_ticks}
+
+    def alive(self) -> bool:
+        ticks = process_start_ticks(self.pid)
+        return ticks is not None and ticks == self.start_ticks
+
+
+# vLLM's process titles (vllm/utils/system_utils.set_process_title: `<prefix>::<name>`, set when
+# setproctitle is installed, as vLLM's own requirements have it), in the order they are looked
+# for. Processes with none of them (compile pools, resource trackers) come and go.
+_ROLES = (
+    ("EngineCore", "engine core"),
+    ("Worker", "worker"),
+    ("DPCoordinator", "coordinator"),
+    ("APIServer", "API server"),
+)
+
+
+def _role(pid: int, leader: int) -> str | None:
+    if pid == leader:
+        return "API server"
+    try:
+        title = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        )
+    except OSError:
+        return None
+    for marker, role in _ROLES:
+        if f"::{marker}" in title:  # the prefix is VLLM_PROCESS_NAME_PREFIX (default VLLM)
+            return role
+    return None
+
+
+def group_members(record: RunRecord) -> list[Member]:
+    """The live processes of the run's group that make up the deployment (the leader, engine
+    cores, workers), found through /proc."""
+    found: list[Member] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) < 20 or rest[2] != str(record.pgid) or rest[0] in ("Z", "X"):
+            continue
+        pid = int(entry.name)
+        role = _role(pid, record.leader_pid)
+        if role is not None:
+            found.append(Member(pid, role, int(rest[19])))
+    found.sort(key=lambda m: (m.pid != record.leader_pid, m.pid))
+    return found
+
+
+def missing_members(record: RunRecord) -> list[Member]:
+    """The recorded members that are gone (a recycled PID counts as gone)."""
+    members = [Member(m["pid"], m["role"], m.get("start_ticks")) for m in record.members]
+    return [m for m in members if not m.alive()]
+
+
 def is_alive(record: RunRecord) -> bool:
     """True while any process of the run's process group lives (a recycled PID does not count)."""
     if record.start_ticks is not None:
@@ -224,9 +302,17 @@ def observed_state(record: RunRecord) -> tuple[RunState, str | None]:
             f"the kimictl (pid {record.supervisor_pid}) running it in the foreground exited "
             "and the server ended with it"
         )
+    if record.state is RunState.READY and alive:
+        gone = missing_members(record)
+        if gone:
+            left = len(group_members(record))
+            return RunState.DIED, (
+                f"its {', '.join(f'{m.role} (pid {m.pid})' for m in gone)} died after ready; "
+                f"{left} process(es) of the group are left: `kimictl stop {record.id}` ends them"
+            )
     if record.state in (RunState.STARTING, RunState.READY) and not alive:
         if record.state is RunState.READY:
-            return RunState.FAILED, "its processes are gone (the engine died after ready)"
+            return RunState.DIED, "its processes are gone (the engine died after ready)"
         return RunState.FAILED, "its processes are gone (vLLM exited during start-up)"
     if alive and supervisor_gone and record.state in (RunState.STARTING, RunState.READY):
         return record.state, (

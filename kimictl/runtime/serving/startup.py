@@ -27,6 +27,8 @@ PHASES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"non-default args|vLLM API server version|version \d"), "starting API server"),
     (re.compile(r"Resolved architecture"), "reading model config"),
     (re.compile(r"Initializing a V1 LLM engine|EngineCore"), "starting engine"),
+    # The engine core's executor starts its worker processes (each imports vLLM and torch again).
+    (re.compile(r"DP group leader|Starting worker|VllmWorker"), "starting workers"),
     (re.compile(r"Starting to load model|Loading safetensors|Loading weights"), "loading weights"),
     (re.compile(r"Compiling a graph|Dynamo bytecode transform|torch\.compile takes"), "compiling"),
     (re.compile(r"KV cache size|Available KV cache memory|init engine"), "allocating KV cache"),

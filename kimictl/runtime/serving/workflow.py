@@ -13,22 +13,24 @@ from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError, KimictlError
 from kimictl.runtime.serving.launcher import (
-    DEFAULT_PORT,
     STOP_GRACE_S,
     Launch,
-    LaunchPlan,
     ProgressFn,
     StopRequested,
-    check_port_free,
     hand_over,
-    plan_launch,
     start,
     stop_launches,
     stop_signals,
     supervise,
     wait_ready,
 )
-from kimictl.runtime.serving.plan import is_loopback
+from kimictl.runtime.serving.plan import (
+    DEFAULT_PORT,
+    LaunchPlan,
+    check_port_free,
+    is_loopback,
+    plan_launch,
+)
 from kimictl.runtime.serving.runs import RunRecord
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Measured tuning: sweep concurrency against a live server, find the largest load meeting an SLO.
 
-Each point is one closed-loop bench run (load.benchreport.run_bench, the same engine as
+Each point is one closed-loop bench run (load.bench.run_bench, the same engine as
 `kimictl bench`) with fixed-length random prompts. Concurrency doubles until the SLO breaks (or
 `max_concurrency`), then bisects between the last load that met it and the first that did not.
 The answer is written into a profile as max-num-seqs, with the measured points as provenance.
@@ -141,7 +141,7 @@ def measure(
     progress: Callable[[str], Any] | None = None,
 ) -> MeasureResult:
     """Sweep concurrency on a live endpoint (URL, NAME=URL or run id) and find the SLO's limit."""
-    from kimictl.runtime.load.benchreport import BenchConfig, resolve_models, run_bench
+    from kimictl.runtime.load.bench import BenchConfig, resolve_models, run_bench
     from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
     from kimictl.runtime.load.slo import parse_slo
     from kimictl.runtime.load.workloads import LengthDist, RandomWorkload
@@ -170,7 +170,7 @@ def measure(
         ) from exc
     except OSError as exc:  # pragma: no cover - resolve_models maps its own errors
         raise EndpointError(f"cannot reach {found.url}: {exc}") from exc
-    workload: Any = RandomWorkload(  # satisfies benchreport's Workload protocol
+    workload: Any = RandomWorkload(  # satisfies the load generator's Workload protocol
         input_len=LengthDist("fixed", context), output_len=LengthDist("fixed", output_len)
     )
     results: dict[int, MeasuredPoint] = {}
