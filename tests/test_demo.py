@@ -407,14 +407,14 @@ def test_plan_defaults_are_vllms_and_each_candidate_changes_one_knob(
     _cpu_runtime_or_skip()
     from kimictl.runtime.demo.run import DemoRequest, prepare_demo
     from kimictl.runtime.demo.tune import CANDIDATES, DEFAULTS
-    from kimictl.runtime.serving import launcher
+    from kimictl.runtime.serving.plan import check_port_free
 
     plan = prepare_demo(DemoRequest(out=tmp_path / "out"))
     assert [c.name for c, _ in plan.candidates] == [c.name for c in CANDIDATES]
     plans = [p for _, p in plan.candidates]
     assert [p.port for p in plans] == [plans[0].port + i for i in range(len(plans))]
     for p in plans:  # chosen free (the profile's 8100.. may be taken on a shared box)
-        launcher.check_port_free(p.host, p.port)
+        check_port_free(p.host, p.port)
     base = _flags(plans[0].argv)
     assert plan.candidates[0][0].name == DEFAULTS and plans[0].role == "stock"
     knobs = {"--max-num-seqs", "--max-num-batched-tokens", "--speculative-config"}

@@ -31,8 +31,9 @@ import sys
 import time
 from typing import Any
 
-from kimictl.runtime.observe import metrics
+from kimictl.runtime.observe.poller import EndpointPoller, append_jsonl
 from kimictl.runtime.observe.scrape import FilterMode
+from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 
 def _serve_canned(url: str) -> str:
@@ -76,7 +77,7 @@ def main() -> None:
         ping = Endpoint(url.rstrip("/") + "/health", None)
     if mode in ("placebo", "ping"):
         url = _serve_canned(url)
-    poller = metrics.EndpointPoller("ep", url)
+    poller = EndpointPoller("ep", url)
     if mode == "full":
         poller.scraper.mode = FilterMode.FULL
     if mode != "now":
@@ -85,7 +86,7 @@ def main() -> None:
     spans: list[tuple[float, float]] = []
     scrape = poller.scraper.scrape
 
-    async def timed(**kw: Any) -> metrics.MetricsSnapshot:
+    async def timed(**kw: Any) -> MetricsSnapshot:
         t = time.perf_counter()
         if ping is not None:
             await ping.request(ping.build("GET", "", None), None, 10.0)
@@ -101,12 +102,12 @@ def main() -> None:
 
     def watch() -> asyncio.Task[Any]:
         return asyncio.ensure_future(
-            metrics.watch(
+            watch(
                 [poller],
                 interval=interval,
                 window_s=60,
                 duration_s=None,
-                on_tick=lambda doc: metrics.append_jsonl(record, doc),
+                on_tick=lambda doc: append_jsonl(record, doc),
             )
         )
 

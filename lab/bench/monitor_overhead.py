@@ -40,12 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.observe import metrics
 from kimictl.runtime.observe.gpu_telemetry import sample_gpus
+from kimictl.runtime.observe.poller import EndpointPoller, EndpointStatus, append_jsonl, watch
+from kimictl.runtime.observe.scrape import metrics_url
 
 
-def _pollers(url: str, n: int) -> list[metrics.EndpointPoller]:
-    return [metrics.EndpointPoller(f"ep{i}", url) for i in range(n)]
+def _pollers(url: str, n: int) -> list[EndpointPoller]:
+    return [EndpointPoller(f"ep{i}", url) for i in range(n)]
 
 
 def run_headless(url: str, n: int, duration: float, interval: float) -> dict[str, Any]:
@@ -57,11 +58,11 @@ def run_headless(url: str, n: int, duration: float, interval: float) -> dict[str
         def on_tick(doc: dict[str, Any]) -> None:
             nonlocal rounds
             rounds += 1
-            metrics.append_jsonl(record, doc)
+            append_jsonl(record, doc)
 
         cpu0, wall0 = time.process_time(), time.monotonic()
         asyncio.run(
-            metrics.watch(
+            watch(
                 pollers,
                 interval=interval,
                 window_s=60,
@@ -72,7 +73,7 @@ def run_headless(url: str, n: int, duration: float, interval: float) -> dict[str
         )
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         size = record.stat().st_size
-    up = sum(p.status is metrics.EndpointStatus.UP for p in pollers)
+    up = sum(p.status is EndpointStatus.UP for p in pollers)
     return {
         "mode": "headless --no-tui --record",
         "cpu_s": cpu,
@@ -102,7 +103,7 @@ def run_tui(url: str, n: int, duration: float, interval: float) -> dict[str, Any
     app.run(headless=True, size=(160, 50))
     cpu = marks["cpu1"] - marks["cpu0"]
     wall = marks["wall1"] - marks["wall0"]
-    up = sum(v.status is metrics.EndpointStatus.UP for v in app.views)
+    up = sum(v.status is EndpointStatus.UP for v in app.views)
     return {
         "mode": "Textual TUI (headless terminal 160x50)",
         "cpu_s": cpu,
@@ -200,7 +201,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
 
-    size = len(httpx.get(metrics.metrics_url(args.url), timeout=10).content)
+    size = len(httpx.get(metrics_url(args.url), timeout=10).content)
     results = []
     if args.mode in ("both", "headless"):
         results.append(run_headless(args.url, args.endpoints, args.duration, args.interval))

@@ -9,7 +9,7 @@ derived from the defaults; (4) an A/B of the chosen configuration against vLLM's
 bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
 
 Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the gate) and
-`launcher.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
+`serving.plan.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
 `load.bench.run_bench` for the load and the comparison, `load.exports.write_plots` for the PNGs.
 
 vLLM's defaults stay up through the tune: each candidate is benched back to back with them, so a
@@ -50,6 +50,7 @@ from kimictl.runtime.demo.tune import (
 from kimictl.runtime.errors import InputError, LaunchError, Unsupported
 from kimictl.runtime.outputs import atomic_write
 from kimictl.runtime.serving import launcher, workflow
+from kimictl.runtime.serving.plan import DEFAULT_PORT, LaunchPlan, check_port_free, plan_launch
 
 __all__ = [
     "DEMO_PROFILE",
@@ -105,7 +106,7 @@ class DemoPlan:
     request: DemoRequest
     prepared: workflow.Prepared  # the gate, as `kimictl serve` runs it
     out: Path
-    candidates: list[tuple[Candidate, launcher.LaunchPlan]]
+    candidates: list[tuple[Candidate, LaunchPlan]]
     ab_group: str
     notes: list[str] = field(default_factory=list)
 
@@ -275,7 +276,7 @@ def _check_sizes(request: DemoRequest, count: int) -> None:
 
 def _port_free(host: str, port: int) -> bool:
     try:
-        launcher.check_port_free(host, port)
+        check_port_free(host, port)
     except InputError:
         return False
     return True
@@ -305,7 +306,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     host = profile.spec.host or "127.0.0.1"
     port = request.port
     if port is None:
-        port = _free_block(host, profile.spec.port or launcher.DEFAULT_PORT, len(candidates))
+        port = _free_block(host, profile.spec.port or DEFAULT_PORT, len(candidates))
     # The gate exactly as `kimictl serve cpu-demo` runs it (e.g. no CPU runtime: CheckFailed
     # naming `kimictl setup cpu-runtime`).
     prepared = workflow.prepare_serve(workflow.ServeRequest(profile=DEMO_PROFILE, port=port))
@@ -320,7 +321,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
         planned.append(
             (
                 cand,
-                launcher.plan_launch(
+                plan_launch(
                     base.with_(**cand.changes),
                     name=cand.name,
                     profile=profile.name,
@@ -353,7 +354,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
 
 def _bench(
     plan: DemoPlan,
-    targets: list[tuple[str, launcher.LaunchPlan]],
+    targets: list[tuple[str, LaunchPlan]],
     num_prompts: int,
     flag: Callable[[], bool],
     bench_ui: BenchUi | None,
@@ -464,7 +465,7 @@ def run_demo(
     handed_over = False
     total = len(plan.candidates)
     for _, p in plan.candidates:  # every port before any start
-        launcher.check_port_free(p.host, p.port)
+        check_port_free(p.host, p.port)
     checks = plan.prepared.checks
     passed = sum(1 for c in checks if c.status.value == "pass")
     step(f"1/5 gate (as `kimictl serve` runs it): {passed} of {len(checks)} checks pass")

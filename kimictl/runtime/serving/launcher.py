@@ -36,22 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.apikeys import read_api_key as read_api_key
-from kimictl.runtime.apikeys import redact_argv as redact_argv
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.http1 import BlockingClient
 from kimictl.runtime.serving import runs
-from kimictl.runtime.serving.plan import DEFAULT_PORT as DEFAULT_PORT
-from kimictl.runtime.serving.plan import LaunchPlan as LaunchPlan
-from kimictl.runtime.serving.plan import check_port_free as check_port_free
-from kimictl.runtime.serving.plan import plan_launch as plan_launch
-from kimictl.runtime.serving.plan import run_tmp_dir as run_tmp_dir
+from kimictl.runtime.serving.plan import LaunchPlan, check_port_free
 from kimictl.runtime.serving.runs import RunRecord, RunState
-from kimictl.runtime.serving.startup import LOG_TAIL_LINES as LOG_TAIL_LINES
-from kimictl.runtime.serving.startup import likely_cause as likely_cause
-from kimictl.runtime.serving.startup import log_tail as log_tail
-from kimictl.runtime.serving.startup import read_phases as read_phases
+from kimictl.runtime.serving.startup import likely_cause, log_tail, read_phases
 
 __all__ = [
     "DEATH_GRACE_S",
