@@ -55,7 +55,7 @@ def _bench(server: Server, tmp_path: Path, prompts: int) -> dict:
     out.unlink(missing_ok=True)
     rows.unlink(missing_ok=True)
     args = ["bench", "-t", server.url, *LOAD, "--num-prompts", str(prompts)]
-    args += ["--json", str(out), "--csv", str(rows)]
+    args += ["-o", str(out), "--csv", str(rows)]
     proc = run_cli_diagnosed(args, timeout=900, server=server)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]

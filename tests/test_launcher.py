@@ -318,6 +318,23 @@ def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     assert runs.get_run(plan.run_id).state is RunState.DIED  # a stop keeps the cause
 
 
+def test_multinode_leader_with_a_lost_peer_is_taken_down(monkeypatch):
+    """/health stays 200 on vLLM's rank 0 when another host's rank dies; a completion fails."""
+    from dataclasses import replace
+
+    monkeypatch.setattr(launcher, "PEER_PROBE_S", 0.3)
+    plan = fake_plan("peer-lost")
+    plan = replace(plan, argv=[*plan.argv, "--nnodes", "2", "--node-rank", "0"])
+    assert plan.leads_other_nodes
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    with pytest.raises(EndpointError, match="a rank on another node is gone"):
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2, grace=2)
+    assert group_gone(launch.record.pgid)
+    assert runs.get_run(plan.run_id).state is RunState.DIED
+    launcher.stop_run(runs.get_run(plan.run_id), process=launch.process, grace=1)
+
+
 def test_detached_run_with_a_dead_member_is_reported_died():
     """No supervisor: the record says ready, the probe says died."""
     plan = fake_plan("engine")

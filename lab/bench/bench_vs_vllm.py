@@ -52,7 +52,7 @@ def _kimictl_bench(args: argparse.Namespace, out: Path) -> dict:
         sys.executable, "-m", "kimictl", "bench", "--target", args.url, "--model", args.model,
         "--input-len", str(args.input_len), "--output-len", str(args.output_len),
         "--num-prompts", str(args.num_prompts), "--concurrency", str(args.concurrency),
-        "--json", str(out),
+        "-o", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
     if proc.returncode != 0:

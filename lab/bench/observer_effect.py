@@ -40,7 +40,7 @@ _WATCH = Path(__file__).with_name("_observer_watch.py")
 def _bench(url: str, prompts: int) -> dict[str, Any]:
     argv = [sys.executable, "-m", "kimictl", "bench", "-t", url, "--input-len", "32",
             "--output-len", "256", "--concurrency", "2", "--num-prompts", str(prompts),
-            "--warmup", "0", "--no-metrics", "--json", "-"]  # fmt: skip
+            "--warmup", "0", "--no-metrics", "--json"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=900).stdout
     (run,) = json.loads(out)["runs"]
     return dict(run)
@@ -601,7 +601,7 @@ def paired_ab(
             bg = subprocess.Popen(
                 [sys.executable, "-m", "kimictl", "bench", "-t", url, "--input-len", "32",
                  "--output-len", "256", "--concurrency", str(background), "--warmup", "0",
-                 "--duration", str(max_s + 3600), "--no-metrics", "--json", os.devnull],
+                 "--duration", str(max_s + 3600), "--no-metrics"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         blocks: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}

@@ -63,7 +63,7 @@ def _block(url: str, pid: int, args: argparse.Namespace) -> dict[str, float]:
     argv = [sys.executable, "-m", "kimictl", "bench", "-t", url, "--input-len", "32",
             "--output-len", str(args.output_len), "--concurrency", str(args.concurrency),
             "--num-prompts", str(args.prompts), "--warmup", "0", "--no-metrics",
-            "--json", "-"]  # fmt: skip
+            "--json"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cpu0 = _cpu_s(pid)
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=900, env=env)

@@ -69,6 +69,10 @@ HEADLESS_SETTLE_S = 10.0
 HEARTBEAT_S = 12.0
 # A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL.
 DEATH_GRACE_S = 5.0
+# vLLM's rank 0 has no heartbeat to ranks on other hosts: idle, it answers /health 200 with a dead
+# peer until its next collective. A one-token completion this often finds that out.
+PEER_PROBE_S = 15.0
+PEER_PROBE_TIMEOUT_S = 60.0
 
 
 class StopRequested(Exception):
@@ -446,6 +450,7 @@ def _supervise(
     client: BlockingClient,
 ) -> None:
     bad: dict[str, int] = {}
+    probed: dict[str, float] = {}
     while not stop_flag():
         for launch in launches:
             what = _death(launch)
@@ -453,9 +458,12 @@ def _supervise(
                 continue  # no HTTP on a headless rank: alive is healthy
             if what is None:
                 status = health(launch.plan.url, timeout=5.0, client=client)
-                if status == 200:
+                if status == 200 and launch.plan.leads_other_nodes:
+                    what = _probe_peers(launch, probed, client)
+                if status == 200 and what is None:
                     bad[launch.plan.run_id] = 0
                     continue
+            if what is None:
                 bad[launch.plan.run_id] = bad.get(launch.plan.run_id, 0) + 1
                 # An explicit non-200 counts at once; no answer at all (a busy 2-core machine
                 # under load can miss a 5 s /health) needs three times as many misses in a row.
@@ -473,6 +481,18 @@ def _supervise(
         deadline = time.monotonic() + poll_s
         while time.monotonic() < deadline and not stop_flag():
             time.sleep(0.1)
+
+
+def _probe_peers(launch: Launch, probed: dict[str, float], client: BlockingClient) -> str | None:
+    """Why a multi-node rank 0 has lost a peer, or None (also while no probe is due)."""
+    now = time.monotonic()
+    if now - probed.setdefault(launch.plan.run_id, now) < PEER_PROBE_S:
+        return None
+    probed[launch.plan.run_id] = now
+    ok, why = _one_token(launch.plan, PEER_PROBE_TIMEOUT_S, client)
+    if ok or why.startswith("no answer"):  # a slow answer is a busy server, not a lost rank
+        return None
+    return f"a one-token completion failed ({why}): a rank on another node is gone"
 
 
 def _die(launch: Launch, what: str, grace: float) -> None:

@@ -65,6 +65,11 @@ class LaunchPlan:
         return "--headless" in self.argv
 
     @property
+    def leads_other_nodes(self) -> bool:
+        """Rank 0 of vLLM's own multi-node launch: it serves HTTP for ranks on other hosts."""
+        return "--nnodes" in self.argv and not self.headless
+
+    @property
     def log_path(self) -> Path:
         return self.run_dir / LOG_NAME
 
