@@ -32,8 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kimictl.kernels.layer.ops import dense_layer_ops  # noqa: E402
 from kimictl.kernels.toolchain.dispatch import DispatchTable  # noqa: E402
-from lab.kernels.layer_ops import dense_layer_ops  # noqa: E402
 
 TABLE = ROOT / "tests" / "fixtures" / "kernels" / "bench_h200_table.json"
 RUN = ROOT / "lab" / "tests" / "fixtures" / "layer_h200_elem_all.json"

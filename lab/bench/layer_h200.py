@@ -1,6 +1,6 @@
 """One device call: the dense part of a K3 decode layer on the H200, side by side.
 
-The layer is `lab.kernels.layer_ops.dense_layer_ops(kind)` (MLA and KDA, per GPU at TP8): fused
+The layer is `kimictl.kernels.layer.ops.dense_layer_ops(kind)` (MLA and KDA, per GPU at TP8): fused
 add + RMSNorm, input projection(s) and their norms, attention core, output gate, o_proj,
 post-attention add + RMSNorm, router (fp32 logits), MoE latent down, routed experts, shared expert
 gate_up / SiTU*mul / down, latent RMSNorm, latent up + shared output. The attention core and the
@@ -18,7 +18,7 @@ only M dynamic) and replayed as one CUDA graph:
 - stock_hfused: the horizontal fusion on cuBLAS, to separate the fusion from the kernels.
 - kimictl_elem: kimictl_hfused with the elementwise ops (add + RMSNorm, RMSNorm, the MLA q/kv
   norms and sigmoid gate, SiTU * mul with the fp32 router logits) as kimictl PDL kernels
-  (lab/kernels/layer_elem.py) instead of inductor's Triton kernels; kimictl_elemnorm (M <= 8):
+  (kimictl/kernels/layer/elem.py) instead of inductor's Triton kernels; kimictl_elemnorm (M <= 8):
   the same on kimictl_norm's folded-norm GEMMs; kimictl_elem_all: kimictl_elem with a kimictl
   kernel for every measured projection (all_variant), o_proj and latent_up in their faster
   non-residual form (o_proj's add in the add + RMSNorm kernel, latent_up's output shared_down's
@@ -35,7 +35,7 @@ only M dynamic) and replayed as one CUDA graph:
   triggers its dependents at its end. A twin's `vs_best` holds it against the faster stand-in
   form of stock and of vLLM's plan.
 - kimictl_chain_pdlsi (M = 1, 2, 4): the cat layer as three persistent kernels, one per part
-  between the PDL stand-ins (lab/kernels/layer_chain.py); each segment on the (math, ring,
+  between the PDL stand-ins (kimictl/kernels/layer/chain.py); each segment on the (math, ring,
   slot) variant a child preflight timed fastest alone among those whose output matched fp64, the
   layer checked against fp64 there first.
 Timing: one graph per (variant, M) chaining COPIES layer calls, each on its own weight copy (each
@@ -131,14 +131,15 @@ TUNE_TOP = 4  # kimictl_tuned tries the table's 4 fastest kimictl kernels per GE
 KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 NORM_VARIANTS = ("kimictl_norm", "kimictl_elemnorm")  # wsnorm GEMMs: M in NORM_MS only
-# the dense part as three persistent kernels, the stand-ins PDL copies (kimictl/kernels/
-# layer_chain.py): M in CHAIN_MS only; held against the faster stand-in form like the _pdlsi twins
+# the dense part as three persistent kernels, the stand-ins PDL copies
+# (kimictl/kernels/layer/chain.py): M in CHAIN_MS only; held against the faster stand-in form like
+# the _pdlsi twins
 CHAIN_VARIANT = "kimictl_chain_pdlsi"
 STANDIN_PDL = (*PDLSI, CHAIN_VARIANT)
 
 
 def ops_by_name(kind: str) -> dict[str, Any]:
-    from lab.kernels.layer_ops import dense_layer_ops
+    from kimictl.kernels.layer.ops import dense_layer_ops
 
     return {op.name: op for op in dense_layer_ops(kind)}
 
@@ -160,7 +161,7 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
     # RMSNorm weights folded into the GEMM that follows the norm (the wsnorm kernels)
     for name, norm in (("front", "post_attention_norm"), ("latent_up", "latent_norm")):
         w[name + "_g"] = (w[name].float() * w[norm].float()).to(torch.bfloat16)
-    from lab.kernels.layer_chain import chain_weights
+    from kimictl.kernels.layer.chain import chain_weights
 
     w.update(chain_weights(kind, w))  # the chain segments' flat buffers (and barrier words)
     return w
@@ -360,7 +361,7 @@ def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
     """The `elem` ops of make_layer in torch (CPU smoke): each variant's fp64 reference
     (layer_elem.elem_ref) on the same tensors the kernels get, rounded back to bf16."""
 
-    from lab.kernels.layer_elem import elem_configs, elem_ref
+    from kimictl.kernels.layer.elem import elem_configs, elem_ref
 
     proto = {c.op + ("" if c.op not in ("rms", "copy") else str(c.width)): c
              for c in elem_configs((kind,), (1,)) if c.op != "copy" or not c.x_w}  # fmt: skip
@@ -407,7 +408,7 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
     returns make_layer's `elem` dict."""
     import torch
 
-    from lab.kernels.layer_elem import elem_configs
+    from kimictl.kernels.layer.elem import elem_configs
 
     cfgs = elem_configs(kinds)
     names = {(c.op, c.m, c.width): c.name for c in cfgs if c.op != "copy"}
@@ -788,7 +789,7 @@ def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
     can switch variants (the preflight's search in the layer)."""
     import torch
 
-    from lab.kernels.layer_chain import chain_configs
+    from kimictl.kernels.layer.chain import chain_configs
 
     every = {c.name: c for c in chain_configs(kinds)}
     cfgs: dict[tuple[str, str, int], Any] = {} if table is None else table
@@ -819,10 +820,10 @@ def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
 
 def make_chain_layer(kind: str, chain: Callable[..., Any], standin: Callable[..., Any]
                      ) -> Callable[..., Any]:  # fmt: skip
-    """The layer as segments a, b, c with the stand-ins between them (layer_chain.py): the
+    """The layer as segments a, b, c with the stand-ins between them (layer/chain.py): the
     attention stand-in reads q (MLA) or the packed projection (KDA) at its row stride, the routed
     one the latent columns of the front GEMM's output."""
-    from lab.kernels.layer_chain import segment
+    from kimictl.kernels.layer.chain import segment
 
     ops = ops_by_name(kind)
     hid, core, lat = ops["input_norm"].k, ops["attention_core"].n, ops["routed_experts"].n
@@ -865,7 +866,7 @@ def graph_us(calls: list[Callable[[], Any]]) -> float:
     return statistics.median(times)
 
 
-def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
+def preflight_chain(build: Path, kinds: tuple[str, ...], shipped: bool = False) -> int:
     """Child process, three parts, one JSON line per result. First every chain variant, alone,
     in a CUDA graph of 10 back-to-back launches (PDL) on random inputs: its time, weight TB/s and
     its output vs its torch model in fp64 (only variants within TOL can be picked); the fastest
@@ -876,14 +877,24 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     timeout)."""
     import torch
 
+    from kimictl.kernels.layer.chain import (
+        CHAIN_MS,
+        CHAIN_SHIPPED,
+        COUNTER,
+        SERVED_MS,
+        chain_configs,
+        segment_ref,
+    )
     from kimictl.kernels.toolchain.harness import open_library
-    from lab.kernels.layer_chain import CHAIN_MS, COUNTER, chain_configs, segment_ref
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)
     best: dict[str, tuple[float, str]] = {}
     sweep: list[dict[str, Any]] = []
-    for cfg in chain_configs(kinds):
+    # --chain-shipped: only the shipped segments, no search: the picks are what ships
+    cfgs = tuple(c for c in CHAIN_SHIPPED if c.layer in kinds) if shipped else chain_configs(kinds)
+    chain_ms = SERVED_MS if shipped else CHAIN_MS
+    for cfg in cfgs:
         sz = cfg.sizes
         x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
                 for b in ("x", "r"))  # fmt: skip
@@ -910,7 +921,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
     for kind in kinds:
         fn = make_chain_layer(kind, chain, si)
         ws = [make_weights(kind, gen, "cuda") for _ in range(3)]  # 3 x 230-261 MB: past the L2
-        for m in CHAIN_MS:
+        for m in chain_ms:
             h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
             res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
             layer = [functools.partial(fn, h, res, ws[i % 3]) for i in range(6)]
@@ -936,7 +947,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...]) -> int:
         wref = {k: v.double() for k, v in w.items()}
         ref = ref_layer(kind)
         fn = make_chain_layer(kind, chain, si)
-        for m in CHAIN_MS:
+        for m in chain_ms:
             h = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
             res = torch.randn((m, 7168), generator=gen, device="cuda").to(torch.bfloat16)
             want = ref(h.double(), res.double(), wref)
@@ -953,10 +964,10 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm,
     layer_elem and layer_chain variants into `out` (objects whose source is unchanged are
     reused); sm_90a."""
+    from kimictl.kernels.layer.chain import chain_configs
+    from kimictl.kernels.layer.elem import elem_configs
     from kimictl.kernels.toolchain.build import ALL_CONFIGS, build
     from lab.kernels.families import ALL_FAMILIES, EXPERIMENTAL_CONFIGS
-    from lab.kernels.layer_chain import chain_configs
-    from lab.kernels.layer_elem import elem_configs
     from lab.kernels.tcpro_gemm import pro_configs
     from lab.kernels.wgstride_gemm import stride_configs
     from lab.kernels.wsnorm_gemm import NORM_CONFIGS
@@ -973,6 +984,12 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
         print(f"error: no config for {', '.join(missing)}", file=sys.stderr)
         return 1
     res = build("sm_90a", out, configs=[by_name[n] for n in sorted(names)], families=ALL_FAMILIES)
+    # the layer family's hash, taken here: ast.dump differs between Python versions, so the device
+    # (another Python) cannot recompute it
+    mpath = res.out_dir / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    manifest["layer_source_hash"] = layer_source_hash()
+    mpath.write_text(json.dumps(manifest, indent=1))
     print(f"built {len(res.kernels)} kernels ({res.reused} reused) in {res.seconds:.1f} s")
     return 0
 
@@ -1092,8 +1109,8 @@ def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
     fp32 logits exact), so a faulty new kernel cannot take the main run down. Exit 0: all pass."""
     import torch
 
+    from kimictl.kernels.layer.elem import elem_configs, elem_ref, elem_tensors
     from kimictl.kernels.toolchain.harness import open_library
-    from lab.kernels.layer_elem import elem_configs, elem_ref, elem_tensors
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -1269,7 +1286,7 @@ def smoke() -> int:
 
 def chain_torch() -> Callable[..., Any]:
     """register_chain_op's op in torch (layer_chain.segment_ref): the CPU smoke and tests."""
-    from lab.kernels.layer_chain import chain_configs, segment_ref
+    from kimictl.kernels.layer.chain import chain_configs, segment_ref
 
     cfgs = {(c.layer, c.seg, c.m): c for c in chain_configs()}
     return lambda x, r, w, layer, seg: segment_ref(cfgs[(layer, seg, x.shape[0])], x, r, w)
@@ -1314,6 +1331,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def layer_source_hash() -> str:
+    from kimictl.kernels.toolchain.build import LAYER_FAMILIES, source_hash
+
+    return source_hash(families=LAYER_FAMILIES)
+
+
 def m_list(text: str) -> tuple[int, ...]:
     """--ms: comma-separated positive Ms (argparse reports a ValueError as a bad value)."""
     ms = tuple(int(x) for x in text.split(","))
@@ -1340,6 +1363,11 @@ def main() -> int:
     ap.add_argument("--preflight-elem", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-new", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--preflight-chain", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--chain-shipped",
+        action="store_true",
+        help="the chain on the shipped segments (kimictl.kernels.layer), no search",
+    )
     ap.add_argument("--report", type=Path, help="render a layer_h200.json as markdown, exit")
     args = ap.parse_args()
     if args.report:
@@ -1361,7 +1389,7 @@ def main() -> int:
     if args.preflight_new:
         return preflight_new(args.build)
     if args.preflight_chain:
-        return preflight_chain(args.build, tuple(args.kinds.split(",")))
+        return preflight_chain(args.build, tuple(args.kinds.split(",")), args.chain_shipped)
     if not (args.build / "sm_90a" / "manifest.json").is_file():
         print(f"error: no kernel build in {args.build} (no sm_90a/manifest.json): run "
               "--make-build first", file=sys.stderr)  # fmt: skip
@@ -1375,9 +1403,9 @@ def main() -> int:
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
+    from kimictl.kernels.layer.ops import weight_bytes
     from kimictl.kernels.toolchain.dispatch import descend
     from kimictl.kernels.toolchain.harness import open_library
-    from lab.kernels.layer_ops import weight_bytes
 
     def stamp(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
@@ -1428,11 +1456,12 @@ def main() -> int:
     chain_picks: dict[str, str] = {}
     chain_sweep: list[dict[str, Any]] = []
     chain_search: list[dict[str, Any]] = []
+    chain_checks: list[dict[str, Any]] = []  # the layer on the picks vs fp64, per (kind, M)
     if CHAIN_VARIANT in variants and (not args.variants or CHAIN_VARIANT in args.variants):
         try:
             pre_c = subprocess.run(
                 [sys.executable, __file__, "--preflight-chain", "--build", str(args.build),
-                 "--kinds", args.kinds],
+                 "--kinds", args.kinds, *(["--chain-shipped"] if args.chain_shipped else [])],
                 capture_output=True, text=True, timeout=420, check=False,
             )  # fmt: skip
             chain_out, chain_err = json_lines(pre_c.stdout), pre_c.stderr[-500:]
@@ -1443,6 +1472,7 @@ def main() -> int:
         chain_picks = next((r["picks"] for r in chain_out if "picks" in r), {})
         chain_sweep = [r for r in chain_out if "sweep" in r]
         chain_search = [r for r in chain_out if "search" in r]
+        chain_checks = [r for r in chain_out if "kind" in r]
         stamp(f"chain preflight: {[r for r in chain_out if 'sweep' not in r]} {chain_err}")
     if not chain_ok:
         variants = tuple(v for v in variants if v != CHAIN_VARIANT)
@@ -1539,6 +1569,9 @@ def main() -> int:
         "tol": TOL,
         "build": {k: lib.manifest[k] for k in ("source_hash", "dsl_version", "built_at")}
         | {"kernels": len(lib.names)},
+        # the shipped layer family's code the chain ran (the GEMMs' hash is the manifest's)
+        "layer_source_hash": lib.manifest.get("layer_source_hash"),
+        "chain_shipped": args.chain_shipped,
         "norm_preflight": {
             "rc": pre.returncode,
             "out": pre.stdout[-2000:],
@@ -1555,7 +1588,12 @@ def main() -> int:
             "err": pre_e.stderr[-2000:],
         },
         "plan": {f"{o}/m{m}{'/res' if r else ''}": v for (o, m, r), v in plan.items()},
-        "chain": {"picks": chain_picks, "sweep": chain_sweep, "search": chain_search},
+        "chain": {
+            "picks": chain_picks,
+            "sweep": chain_sweep,
+            "search": chain_search,
+            "checks": chain_checks,
+        },
         "vllm_plan": {"error": vllm_err, "used": vllm_used},
         "layers": {},
     }

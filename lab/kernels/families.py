@@ -4,9 +4,10 @@ build and of its source hash."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from kimictl.kernels.toolchain.build import FAMILIES, Family
+from kimictl.kernels.toolchain.build import FAMILIES, LAYER_FAMILIES, Family
 
 __all__ = ["ALL_FAMILIES", "EXPERIMENTAL_CONFIGS", "LAB_FAMILIES"]
 
@@ -17,6 +18,10 @@ def _lab(*names: str) -> tuple[str, ...]:
 
 def _gemm(*names: str) -> tuple[str, ...]:
     return tuple(f"kimictl.kernels.gemm.{n}" for n in names)
+
+
+def _layer(*names: str) -> tuple[str, ...]:
+    return tuple(f"kimictl.kernels.layer.{n}" for n in names)
 
 
 LAB_FAMILIES: dict[str, Family] = {
@@ -41,14 +46,11 @@ LAB_FAMILIES: dict[str, Family] = {
     ),
     # the dense layer's elementwise ops with PDL
     "layer_elem": Family(
-        "lab.kernels.layer_elem", "ELEM_CONFIGS", "_compile_elem",
-        _lab("layer_elem", "layer_elem_dsl"),
+        "kimictl.kernels.layer.elem", "ELEM_CONFIGS", "_compile_elem",
+        _layer("elem", "elem_dsl"),
     ),
     # the dense layer as three persistent kernels
-    "layer_chain": Family(
-        "lab.kernels.layer_chain", "CHAIN_CONFIGS", "_compile_chain",
-        _lab("layer_chain", "layer_chain_dsl", "layer_elem_dsl"),
-    ),
+    "layer_chain": replace(LAYER_FAMILIES["layer_chain"], configs="CHAIN_CONFIGS"),
 }  # fmt: skip
 ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **LAB_FAMILIES}
 EXPERIMENTAL_CONFIGS: tuple[Any, ...] = tuple(

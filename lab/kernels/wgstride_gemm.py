@@ -39,7 +39,7 @@ class WgStrideConfig(WgmmaConfig):
 def stride_configs(ms: tuple[int, ...] = (2, 4, 8, 16, 32, 64)) -> tuple[WgStrideConfig, ...]:
     """KDA's f_b (1536 x 128, x = f_a in kda_in's output at TP8): wgmma's plain 4-stage tile (the
     f_b candidate at M = 1, where the slice is contiguous)."""
-    from lab.kernels.layer_ops import dense_layer_ops
+    from kimictl.kernels.layer.ops import dense_layer_ops
 
     x_stride = {op.name: op for op in dense_layer_ops("kda")}["kda_in"].n
     return tuple(WgStrideConfig(m, 1, 128, 4, 1, evict_first=m < 8, x_stride=x_stride) for m in ms)

@@ -1,4 +1,4 @@
-"""The dense layer as three persistent kernels (lab/kernels/layer_chain.py): the
+"""The dense layer as three persistent kernels (kimictl/kernels/layer/chain.py): the
 segments cover the layer's op list, the grid barrier's word reopens without a reset, bad configs
 are refused, and the segments compile for sm_90a (skipped without the DSL). That the segments'
 offsets compute the layer is checked against fp64 by tests/test_layer_variants.py ("chain"); that
@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.toolchain import build as kbuild
-from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
-from lab.kernels.layer_chain import (
+from kimictl.kernels.layer.chain import (
     CHAIN_MS,
     COUNTER,
     KGROUP,
@@ -27,7 +25,9 @@ from lab.kernels.layer_chain import (
     chain_configs,
     segment,
 )
-from lab.kernels.layer_ops import dense_layer_ops
+from kimictl.kernels.layer.ops import dense_layer_ops
+from kimictl.kernels.toolchain import build as kbuild
+from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
 
 
 def test_segments_stream_every_gemm_weight_of_the_layer_once():

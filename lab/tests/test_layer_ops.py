@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from kimictl.runtime.deployment.k3 import K3_SHAPES
-from lab.kernels.layer_ops import (
+from kimictl.kernels.layer.ops import (
     KINDS,
     VLLM_K3,
     dense_layer_ops,
     gemm_ops,
     weight_bytes,
 )
+from kimictl.runtime.deployment.k3 import K3_SHAPES
 from tests.vllm_k3_gemm_src import ensure_sources
 
 

@@ -103,7 +103,7 @@ def test_candidates_start_at_elem_all_and_are_all_buildable(lh):
 
 
 def test_the_fold_variant_searches_the_same_picks_and_only_tcpro_where_folded(lh):
-    from lab.kernels.layer_ops import dense_layer_ops
+    from kimictl.kernels.layer.ops import dense_layer_ops
     from lab.kernels.tcpro_gemm import pro_configs
 
     cands = lh.tune_candidates(("mla", "kda"))

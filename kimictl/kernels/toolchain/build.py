@@ -87,6 +87,22 @@ ALL_CONFIGS: tuple[Any, ...] = tuple(
     cfg for fam in FAMILIES.values() for cfg in getattr(fam.load(), fam.configs)
 )
 
+# The fused dense decode layer: three persistent kernels per (kind, M), built by the same tool
+# (`build(arch, out, configs=LAYER_CONFIGS, families=LAYER_FAMILIES)`) and verified on their own
+# (lab/bench/layer_h200.py --chain-shipped), so their source hash is apart from the GEMMs'.
+LAYER_FAMILIES: dict[str, Family] = {
+    "layer_chain": Family(
+        "kimictl.kernels.layer.chain", "CHAIN_SHIPPED", "_compile_chain",
+        tuple(f"kimictl.kernels.layer.{n}" for n in ("chain", "chain_dsl", "elem", "elem_dsl",
+                                                       "ops"))
+        + _gemm("tcstream_gemm_dsl"),
+        arches=("sm_90a",),
+    ),
+}  # fmt: skip
+LAYER_CONFIGS: tuple[Any, ...] = tuple(
+    cfg for fam in LAYER_FAMILIES.values() for cfg in getattr(fam.load(), fam.configs)
+)
+
 
 def default_build_dir() -> Path:
     """In-tree folder (git-ignored) so the device call can `carry` it."""
@@ -120,7 +136,7 @@ def source_hash(kernel: str | None = None, families: Mapping[str, Family] = FAMI
     """sha256 over the kernel sources' syntax trees, docstrings left out (one kernel's, or every
     shipped kernel's): a build is stale when the code changes, not when its prose does."""
     h = hashlib.sha256()
-    fams = [families[kernel]] if kernel else list(FAMILIES.values())
+    fams = [families[kernel]] if kernel else list(families.values())
     for module in (m for fam in fams for m in fam.sources):
         h.update(f"{module.rsplit('.', 1)[-1]}.py".encode())
         tree = _code_only(ast.parse(_source_file(module).read_text()))

@@ -1,6 +1,6 @@
 # The DSL traces this body: shapes and elements are DSL values mypy cannot type.
 # mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg"
-"""The CuTe DSL body of the layer's elementwise kernels (see layer_elem.py for the ops and ABI).
+"""The CuTe DSL body of the layer's elementwise kernels (see elem.py for the ops and ABI).
 
 One CTA per token row. PDL: trigger the dependents first (the next GEMM may start streaming its
 weights; it waits for this grid before reading its output), load the norm weights (not written by
@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, const_expr
 
-from lab.kernels.layer_elem import EPS, LayerElemConfig
+from kimictl.kernels.layer.elem import EPS, LayerElemConfig
 
 __all__ = ["LayerElem"]
 

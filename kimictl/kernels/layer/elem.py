@@ -83,8 +83,8 @@ class LayerElemConfig:
 def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = LAYER_MS
                  ) -> tuple[LayerElemConfig, ...]:  # fmt: skip
     """Every elementwise variant the benchmark's `kimictl_elem` layers launch."""
+    from kimictl.kernels.layer.ops import dense_layer_ops
     from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
-    from lab.kernels.layer_ops import dense_layer_ops
 
     out: dict[str, LayerElemConfig] = {}
     s, h = K3_SHAPES, K3_SHAPES["hidden_size"]
@@ -150,7 +150,7 @@ def _compile_elem(cfg: LayerElemConfig, arch: str) -> Any:
     import cutlass.cute as cute
     from cutlass import BFloat16, Float32
 
-    from lab.kernels.layer_elem_dsl import LayerElem
+    from kimictl.kernels.layer.elem_dsl import LayerElem
 
     def t(shape: tuple[int, ...], dtype: Any = BFloat16) -> Any:
         order = (1, 0) if len(shape) == 2 else (0,)

@@ -54,14 +54,18 @@ from typing import Any
 __all__ = [
     "CHAIN_CONFIGS",
     "CHAIN_MS",
+    "CHAIN_SHIPPED",
     "COUNTER",
     "ChainStage",
     "LayerChainConfig",
+    "SERVED_MS",
+    "SHIPPED_RINGS",
     "arrive_add",
     "chain_configs",
     "chain_weights",
     "segment",
     "segment_ref",
+    "shipped_configs",
 ]
 
 SIMT_MS = (1, 2)  # the SIMT stream serves these (see above)
@@ -185,8 +189,8 @@ class LayerChainConfig:
 
 
 def _dims(layer: str) -> dict[str, int]:
+    from kimictl.kernels.layer.ops import dense_layer_ops
     from kimictl.runtime.deployment.k3 import K3_SHAPES
-    from lab.kernels.layer_ops import dense_layer_ops
 
     ops = {op.name: op for op in dense_layer_ops(layer)}
     s = K3_SHAPES
@@ -289,6 +293,32 @@ def chain_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] =
 
 CHAIN_CONFIGS: tuple[LayerChainConfig, ...] = ()  # built on request (layer_h200.py --make-build)
 
+# What ships: per (kind, segment, M) the (ring, slot) the H200 layer search picked (SIMT, M = 1
+# and 2, where the chain is the fastest dense layer measured; at M = 4 the tensor-core chain lost
+# to per-GEMM kernels). Recorded in lab/tests/fixtures/layer_h200_chain_run6.json ("picks").
+SERVED_MS = SIMT_MS
+SHIPPED_RINGS: dict[tuple[str, str, int], tuple[int, int]] = {
+    ("mla", "a", 1): (2, 7), ("mla", "b", 1): (2, 10), ("mla", "c", 1): (2, 10),
+    ("mla", "a", 2): (2, 10), ("mla", "b", 2): (2, 10), ("mla", "c", 2): (2, 10),
+    ("kda", "a", 1): (2, 7), ("kda", "b", 1): (2, 10), ("kda", "c", 1): (4, 5),
+    ("kda", "a", 2): (2, 7), ("kda", "b", 2): (2, 10), ("kda", "c", 2): (2, 10),
+}  # fmt: skip
+
+
+def shipped_configs() -> tuple[LayerChainConfig, ...]:
+    """The shipped segments, one per (kind, segment, M) of SHIPPED_RINGS."""
+    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
+
+    beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
+    lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
+    return tuple(
+        LayerChainConfig(kind, seg, m, ring=ring, slot=slot, beta=beta, lbeta=lbeta)
+        for (kind, seg, m), (ring, slot) in SHIPPED_RINGS.items()
+    )
+
+
+CHAIN_SHIPPED: tuple[LayerChainConfig, ...] = shipped_configs()
+
 
 def chain_weights(layer: str, w: dict[str, Any]) -> dict[str, Any]:
     """The three segments' flat weight buffers from the layer's weights (layer_h200.py's
@@ -315,7 +345,7 @@ def _compile_chain(cfg: LayerChainConfig, arch: str) -> Any:
     import cutlass.cute as cute
     from cutlass import BFloat16
 
-    from lab.kernels.layer_chain_dsl import LayerChain
+    from kimictl.kernels.layer.chain_dsl import LayerChain
 
     def t(n: int) -> Any:
         return cute.runtime.make_fake_compact_tensor(BFloat16, (n,), assumed_align=16)
@@ -332,7 +362,7 @@ def segment_ref(cfg: LayerChainConfig, x: Any, r: Any, w: Any) -> Any:
     layer through it against the fp64 layer, which checks every offset of `segment`."""
     import torch
 
-    from lab.kernels.layer_elem import EPS
+    from kimictl.kernels.layer.elem import EPS
 
     dt = x.dtype
     sizes = cfg.sizes

@@ -3,7 +3,7 @@
 "Dense part" = every op of a MoE decode layer that is neither the attention core nor the routed
 experts. Shapes are derived here from `K3_SHAPES` (the one table of K3's dimensions)
 and the tensor-parallel size; each op names the vLLM source line that runs it and the line that
-builds its module, relative to `VLLM_K3`. tests/test_layer_ops.py checks both lines and every
+builds its module, relative to `VLLM_K3`. lab/tests/test_layer_ops.py checks both lines and every
 GEMM shape against the vLLM wheel, so this list cannot drift from vLLM silently.
 
 What the stock forward does that this list leaves out, on purpose:

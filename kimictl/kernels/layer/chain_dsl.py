@@ -1,6 +1,6 @@
 # The DSL traces this body: shapes and elements are DSL values mypy cannot type.
 # mypy: disable-error-code="index,operator,union-attr,attr-defined,arg-type,call-arg,assignment"
-"""The CuTe DSL body of the persistent layer segments (see layer_chain.py for the design and ABI).
+"""The CuTe DSL body of the persistent layer segments (see chain.py for the design and ABI).
 
 The loads, norms, gate and SiTU * mul reuse layer_elem's per-row helpers with 512 threads, writing
 into shared memory instead of global, and its launch (grid `ctas`). Activations another CTA wrote
@@ -13,7 +13,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from kimictl.kernels.gemm.tcstream_gemm_dsl import mma_bf16_16816
-from lab.kernels.layer_chain import (
+from kimictl.kernels.layer.chain import (
     COUNTER,
     GROUP,
     KGROUP,
@@ -23,7 +23,7 @@ from lab.kernels.layer_chain import (
     LayerChainConfig,
     arrive_add,
 )
-from lab.kernels.layer_elem_dsl import VEC, LayerElem
+from kimictl.kernels.layer.elem_dsl import VEC, LayerElem
 
 __all__ = ["LayerChain"]
 
