@@ -15,8 +15,9 @@ from kimictl.runtime.load.ab import HEADLINE, NOT_MEASURED, compare
 from kimictl.runtime.load.exports import write_csv, write_plots
 from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget, RecordList, RequestRecord
 from kimictl.runtime.load.slo import parse_slo
-from kimictl.runtime.load.summary import percentile, summarize, summarize_run
+from kimictl.runtime.load.summary import summarize, summarize_run
 from kimictl.runtime.observe.snapshot import snapshot_from_text
+from kimictl.runtime.observe.window import percentile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 

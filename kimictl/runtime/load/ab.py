@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimictl.runtime.load.records import RequestRecord
-from kimictl.runtime.load.summary import interactivity_of, percentile
+from kimictl.runtime.load.summary import interactivity_of
+from kimictl.runtime.observe.window import percentile
 
 __all__ = [
     "AB_METRICS",

@@ -27,6 +27,7 @@ from kimictl.runtime.load import vllm_compat
 from kimictl.runtime.load.clientlag import client_health
 from kimictl.runtime.load.records import RecordList, RequestRecord
 from kimictl.runtime.load.slo import SLO
+from kimictl.runtime.observe.window import percentile
 
 if TYPE_CHECKING:
     from kimictl.runtime.observe.otlp import TraceStore
@@ -41,17 +42,6 @@ __all__ = [
 
 PERCENTILES = (90, 99)  # p{P}_..._ms keys written besides mean/median/std
 _METRICS = ("ttft", "tpot", "itl", "e2el")
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear interpolation between order statistics (numpy.percentile's default)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * p / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:

@@ -44,7 +44,7 @@ from kimictl.runtime.observe.names import (
     SPAN_REQUEST_ID,
     SPAN_TTFT,
 )
-from kimictl.runtime.observe.window import HISTOGRAM_FIGURES, WindowStats
+from kimictl.runtime.observe.window import HISTOGRAM_FIGURES, WindowStats, percentile
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -248,17 +248,6 @@ def _finished(r: TracedRequest) -> float:
 
 
 # --- figures -------------------------------------------------------------------------------------
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear interpolation between order statistics (numpy's default, as `vllm bench serve`)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * p / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def traced_figures(
     requests: Sequence[TracedRequest],
 ) -> tuple[dict[str, float | None], dict[str, int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +55,7 @@ __all__ = [
     "ab_ratios",
     "compute_window",
     "format_window",
+    "percentile",
     "parse_window",
 ]
 # Families a vLLM server always exposes; absent ones are reported in `WindowStats.missing`.
@@ -444,3 +445,15 @@ def parse_window(text: str, *, option: str = "--window") -> float:
 
 def format_window(seconds: float) -> str:
     return f"{seconds / 60:g}m" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Per-request samples' percentile: linear interpolation between order statistics
+    (numpy.percentile's default, as `vllm bench serve`); None for no samples."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * p / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
@@ -199,6 +200,11 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # killpg succeeds while only zombies remain; look for one live member.
+    return any(True for _ in _live_in_group(pgid))
+
+
+def _live_in_group(pgid: int) -> Iterator[tuple[int, int | None]]:
+    """(pid, start ticks) of every live (non-zombie) process of a process group, from /proc."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -208,8 +214,7 @@ def _group_alive(pgid: int) -> bool:
             continue
         rest = stat[stat.rfind(")") + 2 :].split()
         if len(rest) > 2 and rest[2] == str(pgid) and rest[0] not in ("Z", "X"):
-            return True
-    return False
+            yield int(entry.name), int(rest[19]) if len(rest) > 19 else None
 
 
 @dataclass(frozen=True)
@@ -258,20 +263,10 @@ def group_members(record: RunRecord) -> list[Member]:
     """The live processes of the run's group that make up the deployment (the leader, engine
     cores, workers), found through /proc."""
     found: list[Member] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) < 20 or rest[2] != str(record.pgid) or rest[0] in ("Z", "X"):
-            continue
-        pid = int(entry.name)
+    for pid, ticks in _live_in_group(record.pgid):
         role = _role(pid, record.leader_pid)
-        if role is not None:
-            found.append(Member(pid, role, int(rest[19])))
+        if role is not None and ticks is not None:
+            found.append(Member(pid, role, ticks))
     found.sort(key=lambda m: (m.pid != record.leader_pid, m.pid))
     return found
 
