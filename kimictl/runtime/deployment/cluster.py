@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "CLIQUE_LABEL",
     "CLUSTER_KEYS",
     "DEFAULT_SHM",
     "DEFAULT_WEIGHTS_MOUNT",
@@ -17,6 +18,9 @@ __all__ = [
 ]
 
 DEFAULT_WEIGHTS_MOUNT = "/models"
+# GPU feature discovery's node label for a multi-node NVLink domain, valued "<cluster UUID>.<clique
+# id>" (NVIDIA k8s-device-plugin, internal/lm/fabric.go): rendered pods' affinity keys on it.
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
 # vLLM's mp backend and NCCL share tensors through /dev/shm; a container's default is 64 MiB.
 DEFAULT_SHM = "16Gi"
 

@@ -18,13 +18,12 @@ import shlex
 from typing import Any
 
 from kimictl.runtime.apikeys import ENV_VAR
-from kimictl.runtime.deployment.cluster import check_dns_label
+from kimictl.runtime.deployment.cluster import CLIQUE_LABEL, check_dns_label
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving.render import RAY_PORT, Job
 
-__all__ = ["CLIQUE_LABEL", "IMEX_CLAIM", "MAX_NAME", "k8s_objects"]
+__all__ = ["IMEX_CLAIM", "MAX_NAME", "k8s_objects"]
 
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 IMEX_CLAIM = "imex-channel"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 # Worker StatefulSet `<name>-<group>` labels its pods controller-revision-hash=`<sts>-<10 chars>`,

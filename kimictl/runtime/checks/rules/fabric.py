@@ -8,11 +8,19 @@ from collections import defaultdict
 from kimictl.runtime.checks.hardware import GpuInfo, HardwareReport, NodeReport, Unavailable
 from kimictl.runtime.checks.rules._names import _gpus_where, _list, _where
 from kimictl.runtime.checks.rules.base import Check, Section, Status
+from kimictl.runtime.deployment.cluster import CLIQUE_LABEL
 from kimictl.runtime.deployment.k3 import (
     MULTICAST_ERRORS,
 )
 
-__all__ = ["fabric_checks", "imex_check", "multicast_check", "nvlink_check", "p2p_check"]
+__all__ = [
+    "fabric_checks",
+    "imex_check",
+    "multicast_check",
+    "nvlink_check",
+    "p2p_check",
+    "pod_view_check",
+]
 
 F = Section.FABRIC
 
@@ -298,3 +306,37 @@ def imex_check(hw: HardwareReport) -> Check | None:
             "parameter NVreg_CreateImexChannel0=1, or nvidia-modprobe -i 0:1).",
         )
     return Check("fabric.imex", F, Status.PASS, f"IMEX channel present on all {len(nodes)} nodes.")
+
+
+def pod_view_check(hw: HardwareReport) -> Check | None:
+    """What several trays' host snapshots cannot show about the pods a render starts on them:
+    the IMEX channel inside each pod, and whether the nodes carry the clique label the pods'
+    affinity needs. Named with the exact values to check; only for a group in one clique."""
+    nodes = [n for n in hw.nodes if n.no_driver_reason is None]
+    if len(nodes) < 2:
+        return None
+    ids = set()
+    for node in nodes:
+        for gpu in node.gpus:
+            fabric = gpu.fabric
+            if gpu.lost is not None or isinstance(fabric, Unavailable):
+                return None
+            if fabric.state != "completed" or fabric.cluster_uuid == _NO_CLUSTER:
+                return None
+            ids.add((fabric.cluster_uuid, fabric.clique_id))
+    if len(ids) != 1:
+        return None  # fabric.clique reports the split
+    (uuid, cid), names = next(iter(ids)), ", ".join(n.hostname for n in nodes)
+    label = f"{CLIQUE_LABEL}={uuid}.{cid}"
+    return Check(
+        "fabric.pods",
+        F,
+        Status.UNKNOWN,
+        f"Not visible in host snapshots: the IMEX channel inside each pod, and the node label "
+        f"{label} the rendered pods' affinity needs on all {len(nodes)} nodes ({names}).",
+        f"Kubernetes (`serve --render k8s`): `kubectl get nodes -l {label}` must list all "
+        f"{len(nodes)} (GPU feature discovery sets it where the IMEX nodes config exists); each "
+        "pod claims its channel through the rendered ComputeDomain: inside one, `ls "
+        "/dev/nvidia-caps-imex-channels` shows channel0. Slurm (`--render slurm`): the job "
+        "checks the channel on every node before vLLM starts.",
+    )

@@ -19,6 +19,7 @@ from kimictl.runtime.checks.rules.fabric import (
     multicast_check,
     nvlink_check,
     p2p_check,
+    pod_view_check,
 )
 from kimictl.runtime.checks.stack import VLLM_VERSION, StackReport
 from kimictl.runtime.deployment.k3 import (
@@ -316,7 +317,7 @@ def hardware_checks(hw: HardwareReport) -> list[Check]:
     ]
     checks.extend(c for c in optional if c is not None)
     checks.extend(fabric_checks(hw))
-    for extra in (multicast_check(hw), imex_check(hw)):
+    for extra in (multicast_check(hw), imex_check(hw), pod_view_check(hw)):
         if extra is not None:
             checks.append(extra)
     return checks
