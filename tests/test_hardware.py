@@ -283,6 +283,7 @@ def test_probe_local_on_a_gpu_node() -> None:
 
 # --------------------------------------------------------- property: JSON round trip of any report
 
+
 @pytest.mark.parametrize("name", ["gb300-tp8-healthy", "gb300-tp16-healthy"])
 def test_tray_snapshots_name_the_pods_view_they_cannot_see(name: str) -> None:
     # the label value GPU feature discovery sets: "<clusterUuid>.<cliqueId>" of the trays' GPUs,
