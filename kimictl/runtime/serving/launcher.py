@@ -501,10 +501,7 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     tail = log_tail(launch.plan.log_path)
     cause = likely_cause(tail, launch.returncode())
     if runs.is_alive(record):
-        _signal_group(record.pgid, signal.SIGTERM)
-        if not runs.wait_gone(record, grace):
-            _signal_group(record.pgid, signal.SIGKILL)
-            runs.wait_gone(record, 10.0)
+        _end_group(record, grace)
     left = len(runs.group_members(record))
     launch.record = _mark(
         record,
@@ -531,6 +528,14 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _end_group(record: RunRecord, grace: float) -> None:
+    """SIGTERM the run's process group, SIGKILL what is left after `grace` seconds."""
+    _signal_group(record.pgid, signal.SIGTERM)
+    if not runs.wait_gone(record, grace):
+        _signal_group(record.pgid, signal.SIGKILL)
+        runs.wait_gone(record, 10.0)
+
+
 def _clean_run_dir(run_dir: Path, tmp_dir: str | None) -> None:
     """Remove the run's temp folder and any socket file left in the run folder."""
     for folder in {run_dir / "tmp", *([Path(tmp_dir)] if tmp_dir else [])}:
@@ -552,10 +557,7 @@ def stop_run(
     final = record.state if record.state in (RunState.FAILED, RunState.DIED) else RunState.STOPPED
     if runs.is_alive(record):
         record = runs.update_record(record, state=RunState.STOPPING)
-        _signal_group(record.pgid, signal.SIGTERM)
-        if not runs.wait_gone(record, grace):
-            _signal_group(record.pgid, signal.SIGKILL)
-            runs.wait_gone(record, 10.0)
+        _end_group(record, grace)
     code = record.exit_code
     if process is not None:
         try:

@@ -226,6 +226,11 @@ def is_loopback(addr: str) -> bool:
         return False  # a host name: resolved on the nodes, not here
 
 
+def _allowed_nnodes(world_size: int) -> str:
+    divisors = (str(n) for n in range(1, world_size + 1) if world_size % n == 0)
+    return f"allowed --nnodes: {', '.join(divisors)}."
+
+
 def check_nodes(
     *,
     nnodes: int,
@@ -268,18 +273,14 @@ def check_nodes(
             raise InputError(
                 f"--nnodes {nnodes} must evenly divide the world size ({world_size} = TP x PP "
                 "x DP).",
-                hint="allowed --nnodes: "
-                + ", ".join(str(n) for n in range(1, world_size + 1) if world_size % n == 0)
-                + ".",
+                hint=_allowed_nnodes(world_size),
             )
         return
     if world_size % nnodes:
         raise InputError(
             f"`--nnodes {nnodes}` must evenly divide the total world size ({world_size} = TP x "
             "PP x DP); vLLM refuses it at start.",
-            hint="allowed --nnodes: "
-            + ", ".join(str(n) for n in range(1, world_size + 1) if world_size % n == 0)
-            + ".",
+            hint=_allowed_nnodes(world_size),
         )
     if not 0 <= node_rank < nnodes:
         raise InputError(
