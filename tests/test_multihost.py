@@ -8,114 +8,37 @@ down with no client request: an idle rank 0 keeps /health at 200 until its next 
 has no cross-node heartbeat), so rank 0's supervisor sends a one-token completion every 15 s,
 which fails, and it takes the deployment down; neither host keeps a process.
 
-Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise. Runs under the
-shared vLLM lock like every slow test (scripts/check runs it in CI).
+Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise (scripts/check
+runs it in CI).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from netns import MASTER, Host, two_hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
-ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "cpu-demo-tp2"
-MASTER = "10.77.0.1"
 PORT = 8100
 PEER_DOWN_S = 240  # a probe every 15 s, up to 60 s for its answer, then the group stops
 STARTUP_S = 600  # two ranks on 2 shared cores; alone they are ready in about a minute
 DOWN_S = 120  # a rank's loss reaches the other within the launcher's health polls
 
 
-@dataclass
-class Host:
-    ns: str
-    ifname: str
-    addr: str
-    state: Path
-
-    def cmd(self, *argv: str, env: dict[str, str] | None = None) -> list[str]:
-        extra = {
-            "PYTHONPATH": str(ROOT),
-            "KIMICTL_STATE_DIR": str(self.state),
-            # the namespaces share the machine's host name, which resolves to loopback: tell
-            # gloo which interface the ranks share (a real host's name resolves to its address)
-            "GLOO_SOCKET_IFNAME": self.ifname,
-            **(env or {}),
-        }
-        return [
-            "ip",
-            "netns",
-            "exec",
-            self.ns,
-            "env",
-            *(f"{k}={v}" for k, v in extra.items()),
-            *argv,
-        ]
-
-    def pids(self) -> list[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
-
-
-def _why_no_namespaces() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns add)"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is missing"
-    from kimictl.runtime.serving import cpu_runtime
-
-    if not cpu_runtime.is_installed():
-        return "kimictl's CPU vLLM runtime is missing: run `kimictl setup cpu-runtime`"
-    return None
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
-    why = _why_no_namespaces()
-    if why:
-        pytest.skip(why)
-    tag = f"{os.getpid() % 100000}"
-    a = Host(f"kmh{tag}a", f"kmh{tag}a0", MASTER, tmp_path / "host-a")
-    b = Host(f"kmh{tag}b", f"kmh{tag}b0", "10.77.0.2", tmp_path / "host-b")
-    try:
-        for h in (a, b):
-            _ip("netns", "add", h.ns)
-        _ip("link", "add", a.ifname, "type", "veth", "peer", "name", b.ifname)
-        for h in (a, b):
-            _ip("link", "set", h.ifname, "netns", h.ns)
-            _ip("-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.ifname)
-            _ip("-n", h.ns, "link", "set", "lo", "up")
-            _ip("-n", h.ns, "link", "set", h.ifname, "up")
-            # vLLM finds its own address through the default route
-            _ip("-n", h.ns, "route", "add", "default", "dev", h.ifname)
-    except subprocess.CalledProcessError as exc:
-        for h in (a, b):
-            subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
-        pytest.skip(f"cannot build two network namespaces: {exc.stderr.decode().strip()}")
-    yield a, b
-    for h in (a, b):  # whatever a failed test left in our own namespaces, then the namespaces
-        for pid in h.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
+    with two_hosts(tmp_path) as pair:
+        yield pair
 
 
 def _serve(h: Host, rank: int, log: Path) -> subprocess.Popen[bytes]:
