@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -197,3 +198,40 @@ def test_ps_prints_whole_run_ids_when_piped_and_narrow(sleeper, _state_dir, colu
     words = done.stdout.split()
     for run_id in ids:
         assert run_id in words, done.stdout
+
+
+def test_ps_probes_health_a_ready_run_without_an_answer_is_unhealthy(sleeper, _state_dir):
+    """`ps --json` asks each live run's /health now: a real server answering 200 stays ready,
+    a ready run whose port answers nothing is unhealthy (real `kimictl ps` in a subprocess)."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        answering = _record("answers", sleeper.pid, port=server.server_address[1])
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            silent = _record("silent", sleeper.pid, port=s.getsockname()[1])
+        for record in (answering, silent):
+            runs.write_record(record)
+        env = {**os.environ, "KIMICTL_STATE_DIR": str(_state_dir)}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        done = subprocess.run(
+            [sys.executable, "-m", "kimictl", "ps", "--json"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    shown = {r["name"]: (r["state"], r["health"]) for r in json.loads(done.stdout)}
+    assert shown == {"answers": ("ready", 200), "silent": ("unhealthy", None)}

@@ -43,30 +43,16 @@ def ps(
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.serving import launcher, runs
 
-    records = runs.list_runs(include_finished=all_runs)
-    healths = {
-        r.id: (launcher.health(r.url, timeout=1.0) if runs.is_alive(r) else None) for r in records
-    }
-    # list_runs gives the state the processes show (died when a member is gone); /health adds
-    # what they answer.
-    shown = {
-        r.id: "unhealthy" if r.state.value == "ready" and healths[r.id] != 200 else r.state.value
-        for r in records
-    }
+    probed = [launcher.probe(r) for r in runs.list_runs(include_finished=all_runs)]
     if json_out:
         emit_json(
             [
-                {
-                    **r.to_json(),
-                    "state": shown[r.id],
-                    "alive": runs.is_alive(r),
-                    "health": healths[r.id],
-                }
-                for r in records
+                {**p.record.to_json(), "state": p.state, "alive": p.alive, "health": p.health}
+                for p in probed
             ]
         )
         return
-    if not records:
+    if not probed:
         console.print("no servers" + ("" if all_runs else " running (`kimictl ps --all` for past)"))
         return
     from rich.table import Table
@@ -74,31 +60,30 @@ def ps(
     table = Table(box=None, pad_edge=False)
     # the ID (what logs/stop take) and the state never shrink, at any width or piped; the
     # URL and the model fold onto more lines instead
-    table.add_column("ID", no_wrap=True, min_width=max(len(r.id) for r in records))
+    table.add_column("ID", no_wrap=True, min_width=max(len(p.record.id) for p in probed))
     for column in ("STATE", "HEALTH"):
         table.add_column(column, no_wrap=True, min_width=len(column) + 2)
     for column in ("URL", "MODEL", "ROLE", "AGE"):
         table.add_column(column, overflow="fold")
     now = time.time()
-    for r in records:
-        state = shown[r.id]
-        health = healths[r.id]
+    for p in probed:
+        r = p.record
         table.add_row(
             r.id,
-            f"[{_STATE_STYLE.get(state, '')}]{state}[/]",
-            "-" if health is None else str(health),
+            f"[{_STATE_STYLE.get(p.state, '')}]{p.state}[/]",
+            "-" if p.health is None else str(p.health),
             r.url,
             r.model,
             r.role or "-",
             _age(now - r.started_at),
         )
     console.print(table)
-    for r in records:
+    for p in probed:
+        r = p.record
         if r.reason:
             console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
-        health = healths[r.id]
-        if shown[r.id] == "unhealthy":
-            said = "no answer" if health is None else f"{health}"
+        if p.state == "unhealthy":
+            said = "no answer" if p.health is None else f"{p.health}"
             console.print(
                 f"[bold red]{r.id}: /health {said}: the engine may have died; "
                 f"`kimictl logs {r.id}` shows why, `kimictl stop {r.id}` ends it[/]",

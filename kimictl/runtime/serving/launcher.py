@@ -232,6 +232,27 @@ def health(url: str, *, timeout: float = 2.0, client: BlockingClient | None = No
         return None
 
 
+@dataclass(frozen=True)
+class Probed:
+    """A run as `kimictl ps` shows it: its processes' state (runs.list_runs), what /health answers
+    now, and "unhealthy" when a ready run's server does not answer 200."""
+
+    record: RunRecord
+    alive: bool
+    health: int | None  # None: not alive, or nothing answered
+
+    @property
+    def state(self) -> str:
+        if self.record.state is RunState.READY and self.health != 200:
+            return "unhealthy"
+        return self.record.state.value
+
+
+def probe(record: RunRecord, *, timeout: float = 1.0) -> Probed:
+    alive = runs.is_alive(record)
+    return Probed(record, alive, health(record.url, timeout=timeout) if alive else None)
+
+
 def _client() -> BlockingClient:
     # One client per wait: one keep-alive connection per server, one round trip per poll.
     return BlockingClient()
