@@ -63,6 +63,31 @@ class VerifyReport:
         }
 
 
+def _rel_err(y: Any, ref: Any) -> tuple[float, int]:
+    """(||y - ref|| / ||ref||, elements of y not finite); NaN never passes: it reads inf."""
+    import torch
+
+    unwritten = int((~torch.isfinite(y)).sum().item())
+    rel = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+    return (rel if rel == rel else float("inf")), unwritten
+
+
+def _replayed(launch: Callable[[Any], None], like: Any) -> Any:
+    """What `launch(out)` writes when captured in a CUDA graph on a side stream and replayed
+    once (`out` starts as NaN, shaped like `like`). Called at once: a loop's closure is safe."""
+    import torch
+
+    out = torch.full_like(like, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        launch(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def verify(
     lib: Any,
     *,
@@ -92,20 +117,9 @@ def verify(
             lib.launch(name, x, w, y, r if residual else y)
             torch.cuda.synchronize()
             ref = wstream_gemm_ref(x, w, r if residual else None, fp64=True)
-            unwritten = int((~torch.isfinite(y)).sum().item())
-            diff = y.double() - ref
-            rel = float(diff.norm() / ref.norm().clamp_min(1e-30))
-            if rel != rel:  # NaN never passes
-                rel = float("inf")
+            rel, unwritten = _rel_err(y, ref)
             # graph replay of the same launch must reproduce eager bit for bit
-            y2 = torch.full_like(y, float("nan"))
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-                lib.launch(name, x, w, y2, r if residual else y2)
-            graph.replay()
-            torch.cuda.synchronize()
+            y2 = _replayed(lambda o: lib.launch(name, x, w, o, r if residual else o), y)  # noqa: B023
             identical = bool(torch.equal(y, y2))
             ok = unwritten == 0 and rel <= REL_TOL and identical
             checks.append(Check(name, n, k, m, residual, rel, unwritten, identical, ok))
@@ -149,18 +163,8 @@ def verify_layer(
         torch.cuda.synchronize()
         y = runs[-1]
         ref = segment_ref(cfg, x.double(), r.double(), w.double())
-        unwritten = int((~torch.isfinite(y)).sum().item())
-        rel = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-        if rel != rel:
-            rel = float("inf")
-        y2 = torch.full_like(y, float("nan"))
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            lib.launch(name, x, w.view(1, -1), y2, r)
-        graph.replay()
-        torch.cuda.synchronize()
+        rel, unwritten = _rel_err(y, ref)
+        y2 = _replayed(lambda o: lib.launch(name, x, w.view(1, -1), o, r), y)  # noqa: B023
         identical = all(torch.equal(y2, run) for run in runs)
         st = cfg.stages[0]
         ok = unwritten == 0 and rel <= REL_TOL and identical
