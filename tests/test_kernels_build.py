@@ -191,3 +191,25 @@ def test_embedded_sm_reads_the_cubin_and_is_none_without_one(tmp_path: Path):
     plain = tmp_path / "plain.o"
     plain.write_bytes(b"\x7fELF" + b"\0" * 200)
     assert kbuild.embedded_sm(plain) is None
+
+
+def test_build_layer_writes_its_own_manifest_on_hopper_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`kimictl kernels build` builds the layer family beside the GEMMs (sm_90a only), with the
+    layer sources' hash in its manifest, where doctor's `find_layer_build` looks."""
+    assert kbuild.build_layer("sm_100a", tmp_path) is None  # no Hopper, no layer family
+    if kbuild.dsl_version() is None:
+        pytest.skip("nvidia-cutlass-dsl is not installed (pip install -e '.[test]')")
+    one = next(c for c in kbuild.LAYER_CONFIGS if (c.layer, c.seg, c.m) == ("mla", "c", 1))
+    monkeypatch.setattr(kbuild, "LAYER_CONFIGS", (one,))
+    result = kbuild.build_layer("sm_90a", tmp_path)
+    assert result is not None and result.out_dir == tmp_path / kbuild.LAYER_DIR / "sm_90a"
+    manifest = kbuild.read_manifest(result.out_dir)
+    assert manifest is not None and [k["name"] for k in manifest["kernels"]] == [one.name]
+    assert manifest["source_hash"] == kbuild.source_hash(families=kbuild.LAYER_FAMILIES)
+    assert manifest["source_hash"] != kbuild.source_hash()
+    assert embedded_sm(result.out_dir / f"{one.name}.o") == 90
+    monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kbuild, "default_build_dir", lambda: tmp_path)
+    assert kbuild.find_layer_build("sm_90a") == result.out_dir

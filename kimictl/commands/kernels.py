@@ -54,10 +54,11 @@ def build(
     out: Annotated[Path | None, typer.Option("--out", help=OUT_HELP)] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Compile every kernel variant ahead of time (no GPU needed) and export objects + manifest."""
+    """Compile every kernel variant ahead of time (no GPU needed) and export objects + manifest;
+    on sm_90a also the fused dense layer (into OUT/layer/sm_90a)."""
     _check_arch(arch)
     from kimictl.kernels.toolchain.build import build as run_build
-    from kimictl.kernels.toolchain.build import dsl_version
+    from kimictl.kernels.toolchain.build import build_layer, dsl_version
 
     if dsl_version() is None:
         raise Unsupported(
@@ -70,13 +71,16 @@ def build(
             err_console.print(f"[dim]\\[{i + 1}/{n}] {name}[/dim]", highlight=False)
 
     result = run_build(arch, out, progress=progress)
+    layer = build_layer(arch, out, progress=progress)
     if json_out:
-        emit_json(result.to_json())
+        emit_json(result.to_json() | {"layer": layer.to_json() if layer else None})
         return
-    console.print(
-        f"built {len(result.kernels)} kernels for {arch} ({result.reused} reused) in "
-        f"{result.seconds:.1f} s -> {result.out_dir}"
-    )
+    for r in (result, layer):
+        if r is not None:
+            console.print(
+                f"built {len(r.kernels)} kernels for {arch} ({r.reused} reused) in "
+                f"{r.seconds:.1f} s -> {r.out_dir}"
+            )
 
 
 @app.command()
@@ -281,12 +285,20 @@ def _render_unit_plan(profile: str, r: dict[str, Any]) -> None:
 
 @app.command()
 def verify(json_out: JsonOpt = False) -> None:
-    """Prove the installed kernels on this GPU against an fp64 reference (exit 1 on any failure)."""
+    """Prove the installed kernels on this GPU against an fp64 reference (exit 1 on any failure);
+    the fused layer's segments too where a layer build exists."""
+    from kimictl.kernels.toolchain.build import find_layer_build
     from kimictl.kernels.toolchain.node import open_node_library, require_gpu
     from kimictl.kernels.toolchain.verify import verify as run_verify
 
     _torch, arch = require_gpu("verify")
     report = run_verify(open_node_library(arch))
+    layer_dir = find_layer_build(arch)
+    if layer_dir is not None:  # the fused layer's segments, against their fp64 model
+        from kimictl.kernels.toolchain.harness import open_library
+        from kimictl.kernels.toolchain.verify import verify_layer
+
+        report.checks.extend(verify_layer(open_library(layer_dir)))
     vj = report.to_json()
     if json_out:
         emit_json(vj)

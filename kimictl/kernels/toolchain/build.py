@@ -104,9 +104,20 @@ LAYER_CONFIGS: tuple[Any, ...] = tuple(
 )
 
 
+LAYER_DIR = "layer"  # the layer family builds into <build folder>/layer/<arch>, its own manifest
+
+
 def default_build_dir() -> Path:
     """In-tree folder (git-ignored) so the device call can `carry` it."""
     return Path(__file__).resolve().parent / "_build"
+
+
+def find_layer_build(arch: str) -> Path | None:
+    """The layer family's build for `arch`: installed cache first, then the tree (None: none)."""
+    from kimictl.kernels.toolchain.harness import find_build
+    from kimictl.runtime.paths import cache_dir
+
+    return find_build(arch, [cache_dir() / "kernels" / LAYER_DIR, default_build_dir() / LAYER_DIR])
 
 
 def _source_file(module: str) -> Path:
@@ -311,7 +322,7 @@ def build(
         arch_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file in the way, no permission: the user's input, not a bug
         raise InputError(f"cannot use {arch_dir} as the build folder ({exc.strerror})") from exc
-    src_hash = source_hash()
+    src_hash = source_hash(families=families)
     t0 = time.perf_counter()
     kernels: list[dict[str, Any]] = []
     entries: list[tuple[str, str]] = []
@@ -366,3 +377,13 @@ def build(
     }
     atomic_write(arch_dir / MANIFEST, json.dumps(manifest, indent=1))
     return BuildResult(arch, arch_dir, kernels, time.perf_counter() - t0, reused)
+
+
+def build_layer(
+    arch: str, out: Path | None = None, *, progress: Callable[[int, int, str], None] | None = None
+) -> BuildResult | None:
+    """The fused dense layer family into `out/layer/arch` (None: the family has no `arch`)."""
+    if not any(arch in fam.arches for fam in LAYER_FAMILIES.values()):
+        return None
+    base = (out or default_build_dir()) / LAYER_DIR
+    return build(arch, base, configs=LAYER_CONFIGS, families=LAYER_FAMILIES, progress=progress)

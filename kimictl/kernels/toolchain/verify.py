@@ -4,7 +4,8 @@ Every check draws fresh random inputs (never zeros), poisons the output with NaN
 requires every element written and finite, requires ||y - ref|| / ||ref|| <= REL_TOL against the
 fp64 reference, and requires a CUDA-graph replay to give bit-identical results to the eager launch.
 Sizes sit at the edges: K not a multiple of any trip (K = 1000), N not a multiple of rows
-(N = 1001, 33), a single row block (N = 3), and real K3 shapes.
+(N = 1001, 33), a single row block (N = 3), and real K3 shapes. The fused layer's segments
+(`verify_layer`) have static shapes: each is checked at its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["REL_TOL", "VERIFY_SHAPES", "Check", "VerifyReport", "verify"]
+__all__ = ["REL_TOL", "VERIFY_SHAPES", "Check", "VerifyReport", "verify", "verify_layer"]
 
 REL_TOL = 1e-2  # bf16 output rounding alone is ~2e-3 relative
 # (N, K): odd N against rows 1/2/4; K = 1000 leaves a partial trip for every tile; 7168 and 1536
@@ -62,6 +63,31 @@ class VerifyReport:
         }
 
 
+def _rel_err(y: Any, ref: Any) -> tuple[float, int]:
+    """(||y - ref|| / ||ref||, elements of y not finite); NaN never passes: it reads inf."""
+    import torch
+
+    unwritten = int((~torch.isfinite(y)).sum().item())
+    rel = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+    return (rel if rel == rel else float("inf")), unwritten
+
+
+def _replayed(launch: Callable[[Any], None], like: Any) -> Any:
+    """What `launch(out)` writes when captured in a CUDA graph on a side stream and replayed
+    once (`out` starts as NaN, shaped like `like`). Called at once: a loop's closure is safe."""
+    import torch
+
+    out = torch.full_like(like, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        launch(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def verify(
     lib: Any,
     *,
@@ -91,20 +117,9 @@ def verify(
             lib.launch(name, x, w, y, r if residual else y)
             torch.cuda.synchronize()
             ref = wstream_gemm_ref(x, w, r if residual else None, fp64=True)
-            unwritten = int((~torch.isfinite(y)).sum().item())
-            diff = y.double() - ref
-            rel = float(diff.norm() / ref.norm().clamp_min(1e-30))
-            if rel != rel:  # NaN never passes
-                rel = float("inf")
+            rel, unwritten = _rel_err(y, ref)
             # graph replay of the same launch must reproduce eager bit for bit
-            y2 = torch.full_like(y, float("nan"))
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-                lib.launch(name, x, w, y2, r if residual else y2)
-            graph.replay()
-            torch.cuda.synchronize()
+            y2 = _replayed(lambda o: lib.launch(name, x, w, o, r if residual else o), y)  # noqa: B023
             identical = bool(torch.equal(y, y2))
             ok = unwritten == 0 and rel <= REL_TOL and identical
             checks.append(Check(name, n, k, m, residual, rel, unwritten, identical, ok))
@@ -114,3 +129,46 @@ def verify(
     from kimictl.kernels.toolchain.harness import arch_of
 
     return VerifyReport(props.name, str(arch_of(torch.cuda.get_device_capability())), checks)
+
+
+def verify_layer(
+    lib: Any, *, seed: int = 0, on_check: Callable[[Check], None] | None = None
+) -> list[Check]:
+    """The layer build's segments (`lib`), each launched three times in a row (the grid
+    barrier's word must reopen after every launch, or this hangs, as a replay would) on fresh
+    random inputs (weights 0.02 * randn, the barrier word zeroed once), output poisoned with NaN,
+    against `chain.segment_ref` in fp64 (the kernel's bf16 roundings at the same places; the lab
+    tests check that model against the fp64 layer), then under graph replay, bit-identical."""
+    import torch
+
+    from kimictl.kernels.layer.chain import COUNTER, LayerChainConfig, segment_ref
+
+    fields = LayerChainConfig.__dataclass_fields__
+    gen = torch.Generator(device="cuda")
+    checks: list[Check] = []
+    for i, name in enumerate(lib.names):
+        entry = lib.entry(name)
+        cfg = LayerChainConfig(**{k: v for k, v in entry.items() if k in fields})
+        gen.manual_seed(seed * 1_000_003 + i)
+        sz = cfg.sizes
+        x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
+                for b in ("x", "r"))  # fmt: skip
+        w = (0.02 * torch.randn(sz["w"], generator=gen, device="cuda")).to(torch.bfloat16)
+        w[-COUNTER:] = 0
+        runs = []
+        for _ in range(3):
+            y = torch.full((sz["y"],), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lib.launch(name, x, w.view(1, -1), y, r)
+            runs.append(y)
+        torch.cuda.synchronize()
+        y = runs[-1]
+        ref = segment_ref(cfg, x.double(), r.double(), w.double())
+        rel, unwritten = _rel_err(y, ref)
+        y2 = _replayed(lambda o: lib.launch(name, x, w.view(1, -1), o, r), y)  # noqa: B023
+        identical = all(torch.equal(y2, run) for run in runs)
+        st = cfg.stages[0]
+        ok = unwritten == 0 and rel <= REL_TOL and identical
+        checks.append(Check(name, st.n, st.k, cfg.m, False, rel, unwritten, identical, ok))
+        if on_check:
+            on_check(checks[-1])
+    return checks

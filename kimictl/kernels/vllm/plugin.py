@@ -17,6 +17,9 @@ KDA_PROJECTION_OVERLAP_MAX_TOKENS (14), vLLM runs in_proj_qkvgfab and f_b_proj o
 (`run_kda_projection_overlap`) without calling their methods; those (module, M) points are left to
 vLLM, in eager steps too. One log line per model says what was installed.
 
+KIMICTL_VLLM_LAYER=1 (`[serve] kimictl_layer = true`) asks for the fused dense layer instead;
+layer_route.py says why none of vLLM 0.33's K3 layers can take it today, in one warning per model.
+
 This module imports neither torch nor vLLM at import time (kimictl's CLI imports it for doctor).
 """
 
@@ -247,15 +250,25 @@ def take_over(
     return report
 
 
+def _tp_size() -> int:
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return int(get_tensor_model_parallel_world_size())
+
+
 def patch_vllm(
     llg: Any,
     *,
     table_loader: Callable[[], DispatchTable | None] = _node_table,
     register_ops: Callable[[], Any] | None = None,
     modules: Mapping[str, Any] | None = None,
+    gemm: bool = True,
+    layer: bool = False,
+    tp_size: Callable[[], int] = _tp_size,
 ) -> bool:
     """Wrap `llg.enable_kimi_k3_low_latency_gemm` (and the copies already bound by name in
-    vLLM's K3 model modules). Returns False when it was already wrapped."""
+    vLLM's K3 model modules): `gemm` re-routes the GEMMs (take_over), `layer` reports what the
+    fused layer may serve (layer_route). Returns False when it was already wrapped."""
     original = getattr(llg, INSTALL_FN)
     if getattr(original, "__kimictl_wrapped__", False):
         return False
@@ -266,6 +279,17 @@ def patch_vllm(
 
     def wrapped(module: Any, dtype: Any) -> None:
         original(module, dtype)
+        if layer:
+            from kimictl.kernels.vllm.layer_route import layer_report
+
+            try:
+                tp = tp_size()
+                lines = layer_report(module, tp, dtype, llg.torch.bfloat16).line()
+            except Exception as exc:  # a layout it cannot read must not take the server down
+                lines = f"kimictl layer: not installed ({exc}); vLLM's forward"
+            log.warning("%s", lines)  # asked for and not served: a warning, not news
+        if not gemm:
+            return
         try:
             report = take_over(llg, module, dtype, table=table_loader(), register_ops=register_ops)
         except Exception as exc:  # a broken table or library must not take the server down
@@ -288,11 +312,13 @@ def patch_vllm(
 def register() -> None:
     """The `vllm.general_plugins` entry point, called in every vLLM process. First the prebuilt
     CuTe units (KIMICTL_VLLM_PREBUILT, prebuilt.py: before vLLM's warmup compiles), then the
-    GEMM routing (KIMICTL_VLLM_KERNELS)."""
+    GEMM routing (KIMICTL_VLLM_KERNELS) and the fused layer's report (KIMICTL_VLLM_LAYER)."""
+    from kimictl.kernels.vllm.layer_route import layer_enabled
     from kimictl.kernels.vllm.prebuilt import load_prebuilt
 
     load_prebuilt()
-    if not enabled():
+    gemm, layer = enabled(), layer_enabled()
+    if not (gemm or layer):
         return
     import importlib
 
@@ -301,12 +327,13 @@ def register() -> None:
     except Exception as exc:  # not an SM90/SM100 build of vLLM 0.33, or no CUDA: stay out
         log.warning("kimictl kernels: %s not importable (%s); vLLM's plan", LLG_MODULE, exc)
         return
-    patch_vllm(llg)
+    patch_vllm(llg, gemm=gemm, layer=layer)
 
 
 def plugin_status(env: Mapping[str, str] | None = None, arch: str | None = None) -> dict[str, Any]:
     """For doctor: is the entry point installed, is it enabled, is there a table for `arch`
-    (and how many of its points carry vLLM timings, i.e. are three-way)."""
+    (and how many of its points carry vLLM timings, i.e. are three-way); is the layer switch on,
+    and where are the layer kernels built for `arch` (None: not built)."""
     from importlib.metadata import entry_points
 
     from kimictl.kernels.toolchain.node import dispatch_table_path
@@ -319,7 +346,17 @@ def plugin_status(env: Mapping[str, str] | None = None, arch: str | None = None)
         "arch": arch,
         "table": None,
         "three_way_points": 0,
+        "layer_enabled": False,
+        "layer_build": None,
     }
+    from kimictl.kernels.vllm.layer_route import layer_enabled
+
+    status["layer_enabled"] = layer_enabled(env)
+    if arch is not None:
+        from kimictl.kernels.toolchain.build import find_layer_build
+
+        found = find_layer_build(arch)
+        status["layer_build"] = str(found) if found else None
     env_map = os.environ if env is None else env
     override = env_map.get(TABLE_ENV_VAR)
     path = Path(override) if override else (dispatch_table_path(arch) if arch else None)

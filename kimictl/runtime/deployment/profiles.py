@@ -19,6 +19,9 @@ keys (anything else is an error naming the file, line and key, and the allowed k
                    kda_prefill_backend, additional_config (inline table), extra_args (list),
                    kimictl_kernels (bool: render KIMICTL_VLLM_KERNELS=1, which enables kimictl's
                    vLLM plugin: the node-measured three-way decode-GEMM dispatch),
+                   kimictl_layer (bool: render KIMICTL_VLLM_LAYER=1, which asks the plugin for
+                   kimictl's fused dense decode layer; kimictl.kernels.vllm.layer_route says
+                   which of vLLM's layers it may serve and logs why not),
                    prebuilt_units ("auto" | "off", default "auto": `kimictl serve` hands vLLM the
                    node's prebuilt CuTe unit cache for this deployment when one matches, as
                    KIMICTL_VLLM_PREBUILT; runtime.serving.prebuilt)
@@ -49,6 +52,7 @@ from kimictl.runtime.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
     KERNELS_ENV_VAR,
+    LAYER_ENV_VAR,
     PREBUILT_DEFAULT,
     PREBUILT_ENV_VAR,
     DeploymentSpec,
@@ -192,6 +196,7 @@ _PROFILE_ONLY: dict[str, dict[str, ValueCheck]] = {
         "stock_twin": nonempty_text,
         "additional_config": _table,
         "kimictl_kernels": FIELD_CHECKS["enable_sleep_mode"],  # a plain switch
+        "kimictl_layer": FIELD_CHECKS["enable_sleep_mode"],
         "prebuilt_units": one_of(*PREBUILT_MODES),
     },
     "metrics": {
@@ -429,14 +434,15 @@ def _spec_from_sections(path: Path, text: str, s: dict[str, dict[str, Any]]) -> 
         additional[key] = value
 
     env = dict(s.get("env", {}))
-    if serve.get("kimictl_kernels"):
-        if env.get(KERNELS_ENV_VAR, "1") != "1":
-            line = _line_of(text, "serve", "kimictl_kernels")
-            raise InputError(
-                f"{path}:{line}: [serve] kimictl_kernels = true but [env] {KERNELS_ENV_VAR} = "
-                f'"{env[KERNELS_ENV_VAR]}"; set one of them.'
-            )
-        env[KERNELS_ENV_VAR] = "1"
+    for key, var in (("kimictl_kernels", KERNELS_ENV_VAR), ("kimictl_layer", LAYER_ENV_VAR)):
+        if serve.get(key):
+            if env.get(var, "1") != "1":
+                line = _line_of(text, "serve", key)
+                raise InputError(
+                    f"{path}:{line}: [serve] {key} = true but [env] {var} = "
+                    f'"{env[var]}"; set one of them.'
+                )
+            env[var] = "1"
     if serve.get("prebuilt_units") == "off" and PREBUILT_ENV_VAR in env:
         line = _line_of(text, "serve", "prebuilt_units")
         raise InputError(

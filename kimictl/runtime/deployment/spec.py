@@ -48,6 +48,9 @@ from kimictl.runtime.errors import InputError
 # The switch of kimictl's vLLM plugin (kimictl.kernels.vllm.plugin), rendered by profiles from
 # `[serve] kimictl_kernels = true`
 KERNELS_ENV_VAR = "KIMICTL_VLLM_KERNELS"
+# The plugin's fused-layer switch (kimictl.kernels.vllm.layer_route), rendered by profiles from
+# `[serve] kimictl_layer = true`
+LAYER_ENV_VAR = "KIMICTL_VLLM_LAYER"
 # The plugin's other input: a prebuilt CuTe unit cache folder (kimictl.kernels.vllm.prebuilt), set
 # by `kimictl serve` when the profile's `[serve] prebuilt_units` is "auto" and a cache matches
 PREBUILT_ENV_VAR = "KIMICTL_VLLM_PREBUILT"
@@ -59,6 +62,7 @@ __all__ = [
     "FIELD_CHECKS",
     "JSON_FLAG_NAME",
     "KERNELS_ENV_VAR",
+    "LAYER_ENV_VAR",
     "PREBUILT_DEFAULT",
     "PREBUILT_ENV_VAR",
     "DeploymentSpec",

@@ -35,9 +35,10 @@ RECORDED_ENV = (
     "VLLM_ALLREDUCE_USE_SYMM_MEM",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
-    # kimictl.kernels.vllm.plugin's switch and table override (doctor reports the plugin)
+    # kimictl.kernels.vllm.plugin's switches and table override (doctor reports the plugin)
     "KIMICTL_VLLM_KERNELS",
     "KIMICTL_VLLM_KERNELS_TABLE",
+    "KIMICTL_VLLM_LAYER",
 )
 Source = Literal["live", "recorded", "simulated"]
 T = TypeVar("T")

@@ -72,6 +72,9 @@ def evaluate(
         checks.extend(hardware_checks(hw))
     if stack is not None:
         checks.extend(stack_checks(stack, hw))
+    layer = _layer_check(spec, hw)  # here, not beside _plugin_check: serve's gate shows it too
+    if layer is not None:
+        checks.append(layer)
     if spec is None:
         checks.append(no_deployment_check())
     else:
@@ -123,21 +126,37 @@ class Diagnosis:
         }
 
 
-def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
-    """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU."""
+def _plugin_env_arch(
+    spec: DeploymentSpec | None, hw: HardwareReport | None
+) -> tuple[dict[str, str], str | None]:
+    """The launch env (the node's recorded env under the deployment's) and the first GPU's arch."""
     import os
 
     from kimictl.kernels.toolchain.harness import arch_of
-    from kimictl.runtime.checks.rules.plugin import plugin_check
 
-    env = {**(hw.nodes[0].env or {} if hw.nodes else os.environ), **(spec.env if spec else {})}
+    nodes = hw.nodes if hw is not None else []
+    env = {**(nodes[0].env or {} if nodes else os.environ), **(spec.env if spec else {})}
     arch = None
-    for node in hw.nodes:
+    for node in nodes:
         for gpu in node.gpus:
             cc = gpu.compute_capability
             if isinstance(cc, tuple) and arch is None:
                 arch = arch_of((int(cc[0]), int(cc[1])))
-    return plugin_check(env, arch)
+    return env, arch
+
+
+def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
+    """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU."""
+    from kimictl.runtime.checks.rules.plugin import plugin_check
+
+    return plugin_check(*_plugin_env_arch(spec, hw))
+
+
+def _layer_check(spec: DeploymentSpec | None, hw: HardwareReport | None) -> Check | None:
+    """The plugin's fused-layer switch, when the launch env turns it on (doctor and serve)."""
+    from kimictl.runtime.checks.rules.plugin import layer_check
+
+    return layer_check(*_plugin_env_arch(spec, hw))
 
 
 def _kernel_cache_check(

@@ -1,4 +1,5 @@
-"""Doctor: kimictl's vLLM kernels plugin (kimictl.kernels.vllm.plugin) on this node."""
+"""Doctor (and serve): kimictl's vLLM kernels plugin (kimictl.kernels.vllm.plugin) on this node,
+and its fused-layer switch (kimictl.kernels.vllm.layer_route)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from kimictl.kernels.vllm.plugin import ENTRY_POINT, ENV_VAR, GROUP, plugin_status
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 
-__all__ = ["plugin_check"]
+__all__ = ["layer_check", "plugin_check"]
 
 
 def plugin_check(env: Mapping[str, str], arch: str | None) -> Check:
@@ -49,3 +50,37 @@ def plugin_check(env: Mapping[str, str], arch: str | None) -> Check:
         + ("." if three else ": without them it keeps vLLM's plan everywhere."),
         "" if three else "Re-run kimictl kernels bench on a node with vLLM installed.",
     )
+
+
+def layer_check(env: Mapping[str, str], arch: str | None) -> Check | None:
+    """`kernels.vllm_layer`, only when the launch env asks for the fused layer
+    (`[serve] kimictl_layer = true`): are its kernels built for this GPU, and what vLLM's K3
+    layers get from it. Never blocking: every layer falls back to vLLM's forward."""
+    from kimictl.kernels.toolchain.build import LAYER_FAMILIES
+    from kimictl.kernels.vllm.layer_route import ENV_VAR as LAYER_VAR
+
+    st = plugin_status(env, arch)
+    if not st["layer_enabled"]:
+        return None
+    cid, on = "kernels.vllm_layer", f"[serve] kimictl_layer is on ({LAYER_VAR}=1)"
+    arches = sorted({a for fam in LAYER_FAMILIES.values() for a in fam.arches})
+    if arch is None:
+        return Check(cid, Section.STACK, Status.UNKNOWN,
+                     f"{on}; no GPU seen, so its layer kernels were not looked for.")  # fmt: skip
+    if arch not in arches:
+        return Check(cid, Section.STACK, Status.WARN,
+                     f"{on} but the fused layer is built for {', '.join(arches)} only: "
+                     f"on {arch} every layer keeps vLLM's forward.")  # fmt: skip
+    if st["layer_build"] is None:
+        return Check(
+            cid, Section.STACK, Status.WARN,
+            f"{on} but this node has no built layer kernels for {arch}: the plugin routes no "
+            "layer, every layer keeps vLLM's forward.",
+            f"kimictl kernels build --arch {arch} (it builds the layer family too).",
+        )  # fmt: skip
+    return Check(
+        cid, Section.STACK, Status.WARN,
+        f"{on}, layer kernels built in {st['layer_build']}, but vLLM 0.33's K3 layers keep "
+        "vLLM's forward: AttnRes norms and the TP all-reduces of o_proj and the routed latent sit "
+        "inside the fused segments; the plugin logs, per model, how many layers each stops.",
+    )  # fmt: skip
