@@ -1,7 +1,10 @@
 """The fused dense layer family (kimictl/kernels/layer). CPU: what ships covers every (kind,
 segment, M) it serves, and its build registry stays apart from the GEMMs' verified source hash.
 GPU: the run recorded on the lent H200 by `lab/bench/layer_h200.py --chain-shipped` (committed as
-a fixture) must be of the current layer source and pass its fp64 checks at every served point."""
+a fixture) must be of the current layer source and pass its fp64 checks at every served point; so
+must issue 35's decode-step table (`lab/bench/layer_plan_h200.sh`: stock, vLLM 0.33's own SM90
+plan, kimictl's GEMM routes and the fused layer in one run), whose layer beats vLLM's plan in at
+most half of stock's launches at every served M."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from kimictl.kernels.toolchain.build import (
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_verify_h200.json"
+PLAN_FIXTURE = FIXTURE.with_name("layer_plan_h200.json")
+PLAN_MS = (1, 2, 4, 8)
 KINDS = ("mla", "kda")
 
 
@@ -69,3 +74,28 @@ def test_recorded_layer_run_checked_every_shipped_segment_and_point(recorded: di
             run = rows[m]["kimictl_chain_pdlsi"]
             assert run["ok"] and run["graph_equals_eager"] and run["rel_err_out"] <= tol, run
             assert run["nodes"]["kernel"] < rows[m]["stock"]["nodes"]["kernel"]
+
+
+def test_recorded_decode_step_table_times_vllms_own_plan_beside_the_layer():
+    table = json.loads(PLAN_FIXTURE.read_text())
+    assert table["chain_shipped"] is True and "H200" in table["device"]
+    assert table["layer_source_hash"] == source_hash(families=LAYER_FAMILIES), (
+        "layer kernel source changed since the H200 run: rerun lab/bench/layer_plan_h200.sh"
+    )
+    plan = table["vllm_plan"]
+    assert plan["error"] is None  # vLLM's units linked and ran, not a cuBLAS stand-in for them
+    used = set(plan["used"].values())
+    assert "dsv3_fused_a" in used and any(how.startswith("sk_") for how in used)
+    tol = table["tol"]
+    for kind in KINDS:
+        rows = {row["m"]: row for row in table["layers"][kind]["rows"]}
+        assert set(rows) == set(PLAN_MS)
+        for row in rows.values():  # every column vs fp64, graph replay == eager
+            for variant in ("stock", "vllm_plan", "kimictl"):
+                run = row[variant]
+                assert run["ok"] and run["graph_equals_eager"] and run["rel_err_out"] <= tol, run
+        for m in SERVED_MS:
+            layer = rows[m]["kimictl_chain_pdlsi"]
+            assert layer["ok"] and layer["graph_equals_eager"], layer
+            assert layer["vs_best"]["vllm_plan"] < 1, (kind, m, layer["vs_best"])
+            assert 2 * layer["nodes"]["kernel"] <= rows[m]["stock"]["nodes"]["kernel"]
