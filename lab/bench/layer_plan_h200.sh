@@ -8,6 +8,7 @@
 #   configs KIMI_K3_PROJECTIONS_SM90 names, its dsv3_fused_a sm_90a cubin and the plan per
 #   (N, K, M); .kbench/drv_shim.cpp launches that cubin. Both come from a harness outside this
 #   repository (load_vllm_plan in layer_h200.py says what it links).
+# LAYER_ARGS: more layer_h200.py options (a repeat: LAYER_ARGS="--rounds 7 --profile").
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 KIMICTL_CACHE_DIR=/tmp/kimictl-cache
@@ -22,6 +23,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 date -u +%FT%TZ
 timeout 270 python3 lab/bench/layer_h200.py --build lab/_build_layer --out "$OUT" --ms 1,2,4,8 \
     --rounds 5 --chain-shipped \
-    --variants stock_pdlsi,vllm_plan,vllm_plan_pdlsi,kimictl,kimictl_chain_pdlsi
+    --variants stock_pdlsi,vllm_plan,vllm_plan_pdlsi,kimictl,kimictl_chain_pdlsi ${LAYER_ARGS:-}
 echo "layer rc=$?"
 date -u +%FT%TZ
