@@ -1,5 +1,7 @@
 """Two hosts on one machine for the multi-host tests: network namespaces joined by a veth pair
 (10.77.0.1 and 10.77.0.2), each with its own kimictl state folder (two machines share nothing).
+Inside each namespace the veth end has the same name (IFNAME), as a cluster's nodes name their
+shared network alike: one GLOO_SOCKET_IFNAME fits every rank a scheduler starts.
 
 `two_hosts()` needs root (ip netns) and the CPU runtime; it skips the test with the reason
 otherwise, and on the way out kills whatever the test left in its namespaces, then deletes them.
@@ -21,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MASTER = "10.77.0.1"
 WORKER = "10.77.0.2"
+IFNAME = "kmh0"
 
 
 @dataclass
@@ -76,14 +79,16 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
     if why:
         pytest.skip(why)
     tag = f"{os.getpid() % 100000}"
-    a = Host(f"kmh{tag}a", f"kmh{tag}a0", MASTER, tmp_path / "host-a")
-    b = Host(f"kmh{tag}b", f"kmh{tag}b0", WORKER, tmp_path / "host-b")
+    a = Host(f"kmh{tag}a", IFNAME, MASTER, tmp_path / "host-a")
+    b = Host(f"kmh{tag}b", IFNAME, WORKER, tmp_path / "host-b")
     try:
         for h in (a, b):
             _ip("netns", "add", h.ns)
-        _ip("link", "add", a.ifname, "type", "veth", "peer", "name", b.ifname)
+        # unique names in the machine's own namespace, the same name once inside
+        _ip("link", "add", f"{a.ns}0", "type", "veth", "peer", "name", f"{b.ns}0")
         for h in (a, b):
-            _ip("link", "set", h.ifname, "netns", h.ns)
+            _ip("link", "set", f"{h.ns}0", "netns", h.ns)
+            _ip("-n", h.ns, "link", "set", f"{h.ns}0", "name", h.ifname)
             _ip("-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.ifname)
             _ip("-n", h.ns, "link", "set", "lo", "up")
             _ip("-n", h.ns, "link", "set", h.ifname, "up")

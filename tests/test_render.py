@@ -81,7 +81,7 @@ def _bash_array(script: str, name: str) -> list[str]:
 
 def _exports(script: str, env: dict[str, str] | None = None) -> dict[str, str]:
     snippet = "\n".join(line for line in script.splitlines() if line.startswith("export "))
-    snippet = snippet.replace("export MASTER_ADDR", "")
+    snippet = snippet.replace("export MASTER_NODE MASTER_ADDR", "")
     out = subprocess.run(
         [
             "env",
@@ -367,6 +367,58 @@ def test_slurm_takes_whole_nodes_ends_on_one_failure_and_checks_imex():
     assert "test -e /dev/nvidia-caps-imex-channels/channel0" in steps[0]
     single = render.render(_plan("k3-tp8-latency", "slurm"), "slurm", gpus_per_node=8)
     assert "imex" not in single.lower()
+
+
+def test_slurm_cpu_profile_takes_one_cpu_node_per_rank_and_no_gpu(tmp_path):
+    plan = _plan("cpu-demo-tp2", "slurm")  # TP2, one rank per host (tests/test_multihost_slurm)
+    script = render.render(plan, "slurm")
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    lines = script.splitlines()
+    assert "#SBATCH --nodes=2" in lines  # was 1: both ranks on one node, --nnodes 1
+    assert script.count("--nnodes") == 1 and "--nnodes 2" in script
+    assert not [line for line in lines if "gpu" in line.lower() and line.startswith("#SBATCH")]
+    assert "imex" not in script.lower()
+    assert "#SBATCH --mem=0" in lines
+    steps = [line for line in lines if line.startswith("srun ")]
+    assert len(steps) == 1 and "--kill-on-bad-exit=1" in steps[0]
+    assert _bash_array(script, "VLLM_ARGV") == _bound_all(plan.argv)
+    # a node count that does not divide the ranks is refused; one node runs both ranks
+    with pytest.raises(InputError, match="2 ranks do not split evenly over 3 nodes"):
+        render.render(plan, "slurm", nnodes=3)
+    assert "#SBATCH --nodes=1" in render.render(_plan("cpu-demo", "slurm"), "slurm")
+
+
+def test_slurm_master_is_the_first_nodes_address_not_its_name(tmp_path):
+    """Slurm reaches a node at its NodeAddr; its name may resolve nowhere on the other nodes
+    (the real run's node names do not: vLLM's rendezvous on rank 1 then retried forever)."""
+    script = render.render(_plan("cpu-demo-tp2", "slurm"), "slurm")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # Slurm's answers on the two-host test cluster (node names kmh-a, kmh-b; NodeAddr
+    # 10.77.0.x), a line per write as a long node list comes (or a node in two partitions):
+    # the script must read them all
+    fakes = {  # (the arguments the script must pass, its two lines)
+        "scontrol": ("show hostnames kmh-[a-b]", "kmh-a", "kmh-b"),
+        "sinfo": ("-h -N -n kmh-a -o %o", "10.77.0.1", "10.77.0.1"),
+    }
+    for name, (args, first, second) in fakes.items():
+        body = f'[ "$*" = "{args}" ] && echo {first} && sleep .2 && echo {second}'
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("MASTER_NODE="))
+    end = next(i for i, line in enumerate(lines) if line.startswith('echo "API:'))
+    snippet = "\n".join(["set -euo pipefail", *lines[start : end + 1]])
+    out = subprocess.run(
+        ["bash", "-c", snippet],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "kmh-[a-b]"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out == "API: http://10.77.0.1:8100 (model tiny-k2)\n"  # was http://kmh-a:8100
 
 
 def test_slurm_reads_weights_from_the_shared_path(tmp_path):

@@ -54,6 +54,7 @@ class LaunchPlan:
     nice: int = 0  # the server's CPU niceness (see cpu_runtime.SERVER_NICE)
     # Commands other nodes run (multi-node mp backend): printed, never executed by kimictl.
     other_nodes: list[list[str]] = field(default_factory=list)
+    ranks: int = 1  # vLLM's world size (TP x PP x DP): one GPU each, or one CPU process each
 
     @property
     def url(self) -> str:
@@ -211,6 +212,7 @@ def plan_launch(
         ab_group=ab_group,
         nice=cpu_runtime.SERVER_NICE if runtime == "cpu" else 0,
         other_nodes=other_nodes,
+        ranks=spec.gpus_needed,
     )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "RAY_PORT",
     "VLLM_IMAGE",
     "Job",
+    "NodeKind",
     "job_for",
     "render",
     "to_yaml",
@@ -55,18 +56,40 @@ _LOCAL_ENV = ("TMPDIR",)
 
 
 @dataclass(frozen=True)
+class NodeKind:
+    """What a node of the cluster is: the one place a render learns whether it asks for GPUs and
+    checks IMEX (a GB300 tray) or neither (a CPU node of kimictl's CPU runtime)."""
+
+    name: str
+    ranks: int  # vLLM ranks a node runs: its GPUs, or one CPU process
+    gpus: bool  # the ranks are GPUs the scheduler hands out
+    imex: bool  # TP across nodes runs over cross-node NVLink (IMEX channels)
+
+
+def node_kind(plan: LaunchPlan, gpus_per_node: int = GPUS_PER_NODE) -> NodeKind:
+    if plan.runtime == "cpu":  # one rank per node, as the cpu-demo-tp2 hosts run it
+        return NodeKind("CPU node", 1, gpus=False, imex=False)
+    return NodeKind(f"{gpus_per_node}-GPU node (GB300 tray: 4)", gpus_per_node, True, True)
+
+
+@dataclass(frozen=True)
 class Job:
     """One rendered deployment: the launch, how it spreads, and where its key and weights are."""
 
     fmt: str
     plan: LaunchPlan
     nodes: int
-    per_node: int  # GPUs per node (CPU runtime: 0)
+    kind: NodeKind
     ray: bool
     cluster: ClusterSettings
     key: str  # "secret" (a named one), "rendered" (value in a rendered Secret), "env", "none"
     secret: str | None = None  # the Secret the pods read the key from (k8s)
     image: str = VLLM_IMAGE
+
+    @property
+    def per_node(self) -> int:
+        """GPUs to ask for per node (CPU nodes: 0)."""
+        return self.plan.ranks // self.nodes if self.kind.gpus else 0
 
     @property
     def argv(self) -> list[str]:
@@ -92,7 +115,7 @@ class Job:
     @property
     def needs_imex(self) -> bool:
         """TP ranks on several GPU nodes: cross-node NVLink (IMEX) is what the fast path runs on."""
-        return self.nodes > 1 and self.plan.runtime == "gpu"
+        return self.nodes > 1 and self.kind.imex
 
 
 def _bind_all(argv: list[str]) -> list[str]:
@@ -104,17 +127,18 @@ def _bind_all(argv: list[str]) -> list[str]:
     return out
 
 
-def _nodes(plan: LaunchPlan, nnodes: int | None, gpus_per_node: int) -> tuple[int, int]:
-    """(nodes, GPUs per node): TP8 on 4-GPU trays spans 2 nodes, TP16 spans 4."""
-    gpus = max(plan.gpus, 1)
-    nodes = nnodes if nnodes and nnodes > 1 else max(1, math.ceil(gpus / gpus_per_node))
-    if gpus % nodes:
+def _nodes(plan: LaunchPlan, nnodes: int | None, kind: NodeKind) -> int:
+    """TP8 on 4-GPU trays spans 2 nodes, TP16 spans 4; TP2 on CPU nodes spans 2."""
+    ranks = max(plan.ranks, 1)
+    nodes = nnodes if nnodes and nnodes > 1 else max(1, math.ceil(ranks / kind.ranks))
+    if ranks % nodes:
+        what = "GPUs" if kind.gpus else "ranks"
         raise InputError(
-            f"{plan.gpus} GPUs do not split evenly over {nodes} nodes; allowed --nnodes: "
-            + ", ".join(str(n) for n in range(1, gpus + 1) if gpus % n == 0)
+            f"{plan.ranks} {what} do not split evenly over {nodes} nodes; allowed --nnodes: "
+            + ", ".join(str(n) for n in range(1, ranks + 1) if ranks % n == 0)
             + "."
         )
-    return nodes, gpus // nodes
+    return nodes
 
 
 def job_for(
@@ -141,10 +165,8 @@ def job_for(
                 hint="render with --traces off, or set [metrics] traces to a collector URL "
                 "the nodes reach (http://HOST:PORT/v1/traces).",
             )
-    if plan.runtime == "cpu":  # no GPUs to spread: the node count is the one asked for
-        nodes, per_node = max(nnodes or 1, 1), 0
-    else:
-        nodes, per_node = _nodes(plan, nnodes, gpus_per_node)
+    kind = node_kind(plan, gpus_per_node)
+    nodes = _nodes(plan, nnodes, kind)
     ray = "--distributed-executor-backend" in plan.argv and (
         plan.argv[plan.argv.index("--distributed-executor-backend") + 1] == "ray"
     )
@@ -173,7 +195,7 @@ def job_for(
         )
     if key == "rendered":
         secret = f"{plan.name}-api-key"
-    return Job(fmt, plan, nodes, per_node, ray, cluster, key, secret, image)
+    return Job(fmt, plan, nodes, kind, ray, cluster, key, secret, image)
 
 
 def render(
@@ -261,8 +283,12 @@ def _slurm(job: Job) -> str:
         *(f"  {shlex.quote(word)}" for word in job.argv),
         ")",
         "",
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        "export MASTER_ADDR",
+        "# The first node's address as Slurm itself reaches it (NodeAddr, or the node's name when",
+        "# none is set): a node name need not resolve on the other nodes. sed reads to the end:",
+        "# under pipefail, head closing the pipe early can end the job with SIGPIPE.",
+        'MASTER_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"',
+        'MASTER_ADDR="$(sinfo -h -N -n "$MASTER_NODE" -o %o | sed -n 1p)"',
+        "export MASTER_NODE MASTER_ADDR",
         f'echo "API: http://$MASTER_ADDR:{plan.port} (model {plan.model})"',
         "",
     ]
@@ -311,18 +337,18 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     )
     one = "srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
     lines = [
-        f'{one} -w "$MASTER_ADDR" ray start --head --node-ip-address="$MASTER_ADDR" '
+        f'{one} -w "$MASTER_NODE" ray start --head --node-ip-address="$MASTER_ADDR" '
         f"--port={RAY_PORT} --block &",
     ]
     if nodes > 1:
         lines += [
             "sleep 5",
             f"srun --nodes={nodes - 1} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-            f'--exclude="$MASTER_ADDR" ray start --address="$MASTER_ADDR:{RAY_PORT}" --block &',
+            f'--exclude="$MASTER_NODE" ray start --address="$MASTER_ADDR:{RAY_PORT}" --block &',
         ]
     lines += [
         f"python3 -c {shlex.quote(wait)}",
-        f'{one} -w "$MASTER_ADDR" --overlap "${{VLLM_ARGV[@]}}" &',
+        f'{one} -w "$MASTER_NODE" --overlap "${{VLLM_ARGV[@]}}" &',
         "wait -n  # the server or a Ray node ended: end the job (its other steps with it)",
         "exit 1",
         "",
