@@ -114,6 +114,12 @@ def test_phases_from_a_real_vllm_cpu_log():
         ("ModuleNotFoundError: No module named 'vllm._C'", 1, "install is broken"),
         ("Head dimension 96 is not supported by MLA", 1, "576"),
         ("ConnectionError: Could not find any running Ray instance.", 1, "no Ray cluster"),
+        (
+            "(EngineCore pid=21375) ERROR 12-03 07:01:31 [ray_executor_v2.py:522] RayWorkerProc "
+            "rank=[1] died unexpectedly, shutting down executor.",
+            -15,
+            "a rank's Ray actor died",
+        ),
         ("nothing useful", -9, "SIGKILL"),
         ("nothing useful", -11, "SIGSEGV"),
         ("nothing useful", 1, "not recognised"),

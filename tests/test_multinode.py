@@ -137,14 +137,24 @@ def test_ray_address_is_the_operators_or_the_one_ray_start_wrote(tmp_path):
     assert ray_cluster.address_env({"RAY_ADDRESS": "head:6380"}, tmp_path) == "head:6380"
 
 
-def test_ray_on_the_cpu_runtime_is_refused_with_the_reason(capsys):
-    # vLLM 0.32's CpuPlatform has no ray_device_key: tests/test_multihost_ray.py shows vLLM's
-    # own refusal on a real two-node Ray cluster
+def test_ray_on_the_cpu_runtime_needs_kimictls_fixups(capsys, monkeypatch):
+    # vLLM 0.32's CpuPlatform has no ray_device_key; tests/test_multihost_ray.py shows it, and
+    # serves through a real two-node Ray cluster with the fix-ups `setup cpu-runtime --ray` adds
+    from kimictl.runtime.serving import cpu_runtime
+
+    monkeypatch.setattr(cpu_runtime, "ray_ready", lambda: False)
     for extra in ([], ["--render", "slurm"]):
         code, _, err = run_cli(capsys, "serve", "cpu-demo-tp2", "--ray", "--dry-run", *extra)
         assert code == 1, err
         assert err.startswith("error: vLLM 0.32's CPU build cannot run the Ray executor")
-        assert "Traceback" not in err
+        assert "kimictl setup cpu-runtime --ray" in err and "Traceback" not in err
+    if not cpu_runtime.is_installed():
+        return  # the plan below resolves the tiny model inside the runtime
+    monkeypatch.setattr(cpu_runtime, "ray_ready", lambda: True)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    (run,) = dry_run(capsys, "cpu-demo-tp2", "--ray", "--nnodes", "2")["runs"]
+    assert run["env"]["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert run["argv"][run["argv"].index("--distributed-executor-backend") + 1] == "ray"
 
 
 def test_render_with_nnodes_asks_for_no_master_and_adds_the_node_flags_once(capsys, tmp_path):

@@ -80,7 +80,7 @@ def serve(
         typer.Option(
             "--ray",
             help="Serve through a running Ray cluster ($RAY_ADDRESS, else the one `ray start` "
-            "started here); not on the CPU runtime (vLLM's CPU build has no Ray executor).",
+            "started here); CPU runtime: after `kimictl setup cpu-runtime --ray`.",
         ),
     ] = False,
     render: Annotated[

@@ -29,8 +29,9 @@ def cpu_runtime_cmd(
         bool,
         typer.Option(
             "--ray",
-            help="Also install Ray into the runtime (`ray start` for a Ray cluster's nodes; "
-            "vLLM's CPU build cannot serve through Ray).",
+            help="Also install Ray into the runtime, with kimictl's fix-ups that let vLLM's "
+            "CPU build run its Ray executor (`<runtime>/bin/ray start` on each node, then "
+            "`kimictl serve PROFILE --ray`).",
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,

@@ -11,7 +11,8 @@ the direct launch, the renders and `kimictl setup cpu-runtime --ray` share.
   address on (`address_env`), or vLLM would start a private one-node Ray inside the run folder.
 - vLLM's CPU platform has no Ray device key (`CpuPlatform.ray_device_key == ""`): vLLM 0.32's
   `initialize_ray_cluster` stops with "current platform cpu does not support ray" before it
-  places a rank. `CPU_UNSUPPORTED` says so before anything starts.
+  places a rank. `kimictl setup cpu-runtime --ray` adds three fix-ups to kimictl's CPU runtime
+  (_cpu_ray_shim.py); without them serve refuses (`CPU_UNSUPPORTED`) before anything starts.
 - The ranks are Ray actors, children of each node's raylet, not of `vllm serve`: kimictl's
   process group holds the API server and engine core only. Stopping vLLM ends its actors (the
   executor kills them, and Ray ends the actors of a dead owner); the Ray daemons belong to
@@ -28,7 +29,7 @@ from pathlib import Path
 __all__ = [
     "ADDRESS_ENV",
     "CPU_UNSUPPORTED",
-    "CPU_UNSUPPORTED_HINT",
+    "CPU_RAY_HINT",
     "RAY_PORT",
     "RAY_VERSION",
     "address_env",
@@ -41,13 +42,13 @@ RAY_VERSION = "2.58.0"
 RAY_PORT = 6379
 ADDRESS_ENV = "RAY_ADDRESS"
 CPU_UNSUPPORTED = (
-    "vLLM 0.32's CPU build cannot run the Ray executor: its CPU platform names no Ray device "
-    "(ray_device_key is empty), so vLLM stops with 'current platform cpu does not support "
-    "ray' before it places a rank on any node"
+    "vLLM 0.32's CPU build cannot run the Ray executor on its own: its CPU platform names no "
+    "Ray device (ray_device_key is empty), so vLLM stops with 'current platform cpu does not "
+    "support ray' before it places a rank"
 )
-CPU_UNSUPPORTED_HINT = (
-    "spread a CPU deployment over hosts with vLLM's own backend: `kimictl serve PROFILE "
-    "--nnodes N --node-rank R --master-addr ADDR` on each host."
+CPU_RAY_HINT = (
+    "`kimictl setup cpu-runtime --ray` adds Ray and kimictl's fix-ups for it to the CPU "
+    "runtime; start each node's Ray from that runtime (<runtime>/bin/ray start)."
 )
 
 

@@ -106,6 +106,11 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
         "the model's config.json names an architecture this vLLM/transformers cannot load",
     ),
     (
+        re.compile(r"RayWorkerProc rank=\[\d+\] died unexpectedly"),
+        "a rank's Ray actor died (its process on that node exited or was killed; that "
+        "node's Ray logs say why)",
+    ),
+    (
         re.compile(r"Could not find any running Ray instance"),
         "no Ray cluster to join: `ray start --head` on this node (and `ray start --address "
         f"HEAD:{RAY_PORT}` on the others), or set {ADDRESS_ENV}=HEAD:{RAY_PORT}",
