@@ -120,6 +120,7 @@ def test_phases_from_a_real_vllm_cpu_log():
             -15,
             "a rank's Ray actor died",
         ),
+        ("  RuntimeError: Executor failed.", -15, "the executor lost a rank"),
         ("nothing useful", -9, "SIGKILL"),
         ("nothing useful", -11, "SIGSEGV"),
         ("nothing useful", 1, "not recognised"),

@@ -111,6 +111,11 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
         "node's Ray logs say why)",
     ),
     (
+        re.compile(r"RuntimeError: Executor failed\."),
+        "the executor lost a rank (a worker process, or under Ray a rank's actor on some node; "
+        "the lines above name it)",
+    ),
+    (
         re.compile(r"Could not find any running Ray instance"),
         "no Ray cluster to join: `ray start --head` on this node (and `ray start --address "
         f"HEAD:{RAY_PORT}` on the others), or set {ADDRESS_ENV}=HEAD:{RAY_PORT}",
