@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns import MASTER, Host, two_hosts
+from netns import MASTER, Host, bench, two_hosts
 
 from kimictl.runtime.serving import cpu_runtime
 from kimictl.runtime.serving.ray_cluster import (
@@ -168,17 +168,7 @@ def test_serve_ray_on_two_hosts_answers_benches_and_stops(cluster, tmp_path):
     a, b = cluster
     log = tmp_path / "serve.log"
     proc = _ready(a, b, log)
-    report = tmp_path / "bench.json"
-    bench = subprocess.run(
-        a.cmd(sys.executable, "-m", "kimictl", "bench", "-t", f"http://127.0.0.1:{PORT}",
-              "--num-prompts", "4", "--concurrency", "2", "--input-len", "64",
-              "--output-len", "16", "-o", str(report)),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    (run,) = json.loads(report.read_text())["runs"]
-    keys = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms")
-    print("bench:", {k: run.get(k) for k in (*keys, "median_tpot_ms")})
+    run = bench(a, PORT, tmp_path / "bench.json", prompts=4, output_len=16)
     assert (run["completed"], run["failed"]) == (4, 0)
     proc.send_signal(signal.SIGTERM)  # the operator's Ctrl-C
     assert _wait_exit(proc, STOP_S) == 0, log.read_text()[-3000:]
