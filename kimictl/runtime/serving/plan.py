@@ -136,8 +136,6 @@ def plan_launch(
     from kimictl.runtime.serving import cpu_runtime, tinymodel
 
     if runtime == "cpu" and (ray or spec.distributed_executor_backend == "ray"):
-        from kimictl.runtime.serving import cpu_runtime
-
         if not cpu_runtime.ray_ready():
             raise Unsupported(ray_cluster.CPU_UNSUPPORTED + ".", hint=ray_cluster.CPU_RAY_HINT)
     host = host or spec.host or "127.0.0.1"
