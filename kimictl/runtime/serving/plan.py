@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from kimictl.runtime.apikeys import ENV_VAR, redact_env
 from kimictl.runtime.apikeys import redact_argv as redact_argv
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving import runs
+from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.runtime.serving import ray_cluster, runs
 
 if TYPE_CHECKING:
     from kimictl.runtime.deployment.spec import DeploymentSpec
@@ -66,9 +66,16 @@ class LaunchPlan:
         return "--headless" in self.argv
 
     @property
+    def ray(self) -> bool:
+        """Ray places the ranks (`--distributed-executor-backend ray`)."""
+        pairs = zip(self.argv, self.argv[1:], strict=False)
+        return any(a == "--distributed-executor-backend" and b == "ray" for a, b in pairs)
+
+    @property
     def leads_other_nodes(self) -> bool:
-        """Rank 0 of vLLM's own multi-node launch: it serves HTTP for ranks on other hosts."""
-        return "--nnodes" in self.argv and not self.headless
+        """The API server of ranks that may run on other hosts: rank 0 of vLLM's own multi-node
+        launch, or a Ray launch (Ray places the ranks anywhere in its cluster)."""
+        return ("--nnodes" in self.argv and not self.headless) or self.ray
 
     @property
     def log_path(self) -> Path:
@@ -122,11 +129,16 @@ def plan_launch(
     node_rank: int = 0,
     master_addr: str | None = None,
     ray: bool = False,
+    ray_address: str | None = None,
     run_id: str | None = None,
 ) -> LaunchPlan:
-    """Resolve the model, pick the executable and environment, and fix host and port."""
+    """Resolve the model, pick the executable and environment, and fix host and port.
+    `ray_address`: the Ray cluster a direct Ray launch joins (ray_cluster.address_env)."""
     from kimictl.runtime.serving import cpu_runtime, tinymodel
 
+    if runtime == "cpu" and (ray or spec.distributed_executor_backend == "ray"):
+        if not cpu_runtime.ray_ready():
+            raise Unsupported(ray_cluster.CPU_UNSUPPORTED + ".", hint=ray_cluster.CPU_RAY_HINT)
     host = host or spec.host or "127.0.0.1"
     port = port if port is not None else (spec.port or DEFAULT_PORT)
     require_tcp_port(port)
@@ -173,6 +185,8 @@ def plan_launch(
         executable = "vllm"
     env["TMPDIR"] = str(run_tmp_dir(run_dir, run_id))
     env.update(spec.to_env())
+    if ray_address and spec.distributed_executor_backend == "ray":
+        env[ray_cluster.ADDRESS_ENV] = ray_address  # the run's TMPDIR hides Ray's address file
     if api_key:
         env[ENV_VAR] = api_key
     argv = spec.to_argv(executable)
@@ -269,7 +283,8 @@ def check_nodes(
                 "--ray runs one `vllm serve` on the Ray head node and Ray places the other "
                 "ranks; --node-rank and --master-addr belong to vLLM's mp backend.",
                 hint="start Ray on every node (`ray start --head` / `ray start --address "
-                "HEAD:6379`), then run `kimictl serve PROFILE --ray --nnodes N` on the head.",
+                f"HEAD:{ray_cluster.RAY_PORT}`), then run `kimictl serve PROFILE --ray "
+                "--nnodes N` on the head.",
             )
         if world_size % nnodes:
             raise InputError(

@@ -27,13 +27,13 @@ from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving.plan import LaunchPlan, is_loopback, redact_argv
+from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV, RAY_PORT, wait_for_nodes_code
 
 __all__ = [
     "BIND_ALL",
     "FORMATS",
     "GPUS_PER_NODE",
     "IMEX_CHANNEL",
-    "RAY_PORT",
     "VLLM_IMAGE",
     "Job",
     "NodeKind",
@@ -47,12 +47,11 @@ FORMATS = ("slurm", "k8s")
 GPUS_PER_NODE = 4  # one GB300 NVL72 compute tray
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 BIND_ALL = "0.0.0.0"
-RAY_PORT = 6379
 # The device node NVIDIA's IMEX daemon gives a process for cross-node NVLink memory (the fast
 # path's multicast buffers span trays); the DRA driver's ComputeDomain injects it into pods.
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 # Local to the machine that renders: meaningless on the cluster.
-_LOCAL_ENV = ("TMPDIR",)
+_LOCAL_ENV = ("TMPDIR", ADDRESS_ENV)
 
 
 @dataclass(frozen=True)
@@ -167,9 +166,6 @@ def job_for(
             )
     kind = node_kind(plan, gpus_per_node)
     nodes = _nodes(plan, nnodes, kind)
-    ray = "--distributed-executor-backend" in plan.argv and (
-        plan.argv[plan.argv.index("--distributed-executor-backend") + 1] == "ray"
-    )
     secret = api_key_secret or cluster.api_key_secret
     if secret is not None:
         if fmt != "k8s":
@@ -195,7 +191,7 @@ def job_for(
         )
     if key == "rendered":
         secret = f"{plan.name}-api-key"
-    return Job(fmt, plan, nodes, kind, ray, cluster, key, secret, image)
+    return Job(fmt, plan, nodes, kind, plan.ray, cluster, key, secret, image)
 
 
 def render(
@@ -323,18 +319,7 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     """Ray head on the first node, one Ray worker per other node, then `vllm serve` (Ray backend,
     no node flags) on the head. The job ends when the server or any Ray node ends."""
     nodes = job.nodes
-    # the head starts in the background: connect once it answers, then count the nodes
-    wait = (
-        "import ray, sys, time\n"
-        "for _ in range(600):\n"
-        "    try:\n"
-        "        if not ray.is_initialized(): ray.init(address='auto', logging_level='ERROR')\n"
-        f"        if sum(n['Alive'] for n in ray.nodes()) >= {nodes}: sys.exit(0)\n"
-        "    except ConnectionError:\n"
-        "        pass\n"
-        "    time.sleep(1)\n"
-        f"sys.exit('Ray cluster: fewer than {nodes} nodes joined in 600 s')"
-    )
+    wait = wait_for_nodes_code(nodes)  # the head starts in the background
     one = "srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
     lines = [
         f'{one} -w "$MASTER_NODE" ray start --head --node-ip-address="$MASTER_ADDR" '
@@ -348,6 +333,7 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
         ]
     lines += [
         f"python3 -c {shlex.quote(wait)}",
+        f'export {ADDRESS_ENV}="$MASTER_ADDR:{RAY_PORT}"  # the cluster vLLM joins',
         f'{one} -w "$MASTER_NODE" --overlap "${{VLLM_ARGV[@]}}" &',
         "wait -n  # the server or a Ray node ended: end the job (its other steps with it)",
         "exit 1",

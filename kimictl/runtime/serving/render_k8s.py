@@ -20,7 +20,8 @@ from typing import Any
 from kimictl.runtime.apikeys import ENV_VAR
 from kimictl.runtime.deployment.cluster import CLIQUE_LABEL, check_dns_label
 from kimictl.runtime.errors import InputError
-from kimictl.runtime.serving.render import RAY_PORT, Job
+from kimictl.runtime.serving.ray_cluster import RAY_PORT, wait_for_nodes_code
+from kimictl.runtime.serving.render import Job
 
 __all__ = ["IMEX_CLAIM", "MAX_NAME", "k8s_objects"]
 
@@ -93,11 +94,7 @@ def _command(job: Job, leader: bool) -> tuple[list[str], list[str]]:
     if job.ray:
         if not leader:
             return ["ray"], ["start", f"--address=$(LWS_LEADER_ADDRESS):{RAY_PORT}", "--block"]
-        wait = (
-            "import ray, sys, time; ray.init(address='auto', logging_level='ERROR'); "
-            f"sys.exit(next((0 for _ in range(600) if sum(n['Alive'] for n in ray.nodes()) >= "
-            f"{job.nodes} or time.sleep(1)), 'Ray: fewer than {job.nodes} nodes in 600 s'))"
-        )
+        wait = wait_for_nodes_code(job.nodes)
         script = (
             f"ray start --head --port={RAY_PORT} && python3 -c {shlex.quote(wait)} && "
             f"exec {shlex.join(argv)}"

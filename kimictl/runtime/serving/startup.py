@@ -7,6 +7,8 @@ import re
 import signal
 from pathlib import Path
 
+from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV, RAY_PORT
+
 __all__ = [
     "LOG_TAIL_LINES",
     "CAUSES",
@@ -102,6 +104,21 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"(Unrecognized model|does not recognize this architecture|model type `)"),
         "the model's config.json names an architecture this vLLM/transformers cannot load",
+    ),
+    (
+        re.compile(r"RayWorkerProc rank=\[\d+\] died unexpectedly"),
+        "a rank's Ray actor died (its process on that node exited or was killed; that "
+        "node's Ray logs say why)",
+    ),
+    (
+        re.compile(r"RuntimeError: Executor failed\."),
+        "the executor lost a rank (a worker process, or under Ray a rank's actor on some node; "
+        "the lines above name it)",
+    ),
+    (
+        re.compile(r"Could not find any running Ray instance"),
+        "no Ray cluster to join: `ray start --head` on this node (and `ray start --address "
+        f"HEAD:{RAY_PORT}` on the others), or set {ADDRESS_ENV}=HEAD:{RAY_PORT}",
     ),
     (
         re.compile(r"(ModuleNotFoundError|ImportError|PackageNotFoundError)"),

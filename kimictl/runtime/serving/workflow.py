@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kimictl.runtime.apikeys import read_api_key
 from kimictl.runtime.deployment.cluster import ClusterSettings
 from kimictl.runtime.errors import InputError, KimictlError
+from kimictl.runtime.serving import ray_cluster
 from kimictl.runtime.serving.launcher import (
     STOP_GRACE_S,
     Launch,
@@ -345,6 +346,7 @@ def prepare_serve(request: ServeRequest) -> Prepared:
                 node_rank=request.node_rank,
                 master_addr=request.master_addr,
                 ray=request.ray,
+                ray_address=None if request.for_render else ray_cluster.address_env(),
             )
         except InputError:
             raise  # bad input first: a missing model folder is the user's to fix, whatever the gate
