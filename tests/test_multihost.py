@@ -3,10 +3,11 @@
 
 vLLM's mp backend through `kimictl serve cpu-demo-tp2 --nnodes 2 --node-rank 0|1 --master-addr
 10.77.0.1`, each host with its own kimictl state folder (two machines share nothing): rank 0
-answers and benches; after stopping rank 1's kimictl, or SIGKILL of rank 1's vLLM, rank 0 goes
-down with no client request: an idle rank 0 keeps /health at 200 until its next collective (vLLM
-has no cross-node heartbeat), so rank 0's supervisor sends a one-token completion every 15 s,
-which fails, and it takes the deployment down; neither host keeps a process.
+answers and benches. An idle rank 0 keeps /health at 200 after its peer is gone, until its next
+collective (vLLM has no cross-node heartbeat), so kimictl sends it a one-token completion: a
+foreground rank 0's supervisor every 15 s (after SIGKILL of rank 1's vLLM it takes the deployment
+down, with no client request), `kimictl ps` on each call (a detached rank 0 whose peer stopped is
+never shown ready). Neither host keeps a process.
 
 Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise (scripts/check
 runs it in CI).
@@ -14,6 +15,7 @@ runs it in CI).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -40,8 +42,9 @@ def hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
         yield pair
 
 
-def _serve(h: Host, rank: int, log: Path) -> subprocess.Popen[bytes]:
+def _serve(h: Host, rank: int, log: Path, *, detach: bool = False) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "kimictl", "serve", PROFILE, "--nnodes", "2"]
+    argv += ["--detach"] if detach else []
     argv += ["--node-rank", str(rank), "--master-addr", MASTER, "--timeout", str(STARTUP_S)]
     with log.open("wb") as out:
         return subprocess.Popen(h.cmd(*argv), stdout=out, stderr=subprocess.STDOUT)
@@ -77,28 +80,53 @@ def _vllm_pids(h: Host) -> list[int]:
     return found
 
 
-def _start_pair(a: Host, b: Host, tmp_path: Path) -> tuple[subprocess.Popen[bytes], ...]:
-    ra = _serve(a, 0, tmp_path / "rank0.log")
+def _start_pair(
+    a: Host, b: Host, tmp_path: Path, *, detach0: bool = False
+) -> tuple[subprocess.Popen[bytes], ...]:
+    ra = _serve(a, 0, tmp_path / "rank0.log", detach=detach0)
     rb = _serve(b, 1, tmp_path / "rank1.log")
     took = _wait_line(tmp_path / "rank0.log", "monitor: kimictl monitor", ra, STARTUP_S)
     print(f"rank 0 ready (answered a completion) after {took:.1f} s")
     return ra, rb
 
 
-def test_mp_two_hosts_serve_bench_and_stop_from_the_worker_side(hosts, tmp_path):
+def _ps(h: Host) -> list[dict]:
+    done = subprocess.run(
+        h.cmd(sys.executable, "-m", "kimictl", "ps", "--json"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_mp_two_hosts_detached_rank0_is_never_shown_ready_without_its_peer(hosts, tmp_path):
+    """Rank 0 detached (no supervisor left to notice): after rank 1's host stops its side,
+    rank 0's /health still says 200, yet `kimictl ps` on host A must not call it ready; then
+    `kimictl stop` there leaves nothing on either host."""
     a, b = hosts
-    ra, rb = _start_pair(a, b, tmp_path)
+    ra, rb = _start_pair(a, b, tmp_path, detach0=True)
+    assert _wait_exit(ra, DOWN_S) == 0  # detached once ready
+    (before,) = _ps(a)
+    assert (before["state"], before["health"]) == ("ready", 200), before
     run = bench(a, PORT, tmp_path / "bench.json", prompts=8, output_len=32)
     assert (run["completed"], run["failed"]) == (8, 0)
-    # rank 1's host stops its side: the deployment goes down on both hosts
-    rb.send_signal(signal.SIGTERM)
+    rb.send_signal(signal.SIGTERM)  # rank 1's host stops its side
     assert _wait_exit(rb, DOWN_S) == 0
-    # no client request: rank 0's supervisor finds the lost peer itself (its one-token probe)
     t0 = time.monotonic()
-    code = _wait_exit(ra, PEER_DOWN_S)
-    print(f"rank 0 went down by itself {time.monotonic() - t0:.1f} s after rank 1 stopped")
-    log0 = (tmp_path / "rank0.log").read_text()
-    assert code != 0 or "stopped" in log0, log0[-2000:]
+    while True:
+        (now,) = _ps(a)
+        if now["state"] != "ready":
+            break
+        assert time.monotonic() - t0 < PEER_DOWN_S, f"ps still says ready: {now}"
+        time.sleep(5)
+    print(f"ps on host A: {now['state']} ({now.get('peer_lost') or now.get('reason')}) "
+          f"{time.monotonic() - t0:.1f} s after rank 1 stopped")  # fmt: skip
+    assert now["state"] in ("unhealthy", "died"), now
+    stop = subprocess.run(
+        a.cmd(sys.executable, "-m", "kimictl", "stop", "--all"),
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert stop.returncode == 0, stop.stderr[-2000:]
     time.sleep(2)
     assert a.pids() == [] and b.pids() == [], (a.pids(), b.pids())
 

@@ -202,27 +202,44 @@ def test_ps_prints_whole_run_ids_when_piped_and_narrow(sleeper, _state_dir, colu
 
 def test_ps_probes_health_a_ready_run_without_an_answer_is_unhealthy(sleeper, _state_dir):
     """`ps --json` asks each live run's /health now: a real server answering 200 stays ready,
-    a ready run whose port answers nothing is unhealthy (real `kimictl ps` in a subprocess)."""
+    a ready run whose port answers nothing is unhealthy; a multi-node rank 0 whose /health says
+    200 but whose completions fail (its peer rank is gone) is unhealthy too, with the reason,
+    while a one-node run on the same server is not sent a completion (real `kimictl ps`)."""
     import http.server
     import threading
 
-    class Health(http.server.BaseHTTPRequestHandler):
+    completions = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(200 if self.path == "/health" else 404)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
+        def do_POST(self) -> None:
+            completions.append(self.path)
+            body = b'{"error": "EngineCore encountered an issue"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
     try:
-        answering = _record("answers", sleeper.pid, port=server.server_address[1])
+        answering = _record("answers", sleeper.pid, port=port)
+        rank0 = dataclasses.replace(
+            _record("rank0", sleeper.pid, port=port),
+            argv_redacted=["vllm", "serve", "x", "--nnodes", "2", "--master-addr", "10.0.0.1"],
+        )
         with socket.socket() as s:  # a port nothing listens on
             s.bind(("127.0.0.1", 0))
             silent = _record("silent", sleeper.pid, port=s.getsockname()[1])
-        for record in (answering, silent):
+        for record in (answering, rank0, silent):
             runs.write_record(record)
         env = {**os.environ, "KIMICTL_STATE_DIR": str(_state_dir)}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
@@ -234,4 +251,11 @@ def test_ps_probes_health_a_ready_run_without_an_answer_is_unhealthy(sleeper, _s
         server.shutdown()
     assert done.returncode == 0, done.stderr
     shown = {r["name"]: (r["state"], r["health"]) for r in json.loads(done.stdout)}
-    assert shown == {"answers": ("ready", 200), "silent": ("unhealthy", None)}
+    assert shown == {
+        "answers": ("ready", 200),
+        "rank0": ("unhealthy", 200),
+        "silent": ("unhealthy", None),
+    }
+    (lost,) = [r["peer_lost"] for r in json.loads(done.stdout) if r["name"] == "rank0"]
+    assert "HTTP 500" in lost and "another node" in lost
+    assert completions == ["/v1/completions"]  # the rank 0 only

@@ -47,7 +47,13 @@ def ps(
     if json_out:
         emit_json(
             [
-                {**p.record.to_json(), "state": p.state, "alive": p.alive, "health": p.health}
+                {
+                    **p.record.to_json(),
+                    "state": p.state,
+                    "alive": p.alive,
+                    "health": p.health,
+                    "peer_lost": p.peer_lost,
+                }
                 for p in probed
             ]
         )
@@ -82,7 +88,12 @@ def ps(
         r = p.record
         if r.reason:
             console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
-        if p.state == "unhealthy":
+        if p.peer_lost:
+            console.print(
+                f"[bold red]{r.id}: {p.peer_lost}; `kimictl stop {r.id}` ends it[/]",
+                highlight=False,
+            )
+        elif p.state == "unhealthy":
             said = "no answer" if p.health is None else f"{p.health}"
             console.print(
                 f"[bold red]{r.id}: /health {said}: the engine may have died; "

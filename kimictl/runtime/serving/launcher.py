@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.runtime.apikeys import env_api_key
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.http1 import BlockingClient
 from kimictl.runtime.serving import runs
-from kimictl.runtime.serving.plan import LaunchPlan, check_port_free
+from kimictl.runtime.serving.plan import LaunchPlan, check_port_free, leads_other_nodes
 from kimictl.runtime.serving.runs import RunRecord, RunState
 from kimictl.runtime.serving.startup import likely_cause, log_tail, read_phases
 
@@ -73,6 +74,7 @@ DEATH_GRACE_S = 5.0
 # peer until its next collective. A one-token completion this often finds that out.
 PEER_PROBE_S = 15.0
 PEER_PROBE_TIMEOUT_S = 60.0
+PS_PEER_PROBE_TIMEOUT_S = 10.0  # `ps` waits less: a slow answer is not counted as a loss anyway
 
 
 class StopRequested(Exception):
@@ -240,17 +242,30 @@ class Probed:
     record: RunRecord
     alive: bool
     health: int | None  # None: not alive, or nothing answered
+    peer_lost: str | None = None  # a multi-node rank 0 whose one-token request failed: why
 
     @property
     def state(self) -> str:
-        if self.record.state is RunState.READY and self.health != 200:
+        if self.record.state is RunState.READY and (self.health != 200 or self.peer_lost):
             return "unhealthy"
         return self.record.state.value
 
 
 def probe(record: RunRecord, *, timeout: float = 1.0) -> Probed:
+    """Probe a run now. A ready multi-node rank 0 also gets a one-token request: an idle rank 0
+    keeps /health at 200 after a rank on another node is gone (a detached run has no supervisor
+    to notice); only a failed answer counts, not a slow one or a refused key."""
     alive = runs.is_alive(record)
-    return Probed(record, alive, health(record.url, timeout=timeout) if alive else None)
+    status = health(record.url, timeout=timeout) if alive else None
+    lost = None
+    if status == 200 and record.state is RunState.READY and leads_other_nodes(record.argv_redacted):
+        with BlockingClient() as client:
+            ok, why = _complete_one(
+                record.url, record.model, env_api_key(), PS_PEER_PROBE_TIMEOUT_S, client
+            )
+        if not ok and not why.startswith(("no answer", "HTTP 401", "HTTP 403")):
+            lost = f"a one-token completion failed ({why}): a rank on another node may be gone"
+    return Probed(record, alive, status, lost)
 
 
 def _client() -> BlockingClient:
@@ -259,14 +274,20 @@ def _client() -> BlockingClient:
 
 
 def _one_token(plan: LaunchPlan, timeout: float, client: BlockingClient) -> tuple[bool, str]:
-    body = {"model": plan.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    return _complete_one(plan.url, plan.model, plan.api_key, timeout, client)
+
+
+def _complete_one(
+    url: str, model: str, api_key: str | None, timeout: float, client: BlockingClient
+) -> tuple[bool, str]:
+    body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
     try:
         status, text = client.request(
-            plan.url,
+            url,
             "POST",
             "/v1/completions",
             body=json.dumps(body).encode(),
-            api_key=plan.api_key,
+            api_key=api_key,
             timeout=timeout,
         )
     except TimeoutError:

@@ -34,6 +34,18 @@ LOG_NAME = "vllm.log"
 # ---------------------------------------------------------------- plans
 
 
+def uses_ray(argv: list[str]) -> bool:
+    """Ray places the ranks (`--distributed-executor-backend ray`)."""
+    pairs = zip(argv, argv[1:], strict=False)
+    return any(a == "--distributed-executor-backend" and b == "ray" for a, b in pairs)
+
+
+def leads_other_nodes(argv: list[str]) -> bool:
+    """The API server of ranks that may run on other hosts: rank 0 of vLLM's own multi-node
+    launch, or a Ray launch (Ray places the ranks anywhere in its cluster)."""
+    return ("--nnodes" in argv and "--headless" not in argv) or uses_ray(argv)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything needed to start one server. `env` is what kimictl adds to the environment."""
@@ -67,15 +79,11 @@ class LaunchPlan:
 
     @property
     def ray(self) -> bool:
-        """Ray places the ranks (`--distributed-executor-backend ray`)."""
-        pairs = zip(self.argv, self.argv[1:], strict=False)
-        return any(a == "--distributed-executor-backend" and b == "ray" for a, b in pairs)
+        return uses_ray(self.argv)
 
     @property
     def leads_other_nodes(self) -> bool:
-        """The API server of ranks that may run on other hosts: rank 0 of vLLM's own multi-node
-        launch, or a Ray launch (Ray places the ranks anywhere in its cluster)."""
-        return ("--nnodes" in self.argv and not self.headless) or self.ray
+        return leads_other_nodes(self.argv)
 
     @property
     def log_path(self) -> Path:
