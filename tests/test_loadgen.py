@@ -406,3 +406,11 @@ async def test_abba_splits_each_target_in_halves_in_mirror_order(emitter: str) -
     two = await _load(targets, wl, points=[LoadPoint(concurrency=2)], num_prompts=4, repeat=2)
     firsts = [t["target"] for t in two.schedule if t["part"] == 1]
     assert firsts == ["a", "b", "b", "a"]
+    # longer points run several A B B A cycles of about one wave each (here 1 request a turn)
+    many = await _load(targets, wl, points=[LoadPoint(concurrency=1)], num_prompts=8, seed=5)
+    assert "".join(t["target"] for t in many.schedule) == "abba" * 4
+    assert [t["requests"] for t in many.schedule] == [1] * 16
+    assert [r.input_len for r in many if r.target == "b"] == [
+        s.steps[0].input_len  # type: ignore[union-attr]
+        for s in itertools.islice(wl.sessions(5), 8)
+    ]

@@ -7,22 +7,25 @@ ports, a private state dir), then runs the bench's own library call (`run_bench`
 its own seed (fresh requests, the same for both sides). The pair is reused across runs: the study
 measures the verdict's error rate given one pair of instances, plus anything that differs between
 an A/B's turns (order, warm-up, the machine's drift). With `--schedules abba,turns` every run does
-both schedules, in alternating order, so they see the same machine.
+both schedules, in rotating order, so they see the same machine.
 
-Counted per schedule: the primary verdict (interactivity p50, alone at ALPHA) says faster/slower;
-any secondary metric marked "better" (Holm family at ALPHA); each metric's marks. A Wilson 95%
-interval on each rate, and the one-sided binomial p of seeing that many if the true rate were the
-nominal ALPHA. Order bias shows more sensitively in the mean log ratio A/B of the primary metric
-over runs (its 95% t-interval): with "turns", A always runs first.
+Counted per schedule and rule (the product's: whole turns shuffled; "per_request": the rule
+before, every request its own unit, recomputed on the same records): the primary verdict
+(interactivity p50, alone at ALPHA) says faster/slower; any secondary metric marked "better"
+(Holm family at ALPHA); each metric's marks. A Wilson 95% interval on each rate, and the
+one-sided binomial p of seeing that many if the true rate were the nominal ALPHA. Order bias
+shows more sensitively in the mean log ratio A/B of the primary metric over runs (its 95%
+t-interval): with "turns", A always runs first.
 
-    PYTHONPATH=. python lab/bench/ab_aa_study.py --runs 20 --requests 16 --schedules abba,turns \
-        --out lab/results/ab_aa_study.json
+    PYTHONPATH=. python lab/bench/ab_aa_study.py --runs 20 --requests 16 --concurrency 2 \
+        --schedules abba,turns,interleave --out lab/results/ab_aa_study.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -34,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.load.ab import ALPHA, HEADLINE
+from kimictl.runtime.load.ab import ALPHA, HEADLINE, compare
 from kimictl.runtime.load.bench import BenchConfig, run_bench
 from kimictl.runtime.load.records import LoadPoint, LoadTarget
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
@@ -43,6 +46,10 @@ from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 _T975 = {
     5: 2.571, 10: 2.228, 15: 2.131, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021,
 }  # fmt: skip
+
+
+# the product's rule (whole turns shuffled, ab._turns) and the one before it (each request)
+RULES = ("product", "per_request")
 
 
 def t975(df: int) -> float:
@@ -102,8 +109,27 @@ async def one_run(urls: list[str], args: argparse.Namespace, seed: int, schedule
     return await run_bench(cfg)
 
 
-def tally(runs: list[dict[str, Any]], schedule: str) -> dict[str, Any]:
-    mine = [r for r in runs if r["schedule"] == schedule]
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    head = next(r for r in rows if r["metric"] == HEADLINE)
+    return {
+        "verdict": head["verdict"],
+        "ratio": head["ratio"],
+        "ci95": head["ci95"],
+        "p": head["p"],
+        "tested": [r["metric"] for r in rows if r["p"] is not None],
+        "marked": [r["metric"] for r in rows if r["better"]],
+        "secondary_marked": [r["metric"] for r in rows if r["better"] and r["role"] == "secondary"],
+    }
+
+
+def request_level(outcome: Any, seed: int) -> dict[str, Any]:
+    """The verdict of the rule before turns were the test's unit: every request its own."""
+    records = [dataclasses.replace(r, part=0) for r in outcome.records]
+    return verdicts(compare(outcome.summaries, records, a="a", b="b", seed=seed))
+
+
+def tally(runs: list[dict[str, Any]], schedule: str, rule: str) -> dict[str, Any]:
+    mine = [r[rule] for r in runs if r["schedule"] == schedule]
     n = len(mine)
     primary = sum(r["verdict"] in ("faster", "slower") for r in mine)
     family = sum(bool(r["secondary_marked"]) for r in mine)
@@ -129,6 +155,7 @@ def tally(runs: list[dict[str, Any]], schedule: str) -> dict[str, Any]:
 
     return {
         "schedule": schedule,
+        "rule": rule,
         "runs": n,
         "primary_false": rate(primary, n),
         "any_secondary_false": rate(family, n),
@@ -163,40 +190,34 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     try:
         for i in range(args.runs):
-            order = schedules if i % 2 == 0 else schedules[::-1]
+            order = schedules[i % len(schedules) :] + schedules[: i % len(schedules)]
             for schedule in order:
                 t_run = time.monotonic()
                 outcome = asyncio.run(one_run(urls, args, seed=1000 + i, schedule=schedule))
                 if outcome.stop_reason:
                     raise SystemExit(f"run {i} ({schedule}) stopped: {outcome.stop_reason}")
-                rows = outcome.ab or []
-                head = next(r for r in rows if r["metric"] == HEADLINE)
                 runs.append(
                     {
                         "run": i,
                         "schedule": schedule,
                         "seed": 1000 + i,
-                        "verdict": head["verdict"],
-                        "ratio": head["ratio"],
-                        "ci95": head["ci95"],
-                        "p": head["p"],
-                        "tested": [r["metric"] for r in rows if r["p"] is not None],
-                        "marked": [r["metric"] for r in rows if r["better"]],
-                        "secondary_marked": [
-                            r["metric"] for r in rows if r["better"] and r["role"] == "secondary"
-                        ],
+                        "product": verdicts(outcome.ab or []),
+                        "per_request": request_level(outcome, 1000 + i),
+                        "turns": len(outcome.records.schedule),
                         "completed": [s["completed"] for s in outcome.summaries],
                         "warnings": outcome.warnings,
                         "seconds": time.monotonic() - t_run,
                     }
                 )
                 last = runs[-1]
-                print(
-                    f"run {i:2d} {schedule:10s} {head['verdict']:26s} ratio "
-                    f"{head['ratio'] or 0:.3f} p={head['p']} marked={last['marked']} "
-                    f"({last['seconds']:.0f} s)",
-                    flush=True,
-                )
+                for rule in RULES:
+                    v = last[rule]
+                    print(
+                        f"run {i:2d} {schedule:10s} {rule:11s} {v['verdict']:26s} ratio "
+                        f"{v['ratio'] or 0:.3f} p={v['p']} marked={v['marked']} "
+                        f"({last['seconds']:.0f} s)",
+                        flush=True,
+                    )
     finally:
         if started:
             kimictl(["stop", "--all"], env, 120)
@@ -210,7 +231,7 @@ def main() -> int:
         "concurrency": args.concurrency,
         "warmup": args.warmup,
         "minutes": (time.monotonic() - t0) / 60,
-        "summary": [tally(runs, s) for s in schedules],
+        "summary": [tally(runs, s, rule) for s in schedules for rule in RULES],
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +240,7 @@ def main() -> int:
         p, f = s["primary_false"], s["any_secondary_false"]
         ci = s["primary_ratio_ci95"]
         print(
-            f"{s['schedule']}: primary false {p['k']}/{p['n']} "
+            f"{s['schedule']} / {s['rule']}: primary false {p['k']}/{p['n']} "
             f"(Wilson 95% {p['wilson95'][0]:.1%}-{p['wilson95'][1]:.1%}, P(>=k | {ALPHA:.0%}) "
             f"{p['p_if_nominal']:.3f}); any secondary {f['k']}/{f['n']}; primary A/B geomean "
             f"{s['primary_ratio_geomean']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")

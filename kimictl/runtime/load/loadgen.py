@@ -122,6 +122,7 @@ class _PointRun:
         self.first: float | None = None
         self.last: float = 0.0
         self.part_first: float | None = None  # the running part's first send
+        self.part = 0  # the running part's number in an A/B schedule's turns (0: not in turns)
         self.parts: list[tuple[float, float]] = []
         self.scrapes: list[tuple[MetricsSnapshot, MetricsSnapshot]] = []
 
@@ -165,6 +166,7 @@ class _PointRun:
             turn=turn,
             input_len=spec.input_len,
             output_len=spec.output_len,
+            part=self.part,
         )
         self.issued += 1
         self.inflight += 1
@@ -282,9 +284,10 @@ class _PointRun:
         if tasks:
             await asyncio.gather(*tasks)
 
-    async def run(self, budget: int | None, duration: float | None) -> None:
+    async def run(self, budget: int | None, duration: float | None, part: int = 0) -> None:
         """Issue sessions until `budget` requests in all (this part and the earlier ones) or
-        `duration` seconds of this part."""
+        `duration` seconds of this part; `part` numbers the turn (0: the targets run at once)."""
+        self.part = part
         self.budget = budget
         self.deadline = None if duration is None else time.perf_counter() + duration
         self.part_first = None
@@ -300,6 +303,22 @@ class _PointRun:
         # ever got an answer and the last ones could not connect
         if not self.any_success and self.connect_failures:
             self._give_up()
+
+
+# A B B A cycles per point: turns of about one wave of `concurrency` requests (or ABBA_TURN_S
+# seconds), so load that comes and goes on the machine within a point hits both sides alike;
+# at most ABBA_MAX_CYCLES (each turn boundary drains the point and scrapes /metrics twice).
+ABBA_MAX_CYCLES = 8
+ABBA_TURN_S = 5.0
+
+
+def _abba_cycles(point: LoadPoint, num_prompts: int | None, duration: float | None) -> int:
+    """How many A B B A cycles a point of the "abba" schedule runs; 0 = too short to split."""
+    if num_prompts is not None:
+        wave = max(point.concurrency or 1, 1)
+        return max(1, min(ABBA_MAX_CYCLES, num_prompts // (2 * wave))) if num_prompts >= 2 else 0
+    assert duration is not None
+    return max(1, min(ABBA_MAX_CYCLES, int(duration // (2 * ABBA_TURN_S))))
 
 
 def _gap(point: LoadPoint, rng: random.Random) -> float:
@@ -334,10 +353,11 @@ async def run_load(
 
     Each (target, point, repeat) gets the identical session sequence (the workload seeded with
     `settings.seed`), so an A/B compares the same requests. How several targets share a point is
-    `settings.schedule` (records.SCHEDULES): "abba" (the default) runs the first half of each
-    target's requests in turn, then the second halves in the mirror order (A B B A; the sequence
-    continues where it stopped, so both sides still get the same requests), so neither side
-    always has the first, colder turn; "turns" runs each target's whole point in turn;
+    `settings.schedule` (records.SCHEDULES): "abba" (the default) splits each target's requests
+    into turns of about one wave (`_abba_cycles`) run A B B A A B B A ... (each sequence continues
+    where it stopped, so both sides still get the same requests): neither side always has the
+    first, colder turn, and load that comes and goes on the machine hits both sides alike;
+    "turns" runs each target's whole point in turn;
     "interleave" runs them at the same time (both see the same drift; use it when the servers do
     not share hardware, and note the client's CPU is shared). The first order alternates between
     points and repeats. `RecordList.schedule` lists the turns as they ran.
@@ -406,13 +426,17 @@ async def run_load(
                 if pr.abort and not pr.any_success:
                     out.stop_reason = pr.abort
 
-        async def turn(pr: _PointRun, part: int, budget: int | None, seconds: float | None) -> None:
-            """One part of one target's point: scraped before and after, logged in the schedule."""
+        async def turn(
+            pr: _PointRun, part: int, budget: int | None, seconds: float | None, *, in_turns: bool
+        ) -> None:
+            """One part of one target's point: scraped before and after, logged in the schedule.
+            Its records carry `part` when the targets take turns (A/B tests then shuffle whole
+            turns, ab._turns), else 0."""
             scraper = scrapers.get(pr.target.name)
             before = await _scrape(scraper) if scraper is not None else None
             done = len(pr.parts)
             issued = pr.issued
-            await _run_point(pr, stop, budget, seconds)
+            await _run_point(pr, stop, budget, seconds, part if in_turns else 0)
             if before is not None and scraper is not None:
                 after = await _scrape(scraper)
                 if after is not None:
@@ -453,24 +477,26 @@ async def run_load(
                         rng_seed=seed * 1000003 + i,
                     )
                 runs = [prs[t.name] for t in order]
-                halves = settings.schedule == "abba" and len(runs) > 1
-                if halves and num_prompts is not None and num_prompts < 2:
-                    halves = False  # one request cannot be split: whole turns
+                cycles = _abba_cycles(point, num_prompts, duration)
+                in_turns = len(runs) > 1  # one target takes no turns
                 if settings.schedule == "interleave":
-                    await asyncio.gather(*(turn(pr, 1, num_prompts, duration) for pr in runs))
-                elif halves:
-                    half_n = None if num_prompts is None else num_prompts // 2
-                    half_s = None if duration is None else duration / 2
-                    for part, batch in ((1, runs), (2, runs[::-1])):
-                        for pr in batch:
+                    await asyncio.gather(
+                        *(turn(pr, 1, num_prompts, duration, in_turns=False) for pr in runs)
+                    )
+                elif settings.schedule == "abba" and len(runs) > 1 and cycles:
+                    parts = 2 * cycles  # A B | B A, `cycles` times
+                    for j in range(parts):
+                        budget = None if num_prompts is None else num_prompts * (j + 1) // parts
+                        seconds = None if duration is None else duration / parts
+                        for pr in runs if j % 2 == 0 else runs[::-1]:
                             if ended():
                                 break
-                            await turn(pr, part, half_n if part == 1 else num_prompts, half_s)
+                            await turn(pr, j + 1, budget, seconds, in_turns=True)
                 else:
                     for pr in runs:
                         if ended():
                             break
-                        await turn(pr, 1, num_prompts, duration)
+                        await turn(pr, 1, num_prompts, duration, in_turns=in_turns)
                 for pr in runs:
                     key = (pr.target.name, point.label, r)
                     if pr.first is not None:
@@ -496,11 +522,11 @@ async def run_load(
 
 
 async def _run_point(
-    pr: _PointRun, stop: asyncio.Event, budget: int | None, duration: float | None
+    pr: _PointRun, stop: asyncio.Event, budget: int | None, duration: float | None, part: int = 0
 ) -> None:
     """Run (a part of) one point; on the stop event, cancel what is in flight (it is recorded as
     cancelled)."""
-    task = asyncio.ensure_future(pr.run(budget, duration))
+    task = asyncio.ensure_future(pr.run(budget, duration, part))
     stopper = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

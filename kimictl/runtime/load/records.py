@@ -100,6 +100,7 @@ class RequestRecord:
     turn: int
     input_len: int
     output_len: int
+    part: int = 0  # the turn of an A/B schedule it ran in (1, 2, ...); 0 = not taken in turns
     start: float = 0.0
     end: float = 0.0
     ttft: float | None = None
