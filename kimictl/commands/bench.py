@@ -220,7 +220,7 @@ def bench(
     schedule: Annotated[
         str,
         typer.Option(
-            help="A/B: abba (each target's requests in two halves, A B then B A), turns (each "
+            help="A/B: abba (turns of about one wave each, A B B A A B B A ...), turns (each "
             "point whole, in turn) or interleave (all targets at once)."
         ),
     ] = "abba",
