@@ -149,3 +149,39 @@ def test_plots_start_at_zero_and_show_the_ab_intervals(tmp_path, monkeypatch) ->
     with_interval = [r for r in rows if r["point"] == "c=1" and r["ratio"] and r["ci95"]]
     bars = [c for c in ax.collections if len(c.get_segments()) == 1]  # one error bar per ratio
     assert len(bars) == len(with_interval) >= 5
+
+
+def _in_turns(records: list[RequestRecord], per_turn: int, slow: dict[tuple[str, int], float]):
+    """The records as an A/B schedule ran them: `per_turn` requests a turn (part 1, 2, ...), and
+    a turn in `slow` had the machine loaded (every gap of it times the factor)."""
+    for r in records:
+        r.part = r.index // per_turn + 1
+        k = slow.get((r.target, r.part), 1.0)
+        if k != 1.0:
+            base = r.chunk_times[0]
+            r.chunk_times = [base + (t - base) * k for t in r.chunk_times]
+            r.latency = r.chunk_times[-1]
+    return records
+
+
+def test_a_load_burst_over_one_turn_is_not_a_difference_between_the_servers() -> None:
+    """A/A where the machine was busy during one of A's two turns: one by one, A's requests of
+    that turn look slower (the request-level test flags it), but it is one turn: shuffling whole
+    turns, 2 a side can never reject (6 splits)."""
+    records = _in_turns(_aa(5, n=40), per_turn=20, slow={("a", 1): 2.5})
+    rows = compare(_summaries(records), records, a="a", b="b", seed=1)
+    head = next(r for r in rows if r["metric"] == HEADLINE)
+    assert head["ratio"] < 0.8  # A reads slower...
+    assert head["p"] > 0.3 and head["verdict"] == NOT_DISTINGUISHABLE  # ...in one turn only
+    assert not [r["metric"] for r in rows if r["better"]]
+    for r in records:  # the same requests not taken in turns: each its own unit, A is flagged
+        r.part = 0
+    rows = compare(_summaries(records), records, a="a", b="b", seed=1)
+    assert next(r for r in rows if r["metric"] == HEADLINE)["verdict"] == "slower"
+
+
+def test_a_real_difference_is_found_over_many_turns() -> None:
+    records = _in_turns(_aa(6, n=40, scale_b=2.0), per_turn=5, slow={("b", 3): 1.5})
+    rows = compare(_summaries(records), records, a="a", b="b", seed=1)
+    head = next(r for r in rows if r["metric"] == HEADLINE)
+    assert head["verdict"] == "faster" and head["p"] < 0.01  # 8 turns a side

@@ -4,6 +4,7 @@ local server process (killed mid-run; Ctrl-C), and slow tests against the real v
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import selectors
@@ -52,6 +53,11 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         (["--target", "http://x:1", "--json", "r.json"], "use --output FILE (-o FILE)"),
         (["--target", "http://x:1", "--json", "-"], "--json takes no value ('-')"),
         (["--target", "http://x:1", "stray"], "unexpected argument(s) stray"),
+        (["--target", "http://x:1", "--schedule", "abab"], "--schedule 'abab' is not one of"),
+        (
+            ["--target", "http://x:1", "--schedule", "turns", "--interleave"],
+            "ask for two schedules",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(
@@ -306,6 +312,8 @@ def test_ab_same_requests_to_both(
             "3",
             "--output",
             str(tmp_path / "ab.json"),
+            "--csv",
+            str(tmp_path / "ab.csv"),
         ],
         capsys,
     )
@@ -313,6 +321,26 @@ def test_ab_same_requests_to_both(
     doc = json.loads((tmp_path / "ab.json").read_text())
     a, b = doc["runs"]
     assert a["total_input_tokens"] == b["total_input_tokens"]  # identical request sequence
+    # the default schedule: A's first half, B's first, B's second, A's second; no turn overlaps
+    # the next, and every request the client sent lies inside its target's turns
+    turns = doc["schedule"]["turns"]
+    assert doc["schedule"]["design"] == "abba"
+    assert [(t["target"], t["part"], t["requests"]) for t in turns] == [
+        ("a", 1, 3),
+        ("b", 1, 3),
+        ("b", 2, 3),
+        ("a", 2, 3),
+    ]
+    assert all(x["end_s"] <= y["start_s"] for x, y in itertools.pairwise(turns))
+    sent = list(csv.DictReader((tmp_path / "ab.csv").open()))
+    for t in turns:
+        lo, hi = t["start_s"] - 1e-6, t["end_s"]  # the CSV rounds to microseconds
+        inside = [r for r in sent if r["target"] == t["target"] and lo <= float(r["start_s"]) <= hi]
+        assert len(inside) == 3
+    for run in (a, b):  # its time is its own two turns, not the other target's in between
+        segs = run["kimictl"]["segments_s"]
+        assert len(segs) == 2 and run["duration"] == pytest.approx(sum(e - s for s, e in segs))
+        assert run["duration"] < run["kimictl"]["window_s"][1] - run["kimictl"]["window_s"][0]
     head = next(r for r in doc["ab"] if r["metric"].startswith("interactivity p50"))
     if head["verdict"] == NOT_MEASURED:  # a loaded box's server flushed every response at once
         assert head["a"] is None and head["b"] is None and head["ratio"] is None

@@ -245,3 +245,21 @@ def test_plots_are_written_as_png(tmp_path: Path) -> None:
     for f in files:
         data = f.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_two_turns_of_one_server_join_into_one_window_without_the_gap() -> None:
+    """An A/B side's two turns (real captures before and after a load), 95 s apart while the other
+    side ran: the server's view counts both turns' work over their 10 s, not over 105 s."""
+    from kimictl.runtime.observe.window import compute_window, join_windows
+
+    t0 = (FIXTURES / "spec_t0.txt").read_text()
+    t1 = (FIXTURES / "spec_t1.txt").read_text()
+    turn1 = (snapshot_from_text(t0, monotonic=100.0), snapshot_from_text(t1, monotonic=105.0))
+    turn2 = (snapshot_from_text(t0, monotonic=200.0), snapshot_from_text(t1, monotonic=205.0))
+    one = compute_window(*turn1)
+    both = compute_window(*join_windows([turn1, turn2]))
+    assert both.window_s == pytest.approx(10.0) and both.resets == 0
+    assert one.requests_finished and one.tokens_per_s
+    assert both.requests_finished == pytest.approx(2 * one.requests_finished)
+    assert both.tokens_per_s == pytest.approx(one.tokens_per_s)
+    assert compute_window(turn1[0], turn2[1]).window_s == pytest.approx(105.0)

@@ -235,8 +235,8 @@ async def test_stop_event_cancels_hung_requests_quickly(emitter: str) -> None:
     )
     assert time.perf_counter() - t0 < 3  # far below the 60 s request timeout
     assert recs.stop_reason == "interrupted"
-    finished = [r for r in recs if r.target == "ok"]
-    assert len(finished) == 4 and all(r.ok for r in finished)
+    finished = [r for r in recs if r.target == "ok"]  # its first half (the A B B A schedule)
+    assert len(finished) == 2 and all(r.ok for r in finished)
     hung = [r for r in recs if r.target == "hang"]
     assert len(hung) == 2 and all(r.error_kind == "cancelled" for r in hung)
 
@@ -366,9 +366,11 @@ async def test_budget_lets_started_sessions_finish(emitter: str) -> None:
 async def test_interleave_runs_targets_at_the_same_time(emitter: str) -> None:
     targets = [LoadTarget("a", emitter, "ok"), LoadTarget("b", emitter, "ok")]
     kw = {"points": [LoadPoint(concurrency=2)], "num_prompts": 6}
-    turn = await _load(targets, RandomWorkload(parse_length(4), parse_length(30)), **kw)
+    turn = await _load(
+        targets, RandomWorkload(parse_length(4), parse_length(30)), schedule="turns", **kw
+    )
     both = await _load(
-        targets, RandomWorkload(parse_length(4), parse_length(30)), interleave=True, **kw
+        targets, RandomWorkload(parse_length(4), parse_length(30)), schedule="interleave", **kw
     )
 
     def overlap(recs) -> bool:
@@ -381,3 +383,34 @@ async def test_interleave_runs_targets_at_the_same_time(emitter: str) -> None:
     assert not overlap(turn) and overlap(both)
     assert len(both) == 12 and all(r.ok for r in both)
     assert set(both.windows) == {("a", "c=2", 0), ("b", "c=2", 0)}
+
+
+async def test_abba_splits_each_target_in_halves_in_mirror_order(emitter: str) -> None:
+    """The default A/B schedule: A's first half, B's first half, B's second half, A's second half;
+    each target still gets the whole identical request sequence, and its time is its own turns."""
+    targets = [LoadTarget("a", emitter, "ok"), LoadTarget("b", emitter, "ok")]
+    wl = RandomWorkload(parse_length("4:40"), parse_length(20))
+    recs = await _load(targets, wl, points=[LoadPoint(concurrency=2)], num_prompts=7, seed=5)
+    turns = [(t["target"], t["part"], t["requests"]) for t in recs.schedule]
+    assert turns == [("a", 1, 3), ("b", 1, 3), ("b", 2, 4), ("a", 2, 4)]
+    spans = {(t["target"], t["part"]): (t["start_s"], t["end_s"]) for t in recs.schedule}
+    order = [spans[k] for k in (("a", 1), ("b", 1), ("b", 2), ("a", 2))]
+    for (_, end), (start, _) in itertools.pairwise(order):
+        assert end <= start  # turns do not overlap: one target at a time
+    sent = [s.steps[0].input_len for s in itertools.islice(wl.sessions(5), 7)]  # type: ignore[union-attr]
+    for name in ("a", "b"):
+        mine = sorted((r for r in recs if r.target == name), key=lambda r: r.index)
+        assert [r.input_len for r in mine] == sent
+        assert recs.segments[(name, "c=2", 0)] == [spans[(name, 1)], spans[(name, 2)]]
+    # a second repeat starts with the other target: neither always has the first turn
+    two = await _load(targets, wl, points=[LoadPoint(concurrency=2)], num_prompts=4, repeat=2)
+    firsts = [t["target"] for t in two.schedule if t["part"] == 1]
+    assert firsts == ["a", "b", "b", "a"]
+    # longer points run several A B B A cycles of about one wave each (here 1 request a turn)
+    many = await _load(targets, wl, points=[LoadPoint(concurrency=1)], num_prompts=8, seed=5)
+    assert "".join(t["target"] for t in many.schedule) == "abba" * 4
+    assert [t["requests"] for t in many.schedule] == [1] * 16
+    assert [r.input_len for r in many if r.target == "b"] == [
+        s.steps[0].input_len  # type: ignore[union-attr]
+        for s in itertools.islice(wl.sessions(5), 8)
+    ]

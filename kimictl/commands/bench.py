@@ -217,8 +217,15 @@ def bench(
             "percentiles (servers sending there: [metrics] traces); default: histograms only."
         ),
     ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="A/B: abba (turns of about one wave each, A B B A A B B A ...), turns (each "
+            "point whole, in turn) or interleave (all targets at once)."
+        ),
+    ] = "abba",
     interleave: Annotated[
-        bool, typer.Option(help="A/B: load all targets at once per point instead of in turn.")
+        bool, typer.Option("--interleave", help="A/B: the same as --schedule interleave.")
     ] = False,
     api_key_file: Annotated[
         Path | None, typer.Option(help="File holding the API key (default: env VLLM_API_KEY).")
@@ -274,6 +281,7 @@ def bench(
         raise InputError(f"--duration {duration} must be > 0 seconds")
     if timeout <= 0:
         raise InputError(f"--timeout {timeout} must be > 0 seconds")
+    design = _schedule(schedule, interleave)
     if workload not in WORKLOADS:
         raise InputError(f"--workload {workload!r} is not one of: {', '.join(WORKLOADS)}")
     if num_prompts is None and duration is None:
@@ -300,7 +308,7 @@ def bench(
         ignore_eos=ignore_eos,
         scrape_metrics=not no_metrics,
         traces_port=traces_port,
-        interleave=interleave,
+        schedule=design,
         slo=slo_obj,
     )
     outcome = _run(cfg, quiet=json_out)
@@ -334,6 +342,16 @@ def bench(
             f"({', '.join(f'{n} {kind}' for kind, n in k['errors_by_kind'].items())})",
             hint="each request's error is in the report (--json, -o FILE); see `kimictl logs`",
         )
+
+
+def _schedule(schedule: str, interleave: bool) -> str:
+    from kimictl.runtime.load.records import SCHEDULES
+
+    if schedule not in SCHEDULES:
+        raise InputError(f"--schedule {schedule!r} is not one of: {', '.join(SCHEDULES)}")
+    if interleave and schedule not in ("abba", "interleave"):
+        raise InputError(f"--interleave and --schedule {schedule} ask for two schedules: give one")
+    return "interleave" if interleave else schedule
 
 
 def _check_save_result(path: Path, targets: int, points: int, repeat: int) -> None:

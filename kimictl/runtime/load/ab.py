@@ -131,8 +131,8 @@ class _Test:
 
 
 def _bootstrap_group(
-    a: Sequence[float],
-    b: Sequence[float],
+    a_turns: Sequence[Sequence[float]],
+    b_turns: Sequence[Sequence[float]],
     hows: Sequence[Any],
     *,
     rounds: int,
@@ -141,25 +141,31 @@ def _bootstrap_group(
 ) -> dict[Any, _Test | None]:
     """For each statistic in `hows`: the percentile-bootstrap 95% interval of stat(A)/stat(B)
     (requests resampled within each side) and a permutation p-value for "A and B are one
-    distribution" (requests' labels shuffled: exact under that null at any sample size, which the
-    bootstrap's own tail is not, lab/bench/ab_false_alarms.py). Statistics on one list share the
-    resamples."""
+    distribution" (exact under that null at any sample size, which the bootstrap's own tail is
+    not, lab/bench/ab_false_alarms.py). The permutation shuffles whole turns between the sides
+    (each inner list is one turn's values): requests of one turn share the machine's state then,
+    so they are not exchangeable one by one (lab/bench/ab_aa_study.py); a turn of one request is
+    the plain request-level test. Statistics on one list share the resamples."""
     out: dict[Any, _Test | None] = {h: None for h in hows}
+    a = [x for turn in a_turns for x in turn]
+    b = [x for turn in b_turns for x in turn]
     usable = [h for h in hows if not sized or (_enough(len(a), h) and _enough(len(b), h))]
     if not usable or not a or not b:
         return out
     na, nb = len(a), len(b)
+    turns = [list(t) for t in a_turns if t] + [list(t) for t in b_turns if t]
+    ka = sum(1 for t in a_turns if t)
     rounds = min(rounds, max(MIN_ROUNDS, _DRAW_BUDGET // (na + nb)))  # bound big runs' cost
     sa0, sb0 = sorted(a), sorted(b)
     observed = {h: _log_ratio(_sorted_stat(sa0, h), _sorted_stat(sb0, h)) for h in usable}
     ratios: dict[Any, list[float]] = {h: [] for h in usable}
     hits = dict.fromkeys(usable, 0)
-    pooled = list(a) + list(b)
     for _ in range(rounds):
         xa = sorted(rng.choices(a, k=na))
         xb = sorted(rng.choices(b, k=nb))
-        shuffled = rng.sample(pooled, na + nb)
-        pa, pb = sorted(shuffled[:na]), sorted(shuffled[na:])
+        shuffled = rng.sample(turns, len(turns))
+        pa = sorted(x for t in shuffled[:ka] for x in t)
+        pb = sorted(x for t in shuffled[ka:] for x in t)
         for h in usable:
             sb = _sorted_stat(xb, h)
             if sb:
@@ -178,6 +184,16 @@ def _bootstrap_group(
     return out
 
 
+def _turns(records: Sequence[RequestRecord]) -> list[list[RequestRecord]]:
+    """A side's requests by the turn of the A/B schedule they ran in (loadgen: `part`); requests
+    that ran in no sequential turn (one target, --interleave) are each their own."""
+    groups: dict[tuple[int, int], list[RequestRecord]] = {}
+    for i, r in enumerate(records):
+        key = (r.repeat, r.part) if r.part else (-1, i)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
 def _log_ratio(x: float, y: float) -> float | None:
     """|log(x / y)|, less a hair so the observed split counts as a hit; None if undefined."""
     if x <= 0 or y <= 0:
@@ -193,7 +209,9 @@ def _repeats_test(
     all its mass on one side of 1 by chance, so its p would be near 0 with no evidence)."""
     if len(xa) < 2 or len(xb) < 2 or not statistics.fmean(xb):
         return None
-    boot = _bootstrap_group(xa, xb, ["mean"], rounds=rounds, rng=rng, sized=False)["mean"]
+    boot = _bootstrap_group(
+        [[x] for x in xa], [[x] for x in xb], ["mean"], rounds=rounds, rng=rng, sized=False
+    )["mean"]
     if boot is None:
         return None
     pooled = list(xa) + list(xb)
@@ -296,7 +314,13 @@ def compare(
         tests: dict[str, _Test | None] = {}
         for key, extract in PER_REQUEST.items():
             hows = [how for _, _, _, k, how in AB_METRICS if k == key]
-            group = _bootstrap_group(extract(ra), extract(rb), hows, rounds=rounds, rng=rng)
+            group = _bootstrap_group(
+                [extract(t) for t in _turns(ra)],
+                [extract(t) for t in _turns(rb)],
+                hows,
+                rounds=rounds,
+                rng=rng,
+            )
             for label, _, _, k, how in AB_METRICS:
                 if k == key:
                     tests[label] = group[how]

@@ -58,14 +58,17 @@ class BenchOutcome:
     summaries: list[dict[str, Any]]
     ab: list[dict[str, Any]] | None
     stop_reason: str | None
+    schedule: str = "abba"  # LoadSettings.schedule the run used
 
     def to_json(self) -> dict[str, Any]:
         """The `--json` document: `runs` holds one vllm-bench-compatible dict per (target, point,
-        repeat); `ab` the A/B rows (first target / second target) or null."""
+        repeat); `ab` the A/B rows (first target / second target) or null; `schedule` the turns
+        the targets took, in the order they ran."""
         return {
             "kimictl_bench": 1,
             "stop_reason": self.stop_reason,
             "warnings": self.warnings,
+            "schedule": {"design": self.schedule, "turns": self.records.schedule},
             "runs": self.summaries,
             "ab": self.ab,
         }
@@ -151,4 +154,5 @@ async def run_bench(
             primary=cfg.primary,
             seed=cfg.seed,
         )
-    return BenchOutcome(records, summaries, ab, records.stop_reason)
+    design = cfg.schedule if len(cfg.targets) > 1 else "one target"
+    return BenchOutcome(records, summaries, ab, records.stop_reason, design)

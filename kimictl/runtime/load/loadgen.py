@@ -30,6 +30,7 @@ from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
 from kimictl.runtime.http1 import fetch_text as fetch_text
 from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
+from kimictl.runtime.load.records import SCHEDULES
 from kimictl.runtime.load.records import LoadPoint as LoadPoint
 from kimictl.runtime.load.records import LoadSettings as LoadSettings
 from kimictl.runtime.load.records import LoadTarget as LoadTarget
@@ -78,7 +79,9 @@ class _Run:
 
 
 class _PointRun:
-    """Runs one (target, point, repeat): issues sessions until the request budget or time is up."""
+    """Runs one (target, point, repeat): issues sessions until the request budget or time is up.
+    `run` may be called again to continue with the same session sequence (a schedule's next part);
+    the budget is cumulative over the parts."""
 
     def __init__(
         self,
@@ -90,8 +93,6 @@ class _PointRun:
         repeat: int,
         warmup: bool,
         sessions: Iterator[Session],
-        num_prompts: int | None,
-        duration: float | None,
         rng: random.Random,
     ) -> None:
         self.target = target
@@ -100,9 +101,8 @@ class _PointRun:
         self.repeat = repeat
         self.warmup = warmup
         self.sessions = sessions
-        self.budget = num_prompts
+        self.budget: int | None = None
         self.deadline: float | None = None
-        self.duration = duration
         self.timeout = run.settings.timeout
         self.chat = run.settings.chat
         self.ignore_eos = run.settings.ignore_eos
@@ -121,6 +121,10 @@ class _PointRun:
         self.abort: str | None = None
         self.first: float | None = None
         self.last: float = 0.0
+        self.part_first: float | None = None  # the running part's first send
+        self.part = 0  # the running part's number in an A/B schedule's turns (0: not in turns)
+        self.parts: list[tuple[float, float]] = []
+        self.scrapes: list[tuple[MetricsSnapshot, MetricsSnapshot]] = []
 
     def _give_up(self) -> None:
         if not self.abort:
@@ -162,6 +166,7 @@ class _PointRun:
             turn=turn,
             input_len=spec.input_len,
             output_len=spec.output_len,
+            part=self.part,
         )
         self.issued += 1
         self.inflight += 1
@@ -175,6 +180,8 @@ class _PointRun:
         rec.start = t0 - self.t_run
         if self.first is None:
             self.first = rec.start
+        if self.part_first is None:
+            self.part_first = rec.start
         try:
             resp = await self.ep.request(data, rec, self.timeout, t0)
             rec.status = resp.status
@@ -255,12 +262,15 @@ class _PointRun:
 
         t_start = time.perf_counter()
         due = 0.0
+        t0_trace = None if self.parts else 0.0  # a later part's clock starts at its first session
         while self._can_start():
             sess = self._next_session()
             if sess is None:
                 break
             if sess.at is not None:  # replay: the trace's own clock
-                due = sess.at
+                if t0_trace is None:
+                    t0_trace = sess.at
+                due = sess.at - t0_trace
             else:
                 due += _gap(point, self.rng)
             delay = t_start + due - time.perf_counter()
@@ -274,17 +284,41 @@ class _PointRun:
         if tasks:
             await asyncio.gather(*tasks)
 
-    async def run(self) -> None:
-        if self.duration is not None:
-            self.deadline = time.perf_counter() + self.duration
-        if self.point.rate is None:
-            await self._closed(self.point.concurrency or 1)
-        else:
-            await self._open()
+    async def run(self, budget: int | None, duration: float | None, part: int = 0) -> None:
+        """Issue sessions until `budget` requests in all (this part and the earlier ones) or
+        `duration` seconds of this part; `part` numbers the turn (0: the targets run at once)."""
+        self.part = part
+        self.budget = budget
+        self.deadline = None if duration is None else time.perf_counter() + duration
+        self.part_first = None
+        try:
+            if self.point.rate is None:
+                await self._closed(self.point.concurrency or 1)
+            else:
+                await self._open()
+        finally:
+            if self.part_first is not None:
+                self.parts.append((self.part_first, self.last))
         # a point too short for 3 failures in a row must not pass as done when no request of it
         # ever got an answer and the last ones could not connect
         if not self.any_success and self.connect_failures:
             self._give_up()
+
+
+# A B B A cycles per point: turns of about one wave of `concurrency` requests (or ABBA_TURN_S
+# seconds), so load that comes and goes on the machine within a point hits both sides alike;
+# at most ABBA_MAX_CYCLES (each turn boundary drains the point and scrapes /metrics twice).
+ABBA_MAX_CYCLES = 8
+ABBA_TURN_S = 5.0
+
+
+def _abba_cycles(point: LoadPoint, num_prompts: int | None, duration: float | None) -> int:
+    """How many A B B A cycles a point of the "abba" schedule runs; 0 = too short to split."""
+    if num_prompts is not None:
+        wave = max(point.concurrency or 1, 1)
+        return max(1, min(ABBA_MAX_CYCLES, num_prompts // (2 * wave))) if num_prompts >= 2 else 0
+    assert duration is not None
+    return max(1, min(ABBA_MAX_CYCLES, int(duration // (2 * ABBA_TURN_S))))
 
 
 def _gap(point: LoadPoint, rng: random.Random) -> float:
@@ -318,10 +352,15 @@ async def run_load(
     every record.
 
     Each (target, point, repeat) gets the identical session sequence (the workload seeded with
-    `settings.seed`), so an A/B compares the same requests. Targets take turns point by point, in
-    an order that alternates between points and repeats so slow drift does not favour one side;
-    with `settings.interleave` they run each point at the same time instead (both see the same
-    drift; use it when the servers do not share hardware, and note the client's CPU is shared).
+    `settings.seed`), so an A/B compares the same requests. How several targets share a point is
+    `settings.schedule` (records.SCHEDULES): "abba" (the default) splits each target's requests
+    into turns of about one wave (`_abba_cycles`) run A B B A A B B A ... (each sequence continues
+    where it stopped, so both sides still get the same requests): neither side always has the
+    first, colder turn, and load that comes and goes on the machine hits both sides alike;
+    "turns" runs each target's whole point in turn;
+    "interleave" runs them at the same time (both see the same drift; use it when the servers do
+    not share hardware, and note the client's CPU is shared). The first order alternates between
+    points and repeats. `RecordList.schedule` lists the turns as they ran.
     """
     points, num_prompts, duration = settings.points, settings.num_prompts, settings.duration
     warmup, seed = settings.warmup, settings.seed
@@ -331,6 +370,8 @@ async def run_load(
         raise InputError("give --num-prompts or --duration so the run has an end")
     if not points:
         raise InputError("no load point: give --concurrency or --rate")
+    if settings.schedule not in SCHEDULES:
+        raise InputError(f"schedule {settings.schedule!r} is not one of: {', '.join(SCHEDULES)}")
     for p in points:
         if p.rate is None and (p.concurrency is None or p.concurrency < 1):
             raise InputError(f"concurrency {p.concurrency!r} must be a whole number >= 1")
@@ -355,8 +396,6 @@ async def run_load(
         repeat: int,
         warmup: bool,
         sessions_seed: int,
-        num_prompts: int | None,
-        duration: float | None,
         rng_seed: int,
     ) -> _PointRun:
         return _PointRun(
@@ -367,8 +406,6 @@ async def run_load(
             repeat=repeat,
             warmup=warmup,
             sessions=workload.sessions(sessions_seed),
-            num_prompts=num_prompts,
-            duration=duration,
             rng=random.Random(rng_seed),
         )
 
@@ -383,53 +420,93 @@ async def run_load(
                     repeat=0,
                     warmup=True,
                     sessions_seed=seed + 7919,
-                    num_prompts=warmup,
-                    duration=None,
                     rng_seed=seed,
                 )
-                await _run_point(pr, stop)
+                await _run_point(pr, stop, warmup, None)
                 if pr.abort and not pr.any_success:
                     out.stop_reason = pr.abort
 
-        async def one(t: LoadTarget, point: LoadPoint, r: int, i: int) -> None:
-            if on_point is not None:
-                on_point(t, point, r)
-            key = (t.name, point.label, r)
-            scraper = scrapers.get(t.name)
+        async def turn(
+            pr: _PointRun, part: int, budget: int | None, seconds: float | None, *, in_turns: bool
+        ) -> None:
+            """One part of one target's point: scraped before and after, logged in the schedule.
+            Its records carry `part` when the targets take turns (A/B tests then shuffle whole
+            turns, ab._turns), else 0."""
+            scraper = scrapers.get(pr.target.name)
             before = await _scrape(scraper) if scraper is not None else None
-            pr = point_run(
-                t,
-                point,
-                repeat=r,
-                warmup=False,
-                sessions_seed=seed,
-                num_prompts=num_prompts,
-                duration=duration,
-                rng_seed=seed * 1000003 + i,
-            )
-            await _run_point(pr, stop)
-            if pr.first is not None:
-                out.windows[key] = (pr.first, pr.last)
-            out.max_concurrent[key] = pr.max_inflight
+            done = len(pr.parts)
+            issued = pr.issued
+            await _run_point(pr, stop, budget, seconds, part if in_turns else 0)
             if before is not None and scraper is not None:
                 after = await _scrape(scraper)
                 if after is not None:
-                    out.metrics[key] = (before, after)
+                    pr.scrapes.append((before, after))
+            start, end = pr.parts[-1] if len(pr.parts) > done else (None, None)
+            out.schedule.append(
+                {
+                    "target": pr.target.name,
+                    "point": pr.point.label,
+                    "repeat": pr.repeat,
+                    "part": part,
+                    "requests": pr.issued - issued,
+                    "start_s": start,
+                    "end_s": end,
+                }
+            )
             if pr.abort and not out.stop_reason:
                 out.stop_reason = pr.abort
 
+        def ended() -> bool:
+            return stop.is_set() or bool(out.stop_reason)
+
         for r in range(settings.repeat):
             for i, point in enumerate(points):
-                if stop.is_set() or out.stop_reason:
+                if ended():
                     break
                 order = list(targets) if (r + i) % 2 == 0 else list(reversed(targets))
-                if settings.interleave:
-                    await asyncio.gather(*(one(t, point, r, i) for t in order))
-                    continue
+                prs = {}
                 for t in order:
-                    if stop.is_set() or out.stop_reason:
-                        break
-                    await one(t, point, r, i)
+                    if on_point is not None:
+                        on_point(t, point, r)
+                    prs[t.name] = point_run(
+                        t,
+                        point,
+                        repeat=r,
+                        warmup=False,
+                        sessions_seed=seed,
+                        rng_seed=seed * 1000003 + i,
+                    )
+                runs = [prs[t.name] for t in order]
+                cycles = _abba_cycles(point, num_prompts, duration)
+                in_turns = len(runs) > 1  # one target takes no turns
+                if settings.schedule == "interleave":
+                    await asyncio.gather(
+                        *(turn(pr, 1, num_prompts, duration, in_turns=False) for pr in runs)
+                    )
+                elif settings.schedule == "abba" and len(runs) > 1 and cycles:
+                    parts = 2 * cycles  # A B | B A, `cycles` times
+                    for j in range(parts):
+                        budget = None if num_prompts is None else num_prompts * (j + 1) // parts
+                        seconds = None if duration is None else duration / parts
+                        for pr in runs if j % 2 == 0 else runs[::-1]:
+                            if ended():
+                                break
+                            await turn(pr, j + 1, budget, seconds, in_turns=True)
+                else:
+                    for pr in runs:
+                        if ended():
+                            break
+                        await turn(pr, 1, num_prompts, duration, in_turns=in_turns)
+                for pr in runs:
+                    key = (pr.target.name, point.label, r)
+                    if pr.first is not None:
+                        out.windows[key] = (pr.first, pr.last)
+                        out.segments[key] = list(pr.parts)
+                    out.max_concurrent[key] = pr.max_inflight
+                    if pr.scrapes:
+                        from kimictl.runtime.observe.window import join_windows
+
+                        out.metrics[key] = join_windows(pr.scrapes)
         if stop.is_set() and out.stop_reason is None:
             out.stop_reason = "interrupted"
     except asyncio.CancelledError:
@@ -444,9 +521,12 @@ async def run_load(
     return out
 
 
-async def _run_point(pr: _PointRun, stop: asyncio.Event) -> None:
-    """Run one point; on the stop event, cancel what is in flight (it is recorded as cancelled)."""
-    task = asyncio.ensure_future(pr.run())
+async def _run_point(
+    pr: _PointRun, stop: asyncio.Event, budget: int | None, duration: float | None, part: int = 0
+) -> None:
+    """Run (a part of) one point; on the stop event, cancel what is in flight (it is recorded as
+    cancelled)."""
+    task = asyncio.ensure_future(pr.run(budget, duration, part))
     stopper = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

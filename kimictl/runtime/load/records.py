@@ -15,6 +15,7 @@ __all__ = [
     "LoadTarget",
     "RecordList",
     "RequestRecord",
+    "SCHEDULES",
 ]
 
 # Error kinds, counted separately in summaries.
@@ -76,7 +77,13 @@ class LoadSettings:
     chat: bool = False
     ignore_eos: bool = True
     scrape_metrics: bool = False
-    interleave: bool = False
+    schedule: str = "abba"  # how several targets share a point: one of SCHEDULES
+
+
+# How several targets take a point (run_load): "abba" splits each target's requests into two halves
+# run A B | B A (the mirror order second, so a linear drift or a warmer second turn hits both
+# alike); "turns" runs each target's whole point in turn; "interleave" loads all at once.
+SCHEDULES = ("abba", "turns", "interleave")
 
 
 @dataclass
@@ -93,6 +100,7 @@ class RequestRecord:
     turn: int
     input_len: int
     output_len: int
+    part: int = 0  # the turn of an A/B schedule it ran in (1, 2, ...); 0 = not taken in turns
     start: float = 0.0
     end: float = 0.0
     ttft: float | None = None
@@ -132,6 +140,11 @@ class RecordList(list[RequestRecord]):
         self.stop_reason: str | None = None  # None = ran to completion
         # (target, point, repeat) -> (start, end) seconds from the run's start, measured part only
         self.windows: dict[tuple[str, str, int], tuple[float, float]] = {}
+        # (target, point, repeat) -> the (start, end) of each of its turns; throughputs divide by
+        # their summed length (another target's turn in between is not this one's time)
+        self.segments: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+        # the run's order of turns: target, point, repeat, part (1-based), requests, start, end
+        self.schedule: list[dict[str, object]] = []
         # (target, point, repeat) -> /metrics snapshots (before, after); absent when not scraped
         # or the server has no readable /metrics
         self.metrics: dict[tuple[str, str, int], tuple[MetricsSnapshot, MetricsSnapshot]] = {}

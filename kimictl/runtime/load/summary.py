@@ -7,7 +7,8 @@ Definitions (as `vllm bench serve`, see shared notes "Metric conventions"):
   tokens with speculative decoding, so ITL != TPOT).
 - Interactivity (tokens/s/user) per request = 1 / TPOT. Its p10 is the SLOW tail (the users an SLO
   protects; equals 1000 / p90 TPOT ms up to interpolation), p90 the optimistic tail.
-- Throughputs divide by the measured window: first send to last response of the point.
+- Throughputs divide by the measured window: first send to last response of the point, summed
+  over its turns when an A/B schedule split it (the other target's turn is not its time).
 - Tokens/s per GPU divides output throughput by the GPU count (tp x pp x dp; DCP adds none).
 - Percentiles interpolate linearly between order statistics (numpy's default).
 
@@ -94,6 +95,7 @@ def summarize(
     records: Sequence[RequestRecord],
     *,
     window: tuple[float, float] | None = None,
+    segments: Sequence[tuple[float, float]] | None = None,
     gpus: int | None = None,
     slo: SLO | None = None,
     model_id: str = "",
@@ -106,7 +108,9 @@ def summarize(
     server_view: Mapping[str, Any] | None = None,
     extras: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Summarize the measured (non-warm-up) records of ONE (target, point, repeat)."""
+    """Summarize the measured (non-warm-up) records of ONE (target, point, repeat). Its time is
+    `window` (first send to last response) or, when the point ran in `segments` (the turns of an
+    A/B schedule), their summed length."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     cancelled = [r for r in measured if r.error_kind == "cancelled"]
@@ -115,7 +119,8 @@ def summarize(
         window = (
             (min(r.start for r in measured), max(r.end for r in measured)) if measured else (0, 0)
         )
-    duration = max(window[1] - window[0], 1e-9)
+    busy = sum(e - s for s, e in segments) if segments else window[1] - window[0]
+    duration = max(busy, 1e-9)
     total_in = sum(r.prompt_len for r in ok)
     total_out = sum(r.output_tokens for r in ok)
     ttfts = [r.ttft for r in ok if r.ttft is not None]
@@ -182,6 +187,7 @@ def summarize(
         "errors_by_kind": errors,
         "cancelled": len(cancelled),
         "window_s": list(window),
+        "segments_s": [list(seg) for seg in segments or [window]],
         "output_tokens_per_s_timeline": timeline,
         "server_view": sv or None,
     }
@@ -268,6 +274,7 @@ def summarize_run(
             summarize(
                 recs,
                 window=result.windows.get(key),
+                segments=result.segments.get(key),
                 gpus=gpus.get(name),
                 slo=slo,
                 model_id=getattr(t, "model", "") or "",

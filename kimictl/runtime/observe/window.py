@@ -55,6 +55,7 @@ __all__ = [
     "ab_ratios",
     "compute_window",
     "format_window",
+    "join_windows",
     "percentile",
     "parse_window",
 ]
@@ -312,6 +313,24 @@ def compute_window(old: MetricsSnapshot, new: MetricsSnapshot) -> WindowStats:
     """
     delta, reset = _delta_snapshot(old, new)
     return _stats_from_delta(delta, new, new.monotonic - old.monotonic, 1 if reset else 0)
+
+
+def join_windows(
+    pairs: Sequence[tuple[MetricsSnapshot, MetricsSnapshot]],
+) -> tuple[MetricsSnapshot, MetricsSnapshot]:
+    """Several (before, after) scrapes of one endpoint as one pair for `compute_window`: the deltas
+    are the sum of each pair's and the span the sum of their spans, so the time between the pairs
+    (another target's turn of an A/B) counts neither as load nor as idle time."""
+    old, new = pairs[0]
+    for before, after in pairs[1:]:
+        delta, _ = _delta_snapshot(before, after)
+        span = after.monotonic - before.monotonic
+        new = replace(
+            _add_delta(new, delta),
+            monotonic=new.monotonic + span,
+            process_start=new.process_start,  # a restart between pairs is in the delta already
+        )
+    return old, new
 
 
 def _add_delta(base: MetricsSnapshot, delta: MetricsSnapshot) -> MetricsSnapshot:
