@@ -414,3 +414,14 @@ async def test_abba_splits_each_target_in_halves_in_mirror_order(emitter: str) -
         s.steps[0].input_len  # type: ignore[union-attr]
         for s in itertools.islice(wl.sessions(5), 8)
     ]
+
+
+def test_an_ab_warms_each_side_by_default_and_one_target_does_not():
+    """The A/A study's position effect (the side opening a point cold read 0.91x) went with two
+    waves of warm-up per side: `kimictl bench` with two targets and no --warmup asks for them."""
+    from kimictl.runtime.load.loadgen import default_warmup
+
+    points = [LoadPoint(concurrency=2), LoadPoint(concurrency=8)]
+    assert default_warmup(2, points) == 16
+    assert default_warmup(1, points) == 0
+    assert default_warmup(2, [LoadPoint(rate=4.0)]) == 2

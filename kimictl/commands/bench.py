@@ -191,7 +191,13 @@ def bench(
     duration: Annotated[
         float | None, typer.Option(help="Seconds per point (stops issuing after).")
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per target, not counted.")] = 0,
+    warmup: Annotated[
+        int | None,
+        typer.Option(
+            help="Warm-up requests per target, not counted (default: two waves per side in an "
+            "A/B, none for one target)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same requests.")] = 0,
     repeat: Annotated[
         int, typer.Option(help="Repeat every point N times (A/B CI over repeats).")
@@ -273,7 +279,7 @@ def bench(
     for flag, value in (("--num-prompts", num_prompts), ("--repeat", repeat), ("--gpus", gpus)):
         if value is not None and value < 1:
             raise InputError(f"{flag} {value} must be >= 1")
-    if warmup < 0:
+    if warmup is not None and warmup < 0:
         raise InputError(f"--warmup {warmup} must be >= 0")
     if traces_port is not None and not 0 < traces_port < 65536:
         raise InputError(f"--traces-port {traces_port} is not a TCP port; allowed: 1-65535.")
@@ -292,6 +298,10 @@ def bench(
     points = _points(concurrency, rate, burstiness, arrivals, workload == "replay")
     slo_obj = parse_slo(slo) if slo else None
     targets = _targets(list(target or []), ab, model, gpus, read_api_key(api_key_file))
+    if warmup is None:
+        from kimictl.runtime.load.loadgen import default_warmup
+
+        warmup = default_warmup(len(targets), points)
     if save_result is not None:
         _check_save_result(save_result, len(targets), len(points), repeat)
     cfg = BenchConfig(
