@@ -391,13 +391,13 @@ def decide(
     if choice.is_defaults and ab_text is not None:
         # the A/B is the defaults against themselves: any difference is the machine's
         ab_text = "control run, the defaults against themselves: " + ab_text.replace(
-            "of vLLM's defaults", "of the second turn"
+            "of vLLM's defaults", "of its other turns (A B B A)"
         )
         if head is not None and head.get("better"):
             suspect.append(
-                "the control run found the same server's two turns different (the machine "
-                "changed between them: load, warm-up, caches), so every comparison here is less "
-                "certain than its interval says"
+                "the control run found the same server's two sets of turns different (the "
+                "machine changed between them: load, warm-up, caches), so every comparison here "
+                "is less certain than its interval says"
             )
     if choice.is_defaults:
         deploy = DEFAULTS
