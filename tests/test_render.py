@@ -458,6 +458,29 @@ def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path, monkeypatch):
     assert "ray.nodes()" in code and ">= 4" in code
 
 
+def test_slurm_ray_on_cpu_nodes_uses_the_runtimes_ray_one_cpu_a_node(tmp_path):
+    """On CPU nodes Ray must be the CPU runtime's (vLLM CPU 0.32 needs kimictl's fix-ups in that
+    venv) and each node offers one CPU: vLLM packs one {"CPU": 1} bundle per rank, so a head
+    offering two took both ranks in the real Ray run (tests/test_multihost_ray.py)."""
+    plan = _plan("cpu-demo-tp2", "slurm", ray=True)
+    script = render.render(plan, "slurm")
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    bindir = str(Path(_bash_array(script, "VLLM_ARGV")[0]).parent)
+    starts = [
+        line for line in script.splitlines() if line.startswith("srun") and "ray start" in line
+    ]
+    assert len(starts) == 2, starts
+    for line in starts:
+        assert f" {bindir}/ray start " in line and "--num-cpus=1" in line, line
+    assert f"\n{bindir}/python -c " in "\n" + script
+    assert "#SBATCH --nodes=2" in script and "--gpus-per-node" not in script
+    # a GPU render keeps the node's own Ray and lets it count the node's GPUs
+    gpu = render.render(_plan("k3-tp16-latency", "slurm", ray=True), "slurm")
+    assert "--num-cpus" not in gpu and " ray start --head" in gpu
+
+
 # ---------------------------------------------------------------- CLI
 
 

@@ -321,18 +321,25 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     nodes = job.nodes
     wait = wait_for_nodes_code(nodes)  # the head starts in the background
     one = "srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1"
+    # A CPU node's Ray is the CPU runtime's (Ray and kimictl's fix-ups live in that venv), and it
+    # offers Ray one CPU per rank: vLLM packs one {"CPU": 1} bundle per rank, so a node offering
+    # more would take the other nodes' ranks.
+    bindir = "" if job.kind.gpus else f"{Path(job.plan.argv[0]).parent}/"
+    python = "python3" if job.kind.gpus else f"{bindir}python"
+    cpus = "" if job.kind.gpus else f" --num-cpus={job.kind.ranks}"
     lines = [
-        f'{one} -w "$MASTER_NODE" ray start --head --node-ip-address="$MASTER_ADDR" '
-        f"--port={RAY_PORT} --block &",
+        f'{one} -w "$MASTER_NODE" {bindir}ray start --head --node-ip-address="$MASTER_ADDR" '
+        f"--port={RAY_PORT}{cpus} --block &",
     ]
     if nodes > 1:
         lines += [
             "sleep 5",
             f"srun --nodes={nodes - 1} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-            f'--exclude="$MASTER_NODE" ray start --address="$MASTER_ADDR:{RAY_PORT}" --block &',
+            f'--exclude="$MASTER_NODE" {bindir}ray start --address="$MASTER_ADDR:{RAY_PORT}"'
+            f"{cpus} --block &",
         ]
     lines += [
-        f"python3 -c {shlex.quote(wait)}",
+        f"{python} -c {shlex.quote(wait)}",
         f'export {ADDRESS_ENV}="$MASTER_ADDR:{RAY_PORT}"  # the cluster vLLM joins',
         f'{one} -w "$MASTER_NODE" --overlap "${{VLLM_ARGV[@]}}" &',
         "wait -n  # the server or a Ray node ended: end the job (its other steps with it)",
