@@ -37,6 +37,7 @@ from kimictl.runtime.load.records import LoadTarget as LoadTarget
 from kimictl.runtime.load.records import RecordList as RecordList
 from kimictl.runtime.load.records import RequestRecord as RequestRecord
 from kimictl.runtime.load.workloads import FanOut, RequestSpec, Session, Workload, prompt_text
+from kimictl.runtime.observe.window import join_windows
 
 if TYPE_CHECKING:
     from kimictl.runtime.observe.scrape import MetricsScraper
@@ -514,8 +515,6 @@ async def run_load(
                         out.segments[key] = list(pr.parts)
                     out.max_concurrent[key] = pr.max_inflight
                     if pr.scrapes:
-                        from kimictl.runtime.observe.window import join_windows
-
                         out.metrics[key] = join_windows(pr.scrapes)
         if stop.is_set() and out.stop_reason is None:
             out.stop_reason = "interrupted"

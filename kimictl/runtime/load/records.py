@@ -80,9 +80,10 @@ class LoadSettings:
     schedule: str = "abba"  # how several targets share a point: one of SCHEDULES
 
 
-# How several targets take a point (run_load): "abba" splits each target's requests into two halves
-# run A B | B A (the mirror order second, so a linear drift or a warmer second turn hits both
-# alike); "turns" runs each target's whole point in turn; "interleave" loads all at once.
+# How several targets take a point (run_load): "abba" splits each target's requests into turns of
+# about one wave, run A B B A A B B A ... (loadgen._abba_cycles: at most 8 cycles), so a drift or a
+# warmer later turn hits both alike; "turns" runs each target's whole point in turn; "interleave"
+# loads all at once.
 SCHEDULES = ("abba", "turns", "interleave")
 
 

@@ -149,6 +149,10 @@ def ray_ready() -> bool:
     """Ray and kimictl's Ray fix-ups (_cpu_ray_shim.py) are in the runtime, current."""
     if not is_installed() or installed_versions(("ray",))["ray"] != RAY_VERSION:
         return False
+    return _ray_shim_current()
+
+
+def _ray_shim_current() -> bool:
     module, pth = _ray_shim_files()
     return module.is_file() and module.read_text() == _RAY_SHIM.read_text() and pth.is_file()
 
@@ -171,7 +175,7 @@ def install_ray(progress: Callable[[str], None] = lambda _step: None) -> str:
             on_tick=pip_progress.tick,
         )
     module, pth = _ray_shim_files()
-    if not ray_ready():
+    if not _ray_shim_current():  # Ray itself is in place by now
         # vLLM CPU 0.32's Ray executor needs three fix-ups (listed in the shim); every Python of
         # the runtime loads them from the .pth, Ray's actors on every node included
         progress("adding kimictl's Ray fix-ups for vLLM's CPU build (ray_device_key 'CPU')")

@@ -79,11 +79,14 @@ class Job:
     plan: LaunchPlan
     nodes: int
     kind: NodeKind
-    ray: bool
     cluster: ClusterSettings
     key: str  # "secret" (a named one), "rendered" (value in a rendered Secret), "env", "none"
     secret: str | None = None  # the Secret the pods read the key from (k8s)
     image: str = VLLM_IMAGE
+
+    @property
+    def ray(self) -> bool:
+        return self.plan.ray
 
     @property
     def per_node(self) -> int:
@@ -191,7 +194,7 @@ def job_for(
         )
     if key == "rendered":
         secret = f"{plan.name}-api-key"
-    return Job(fmt, plan, nodes, kind, plan.ray, cluster, key, secret, image)
+    return Job(fmt, plan, nodes, kind, cluster, key, secret, image)
 
 
 def render(
