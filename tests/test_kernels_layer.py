@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.layer.chain import CHAIN_SHIPPED, SEGMENTS, SERVED_MS
+from kimictl.kernels.layer.chain import CHAIN_SHIPPED, ROUTED, SEGMENTS, SERVED_MS
 from kimictl.kernels.toolchain.build import (
     ALL_CONFIGS,
     FAMILIES,
@@ -31,7 +31,7 @@ KINDS = ("mla", "kda")
 
 def test_shipped_segments_cover_every_served_point_once():
     points = [(c.layer, c.seg, c.m) for c in CHAIN_SHIPPED]
-    assert sorted(points) == sorted(itertools.product(KINDS, SEGMENTS, SERVED_MS))
+    assert sorted(points) == sorted(itertools.product(KINDS, SEGMENTS + ROUTED, SERVED_MS))
     assert {c.math for c in CHAIN_SHIPPED} == {"simt"} and all(c.pdl for c in CHAIN_SHIPPED)
     assert [c.name for c in LAYER_CONFIGS] == [c.name for c in CHAIN_SHIPPED]
 

@@ -1,6 +1,7 @@
-"""`[serve] kimictl_layer = true`: the profile switch, doctor's finding, and the plugin against
-vLLM 0.33.0's real K3 decoder-layer code (tests/vllm_layer_src.py, a child process with torch and
-CUDA stubbed): which layers the fused dense layer may serve, and why each keeps vLLM's forward."""
+"""`[serve] kimictl_layer = true`: the profile switch, doctor's finding, which K3 layers segment f
+serves, and the route inside vLLM 0.33.0's real attention methods on CPU torch
+(tests/vllm_front_src.py); why segments b and c stay vLLM's, from vLLM's real decoder-layer code
+with torch stubbed (tests/vllm_layer_src.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import torch_python
 
+from kimictl.kernels.layer import chain
 from kimictl.kernels.vllm import layer_route, plugin
 from kimictl.runtime.deployment.spec import LAYER_ENV_VAR
 
@@ -60,30 +63,77 @@ class KimiLinearGatedDeltaNetAttention:
     pass
 
 
-def layer(attn: type, *, moe: bool = True, attn_res: bool = True) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        self_attn=attn(), is_moe_layer=moe, use_attn_res=attn_res, input_layernorm=None
-    )
+def p(*shape: int, dtype: str = "bf16") -> types.SimpleNamespace:
+    """A module holding one weight of `shape` (a projection or a norm)."""
+    return types.SimpleNamespace(weight=types.SimpleNamespace(shape=shape, dtype=dtype))
+
+
+def attention(cls: type, tp: int = 8, dtype: str = "bf16", gate: bool = True) -> object:
+    """An attention with segment f's parameters at TP `tp` (K3's widths split as vLLM splits
+    them): MLA's q/kv LoRA are replicated, its heads and KDA's are split."""
+    a = cls()
+    h, mla_heads, kda_heads = 7168, 96 // tp, 96 // tp
+    if cls is MultiHeadLatentAttention:
+        a.fused_qkv_a_g_proj = p(2112 + mla_heads * 128, h, dtype=dtype) if gate else None
+        a.q_a_layernorm, a.kv_a_layernorm = p(1536), p(512)
+        a.q_b_proj = p(mla_heads * 192, 1536, dtype=dtype)
+    else:
+        packed = 4 * kda_heads * 128 + 128 + kda_heads
+        a.in_proj_qkvgfab = p(packed + -packed % 16, h, dtype=dtype)
+        a.f_b_proj = p(kda_heads * 128, 128, dtype=dtype)
+    return a
+
+
+def layer(attn: object) -> types.SimpleNamespace:
+    return types.SimpleNamespace(self_attn=attn, is_moe_layer=True, input_layernorm=None)
+
+
+def test_segment_f_params_are_vllms_tp8_shapes() -> None:
+    # the shapes segment f is built at, from chain.segment, as vLLM's TP 8 modules hold them
+    assert layer_route._expected_shapes("mla") == [(3648, 7168), (1536,), (512,), (2304, 1536)]
+    assert layer_route._expected_shapes("kda") == [(6288, 7168), (1536, 128)]
 
 
 @pytest.mark.parametrize(
     ("lay", "tp", "dtype", "reason"),
     [
-        (layer(MultiHeadLatentAttention), 8, "bf16", "AttnRes"),
-        (layer(KimiK3DeltaAttention, attn_res=False), 8, "bf16", "TP 8: vLLM all-reduces"),
-        (layer(KimiK3DeltaAttention, attn_res=False), 16, "bf16", "TP 16: vLLM all-reduces"),
-        (layer(MultiHeadLatentAttention, attn_res=False), 1, "bf16", "built at TP 8 shapes"),
-        (layer(MultiHeadLatentAttention, moe=False), 8, "bf16", "dense MLP"),
-        (layer(KimiLinearGatedDeltaNetAttention), 8, "bf16", "not built for"),
-        (layer(KimiK3DeltaAttention), 8, "fp16", "dtype fp16"),
+        (layer(attention(MultiHeadLatentAttention)), 8, "bf16", ""),
+        (layer(attention(KimiK3DeltaAttention)), 8, "bf16", ""),
+        (layer(attention(KimiK3DeltaAttention, tp=16)), 16, "bf16", "TP 16: the attention's"),
+        (layer(attention(MultiHeadLatentAttention, tp=16)), 16, "bf16", "TP 8 shapes"),
+        (layer(attention(MultiHeadLatentAttention, gate=False)), 8, "bf16", "without q-LoRA"),
+        (layer(attention(KimiK3DeltaAttention, dtype="fp8")), 8, "bf16", "quantized"),
+        (layer(KimiLinearGatedDeltaNetAttention()), 8, "bf16", "not built for"),
+        (layer(attention(KimiK3DeltaAttention)), 8, "fp16", "dtype fp16"),
     ],
 )
-def test_every_layer_gets_the_reason_that_stops_it(lay, tp, dtype, reason) -> None:
+def test_every_layer_gets_the_route_or_the_reason_that_stops_it(lay, tp, dtype, reason) -> None:
     v = layer_route.verdict(lay, 0, tp, dtype, "bf16")
-    assert reason in v.reason
+    assert (reason in v.reason) if reason else v.reason == ""
     assert v.kind == {"MultiHeadLatentAttention": "mla", "KimiK3DeltaAttention": "kda"}.get(
         type(lay.self_attn).__name__, ""
     )
+
+
+def test_install_without_a_build_routes_nothing_and_says_why() -> None:
+    class Root:
+        def modules(self):
+            return iter([self, layer(attention(KimiK3DeltaAttention))])
+
+    never = lambda: pytest.fail("no op without a build")  # noqa: E731
+    torch = types.SimpleNamespace(bfloat16="bf16")
+    report = layer_route.install(Root(), 8, "bf16", torch, variants=None, op=never)
+    assert report.served == 0
+    assert report.line() == (
+        "kimictl layer: not installed (no layer build for this GPU); vLLM's forward"
+    )
+    names = [c.name for c in chain.CHAIN_SHIPPED]
+    assert layer_route.front_variants(names) == {
+        (c.layer, c.m): c.name for c in chain.CHAIN_SHIPPED if c.seg == "f"
+    }
+    assert set(layer_route.front_variants(names)) == {
+        (k, m) for k in ("mla", "kda") for m in chain.SERVED_MS
+    }
 
 
 @pytest.fixture
@@ -108,9 +158,11 @@ def test_doctor_says_when_the_switch_is_on_without_layer_kernels(node: Path) -> 
     assert other is not None and "built for sm_90a only" in other.message
     node.mkdir(parents=True)
     (node / "manifest.json").write_text("{}")
-    built = layer_check(on, "sm_90a")
-    assert built is not None and built.status.value == "warn"
-    assert str(node) in built.message and "keep vLLM's forward" in built.message
+    built = layer_check(on, "sm_90a", tp=8)
+    assert built is not None and built.status.value == "pass"
+    assert str(node) in built.message and "segment f serves" in built.message
+    tp16 = layer_check(on, "sm_90a", tp=16)
+    assert tp16 is not None and tp16.status.value == "warn" and "at TP 16" in tp16.message
 
 
 def test_doctor_and_serve_gate_carry_the_finding(node: Path) -> None:
@@ -125,7 +177,7 @@ def test_doctor_and_serve_gate_carry_the_finding(node: Path) -> None:
 
 
 @pytest.mark.vllm_src
-def test_plugin_against_vllms_real_layer_code() -> None:
+def test_why_segments_b_and_c_stay_vllms() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "vllm_layer_src.py")],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -142,21 +194,62 @@ def test_plugin_against_vllms_real_layer_code() -> None:
     # and the routed latent before segment c's norm; at TP 1 neither
     assert out["o_proj"] == {"8": ["o_proj_gemm", "all_reduce"], "1": ["o_proj_gemm"]}
     assert out["latent"] == {"8": ["all_reduce", "latent_norm"], "1": ["latent_norm"]}
-    # the switch off: vLLM's hook is its own; on: wrapped, every layer keeps vLLM's forward and
-    # the log says why, per reason
-    assert out["plugin_off"]["hook_is_vllms"]
-    p = out["plugin"]
-    assert p["wrapped"] and p["forwards_unchanged"]
-    assert p["kinds"].count("KimiK3DeltaAttention") == 3
-    assert p["logs"] == [
-        "kimictl layer: installed on 0 of 5 decoder layers, vLLM's forward (4 layers: "
-        f"{layer_route.ATTN_RES}; 1 layer: {layer_route.NOT_MOE})",
-        "kimictl layer: installed on 0 of 5 decoder layers, vLLM's forward (5 layers: "
-        "dtype torch.float16, the segments are bfloat16)",
-        "kimictl layer: installed on 0 of 1 decoder layers, vLLM's forward (1 layer: "
-        f"{layer_route.TP_COLLECTIVES.format(tp=8)})",
-        "kimictl layer: installed on 0 of 1 decoder layers, vLLM's forward (1 layer: "
-        f"{layer_route.TP_SHAPES.format(tp=1, built=8)})",
+    # the switch off: vLLM's hook is its own; on: wrapped
+    assert out["plugin_off"]["hook_is_vllms"] and out["plugin_on"]["wrapped"]
+
+
+@pytest.fixture(scope="module")
+def front() -> dict:
+    python = torch_python()
+    if python is None:
+        pytest.skip("no interpreter with torch (run `kimictl setup cpu-runtime`)")
+    done = subprocess.run(
+        [python, str(ROOT / "tests" / "vllm_front_src.py")],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    return out
+
+
+FRONT_GEMMS = {"mla": ["fused_qkv_a_g_proj", "fused_q_kv_rmsnorm", "q_b_proj"],
+               "kda": ["in_proj_qkvgfab", "f_b_proj"]}  # fmt: skip
+
+
+@pytest.mark.vllm_src
+def test_route_runs_inside_vllms_real_attention_code(front: dict) -> None:
+    cases = {(c["kind"], c["m"], c["capturing"]): c for c in front["cases"]}
+    assert len(cases) == 9
+    for (kind, m, capturing), c in cases.items():
+        vllm, routed = c["calls"]["vllm"], c["calls"]["routed"]
+        if kind == "kda" and capturing:  # vLLM's own two-stream form under graph capture
+            assert vllm == ["run_kda_projection_overlap", "o_proj"]
+        else:
+            assert vllm == [*FRONT_GEMMS[kind], "o_proj"]
+        if m in chain.SERVED_MS:  # one launch of segment f instead, then vLLM's o_proj
+            assert routed == [f"chain_{kind}_f_m{m}_" + routed[0].split("_")[-1], "o_proj"]
+            assert routed[0] in {c.name for c in chain.CHAIN_SHIPPED if c.seg == "f"}
+        else:  # M = 3: vLLM's forward, call for call
+            assert routed == vllm
+        if kind == "kda":  # the overlap was held off for the routed call only
+            assert c["overlap_restored"] == 14
+        # every tensor handed to vLLM's attention core, and the layer's output, within bf16
+        assert set(c["rel"]) == ({"q", "kv_c_normed", "k_pe", "out"} if kind == "mla" else
+                                 {"mixed_qkv", "g1", "g2", "beta", "out"})  # fmt: skip
+        assert max(c["rel"].values()) <= 1e-2, c
+        if m not in chain.SERVED_MS:
+            assert max(c["rel"].values()) == 0.0
+
+
+@pytest.mark.vllm_src
+def test_route_keeps_one_copy_of_the_weights_and_logs_where_it_runs(front: dict) -> None:
+    # loaded after the hook, in place: the parameters are views into segment f's buffer
+    assert front["weights_in_flat_buffer"] == [True, True]
+    assert front["logs"] == [
+        "kimictl layer: segment f on 2 of 2 decoder layers (KDA 1, MLA 1) at M = 1, 2: the "
+        "attention's projections and norms before its core as one kernel; " + layer_route.REST
     ]
 
 

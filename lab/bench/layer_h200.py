@@ -964,7 +964,7 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm,
     layer_elem and layer_chain variants into `out` (objects whose source is unchanged are
     reused); sm_90a."""
-    from kimictl.kernels.layer.chain import chain_configs
+    from kimictl.kernels.layer.chain import CHAIN_SHIPPED, chain_configs
     from kimictl.kernels.layer.elem import elem_configs
     from kimictl.kernels.toolchain.build import ALL_CONFIGS, build
     from lab.kernels.families import ALL_FAMILIES, EXPERIMENTAL_CONFIGS
@@ -975,9 +975,11 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     names = {v for v in kernel_plan(kinds).values() if v != "cublas"}
     names |= {v for vs in tune_candidates(kinds).values() for v in vs if v != "cublas"}
     names |= {c.name for c in NORM_CONFIGS}  # the preflight runs every one
-    names |= {c.name for c in (*elem_configs(kinds), *chain_configs(kinds))}
+    # the search's segments and what ships (the routed segment f is no search's)
+    chains = (*chain_configs(kinds), *(c for c in CHAIN_SHIPPED if c.layer in kinds))
+    names |= {c.name for c in (*elem_configs(kinds), *chains)}
     every = (*ALL_CONFIGS, *EXPERIMENTAL_CONFIGS, *layer_res_configs(), *pro_configs(),
-             *stride_configs(), *elem_configs(kinds), *chain_configs(kinds))  # fmt: skip
+             *stride_configs(), *elem_configs(kinds), *chains)  # fmt: skip
     by_name = {c.name: c for c in every}
     missing = sorted(names - set(by_name))
     if missing:

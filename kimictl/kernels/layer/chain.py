@@ -13,7 +13,9 @@ The segments (cat layer: latent_up and shared_down as one GEMM over their concat
   q_b (MLA) or f_b on f_a (KDA);
 - b: the output gate (MLA) folded into o_proj's x, o_proj + residual -> barrier -> RMSNorm and the
   front GEMM (router | latent_down | shared_gate_up);
-- c: RMSNorm of the routed output and SiTU * mul -> [latent_up | shared_down].
+- c: RMSNorm of the routed output and SiTU * mul -> [latent_up | shared_down];
+- f (the one vLLM's forward runs, kimictl.kernels.vllm.layer_route): a without its prologue, from
+  the normed input vLLM's AttnRes (or RMSNorm) hands the attention.
 The stand-ins run between the segments as benchmark-owned PDL copies (layer_elem `copy`).
 
 Two forms of the math, chosen per variant (`math`), both fp32-accumulating, bf16 in and out:
@@ -34,14 +36,15 @@ per-token sums itself) in shared memory, so the warps read x from there.
 
 ABI (build.py's four pointers, all flat bf16, shapes static per variant):
 - X: the segment's input from the previous kernel (a: h; b: the attention stand-in's output;
-  c: the routed stand-in's output);
-- R: the second input (a: the residual; b: segment a's Y; c: segment b's Y);
+  c: the routed stand-in's output; f: the normed input);
+- R: the second input (a: the residual; b: segment a's Y; c: segment b's Y; f: none, unread);
 - W: the segment's weights, one flat buffer (norm weights and GEMM weights at the offsets of
   `ChainStage`), then 8 elements that hold the grid barrier's word. That word must start at zero
   and is left at a multiple of 2^31 after every barrier (the arrival of CTA 0 adds
   2^31 - (ctas - 1), the others 1: the top bit flips when the last one arrives), so it needs no
   reset between launches or graph replays.
 - Y: the segment's outputs, flat (a: new residual | qkv_a_g or kda_in output | q or g1 | kv_c;
+  f: a's without the residual;
   b: new residual | front GEMM output; c: the layer's output).
 All CTAs must be resident at once (the barrier spins): one CTA per SM of `ctas`, 132 on the H200.
 """
@@ -54,8 +57,10 @@ from typing import Any
 __all__ = [
     "CHAIN_CONFIGS",
     "CHAIN_MS",
+    "BUILT_TP",
     "CHAIN_SHIPPED",
     "COUNTER",
+    "ROUTED",
     "ChainStage",
     "LayerChainConfig",
     "SERVED_MS",
@@ -69,8 +74,12 @@ __all__ = [
 ]
 
 SIMT_MS = (1, 2)  # the SIMT stream serves these (see above)
+BUILT_TP = 8  # ops.dense_layer_ops' default: the tensor parallelism the segments' shapes are of
 CHAIN_MS = (1, 2, 4)  # the MMA form serves 1..8; x of M = 8 at K = 7168 leaves too little ring
-SEGMENTS = ("a", "b", "c")
+SEGMENTS = ("a", "b", "c")  # the whole dense part, between the two stand-ins
+# what the plugin routes into vLLM's forward (kimictl.kernels.vllm.layer_route): segment a cut
+# where vLLM's AttnRes ends, so it starts from the normed input
+ROUTED = ("f",)
 MATHS = ("simt", "mma")
 THREADS = 512
 GROUP = 128  # simt: threads splitting K for one row block
@@ -133,7 +142,7 @@ class LayerChainConfig:
     rows: int = 1  # manifest field every family carries
 
     def __post_init__(self) -> None:
-        if self.layer not in ("mla", "kda") or self.seg not in SEGMENTS:
+        if self.layer not in ("mla", "kda") or self.seg not in SEGMENTS + ROUTED:
             raise ValueError(f"no chain segment {self.layer}/{self.seg}")
         if self.math not in MATHS:
             raise ValueError(f"math must be one of {MATHS}, got {self.math!r}")
@@ -211,23 +220,28 @@ def segment(layer: str, seg: str, m: int) -> tuple[tuple[ChainStage, ...], dict[
     d = _dims(layer)
     h = d["h"]
     stages: tuple[ChainStage, ...]
-    if seg == "a":
+    if seg in ("a", "f"):  # f: a from vLLM's normed input (no add + RMSNorm, no residual)
         n1 = d["n1"]
-        s1 = ChainStage(n1, h, h, "addrms", ("x", 0, h), ("r", 0, h), g_off=0, res_out=0,
-                        out=(m * h, n1))  # fmt: skip
-        w1 = h + n1 * h
+        y0, w0 = (m * h, h) if seg == "a" else (0, 0)  # a's new residual and norm weight first
+        if seg == "a":
+            s1 = ChainStage(n1, h, w0, "addrms", ("x", 0, h), ("r", 0, h), g_off=0, res_out=0,
+                            out=(y0, n1))  # fmt: skip
+        else:
+            s1 = ChainStage(n1, h, w0, "plain", ("x", 0, h), out=(y0, n1))
+        w1 = w0 + n1 * h
         if layer == "mla":
             g2, w2 = w1, w1 + d["q_a"] + d["kv"]
-            q_base, kv_base = m * (h + n1), m * (h + n1 + d["q_n"])
-            s2 = ChainStage(d["q_n"], d["q_a"], w2, "rms", ("y", m * h, n1), g_off=g2,
+            q_base, kv_base = y0 + m * n1, y0 + m * (n1 + d["q_n"])
+            s2 = ChainStage(d["q_n"], d["q_a"], w2, "rms", ("y", y0, n1), g_off=g2,
                             out=(q_base, d["q_n"]),
-                            side=(m * h + d["q_a"], d["kv"], g2 + d["q_a"], kv_base))  # fmt: skip
+                            side=(y0 + d["q_a"], d["kv"], g2 + d["q_a"], kv_base))  # fmt: skip
             w_len, y_len = w2 + d["q_n"] * d["q_a"], kv_base + m * d["kv"]
         else:
-            s2 = ChainStage(d["g1"], d["fa_w"], w1, "plain", ("y", m * h + d["fa"], n1),
-                            out=(m * (h + n1), d["g1"]))  # fmt: skip
-            w_len, y_len = w1 + d["g1"] * d["fa_w"], m * (h + n1 + d["g1"])
-        stages, x_len, r_len = (s1, s2), m * h, m * h
+            s2 = ChainStage(d["g1"], d["fa_w"], w1, "plain", ("y", y0 + d["fa"], n1),
+                            out=(y0 + m * n1, d["g1"]))  # fmt: skip
+            w_len, y_len = w1 + d["g1"] * d["fa_w"], y0 + m * (n1 + d["g1"])
+        # f reads no R: one vector keeps the ABI's four pointers
+        stages, x_len, r_len = (s1, s2), m * h, (m * h if seg == "a" else 8)
     elif seg == "b":
         ok = d["o_k"]
         n1 = d["n1"]
@@ -303,6 +317,8 @@ SHIPPED_RINGS: dict[tuple[str, str, int], tuple[int, int]] = {
     ("kda", "a", 1): (2, 7), ("kda", "b", 1): (2, 10), ("kda", "c", 1): (4, 5),
     ("kda", "a", 2): (2, 7), ("kda", "b", 2): (2, 10), ("kda", "c", 2): (2, 10),
 }  # fmt: skip
+# the routed front takes segment a's pick: the same GEMMs, less a prologue
+SHIPPED_RINGS |= {(k, "f", m): SHIPPED_RINGS[(k, "a", m)] for k in ("mla", "kda") for m in SIMT_MS}
 
 
 def shipped_configs() -> tuple[LayerChainConfig, ...]:
@@ -333,6 +349,7 @@ def chain_weights(layer: str, w: dict[str, Any]) -> dict[str, Any]:
     second = ("q_kv_a_norm", "q_b") if layer == "mla" else ("f_b",)
     return {
         "chain_a": flat(w["input_norm"], w[first], *(w[n] for n in second)),
+        "chain_f": flat(w[first], *(w[n] for n in second)),
         "chain_b": flat(w["o_proj"], w["post_attention_norm"], w["front"]),
         "chain_c": flat(w["latent_norm"], w["latent_up_cat"]),
     }

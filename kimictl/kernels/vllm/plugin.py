@@ -17,8 +17,9 @@ KDA_PROJECTION_OVERLAP_MAX_TOKENS (14), vLLM runs in_proj_qkvgfab and f_b_proj o
 (`run_kda_projection_overlap`) without calling their methods; those (module, M) points are left to
 vLLM, in eager steps too. One log line per model says what was installed.
 
-KIMICTL_VLLM_LAYER=1 (`[serve] kimictl_layer = true`) asks for the fused dense layer instead;
-layer_route.py says why none of vLLM 0.33's K3 layers can take it today, in one warning per model.
+KIMICTL_VLLM_LAYER=1 (`[serve] kimictl_layer = true`) routes the fused layer's front segment
+(layer_route.py) into each K3 attention it computes, at M = 1 and 2, before the GEMM routes
+(which then serve the rest); one log line per model says where it runs and why not elsewhere.
 
 This module imports neither torch nor vLLM at import time (kimictl's CLI imports it for doctor).
 """
@@ -250,6 +251,24 @@ def take_over(
     return report
 
 
+def _node_layer_variants() -> dict[tuple[str, int], str] | None:
+    """Segment f's variants in this node's layer build (None: no build for this GPU)."""
+    import json
+
+    import torch
+
+    from kimictl.kernels.toolchain.build import find_layer_build
+    from kimictl.kernels.toolchain.harness import arch_of
+    from kimictl.kernels.vllm.layer_route import front_variants
+
+    arch = arch_of(torch.cuda.get_device_capability())
+    found = find_layer_build(arch) if arch else None
+    if found is None:
+        return None
+    manifest = json.loads((found / "manifest.json").read_text())
+    return front_variants([k["name"] for k in manifest.get("kernels", [])])
+
+
 def _tp_size() -> int:
     from vllm.distributed import get_tensor_model_parallel_world_size
 
@@ -265,10 +284,12 @@ def patch_vllm(
     gemm: bool = True,
     layer: bool = False,
     tp_size: Callable[[], int] = _tp_size,
+    layer_variants: Callable[[], dict[tuple[str, int], str] | None] = _node_layer_variants,
+    register_layer_op: Callable[[], Any] | None = None,
 ) -> bool:
     """Wrap `llg.enable_kimi_k3_low_latency_gemm` (and the copies already bound by name in
-    vLLM's K3 model modules): `gemm` re-routes the GEMMs (take_over), `layer` reports what the
-    fused layer may serve (layer_route). Returns False when it was already wrapped."""
+    vLLM's K3 model modules): `layer` routes the fused front segment (layer_route.install),
+    then `gemm` re-routes the GEMMs (take_over). Returns False when it was already wrapped."""
     original = getattr(llg, INSTALL_FN)
     if getattr(original, "__kimictl_wrapped__", False):
         return False
@@ -276,18 +297,24 @@ def patch_vllm(
         from kimictl.kernels.toolchain.torch_ops import register_ops as _register
 
         register_ops = _register
+    if register_layer_op is None:
+        from kimictl.kernels.toolchain.torch_ops import register_layer_op as _layer_op
+
+        register_layer_op = _layer_op
 
     def wrapped(module: Any, dtype: Any) -> None:
         original(module, dtype)
         if layer:
-            from kimictl.kernels.vllm.layer_route import layer_report
+            from kimictl.kernels.vllm.layer_route import install
 
             try:
-                tp = tp_size()
-                lines = layer_report(module, tp, dtype, llg.torch.bfloat16).line()
+                routed = install(module, tp_size(), dtype, llg.torch, variants=layer_variants(),
+                                 op=register_layer_op)  # fmt: skip
+                line, served = routed.line(), routed.served
             except Exception as exc:  # a layout it cannot read must not take the server down
-                lines = f"kimictl layer: not installed ({exc}); vLLM's forward"
-            log.warning("%s", lines)  # asked for and not served: a warning, not news
+                line, served = f"kimictl layer: not installed ({exc}); vLLM's forward", 0
+            # asked for and not served: a warning, not news
+            (log.info if served else log.warning)("%s", line)
         if not gemm:
             return
         try:

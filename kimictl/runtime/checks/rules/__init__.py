@@ -156,7 +156,7 @@ def _layer_check(spec: DeploymentSpec | None, hw: HardwareReport | None) -> Chec
     """The plugin's fused-layer switch, when the launch env turns it on (doctor and serve)."""
     from kimictl.runtime.checks.rules.plugin import layer_check
 
-    return layer_check(*_plugin_env_arch(spec, hw))
+    return layer_check(*_plugin_env_arch(spec, hw), tp=spec.tensor_parallel_size if spec else None)
 
 
 def _kernel_cache_check(

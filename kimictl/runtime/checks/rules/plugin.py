@@ -52,10 +52,12 @@ def plugin_check(env: Mapping[str, str], arch: str | None) -> Check:
     )
 
 
-def layer_check(env: Mapping[str, str], arch: str | None) -> Check | None:
+def layer_check(env: Mapping[str, str], arch: str | None, tp: int | None = None) -> Check | None:
     """`kernels.vllm_layer`, only when the launch env asks for the fused layer
     (`[serve] kimictl_layer = true`): are its kernels built for this GPU, and what vLLM's K3
-    layers get from it. Never blocking: every layer falls back to vLLM's forward."""
+    layers get from it at tensor parallel `tp`. Never blocking: where segment f does not serve,
+    vLLM's forward does."""
+    from kimictl.kernels.layer.chain import BUILT_TP, SERVED_MS
     from kimictl.kernels.toolchain.build import LAYER_FAMILIES
     from kimictl.kernels.vllm.layer_route import ENV_VAR as LAYER_VAR
 
@@ -78,9 +80,17 @@ def layer_check(env: Mapping[str, str], arch: str | None) -> Check | None:
             "layer, every layer keeps vLLM's forward.",
             f"kimictl kernels build --arch {arch} (it builds the layer family too).",
         )  # fmt: skip
+    if tp is not None and tp != BUILT_TP:
+        return Check(
+            cid, Section.STACK, Status.WARN,
+            f"{on}, layer kernels built in {st['layer_build']}, but at TP {tp} the K3 "
+            f"attentions' shapes are not the TP {BUILT_TP} shapes segment f is built at: every "
+            "layer keeps vLLM's forward.",
+        )  # fmt: skip
+    ms = ", ".join(map(str, SERVED_MS))
     return Check(
-        cid, Section.STACK, Status.WARN,
-        f"{on}, layer kernels built in {st['layer_build']}, but vLLM 0.33's K3 layers keep "
-        "vLLM's forward: AttnRes norms and the TP all-reduces of o_proj and the routed latent sit "
-        "inside the fused segments; the plugin logs, per model, how many layers each stops.",
+        cid, Section.STACK, Status.PASS,
+        f"{on}, layer kernels built in {st['layer_build']}: segment f serves each bf16 K3 "
+        f"attention's projections and norms before its core at M = {ms} (TP {BUILT_TP}); the "
+        "rest of every layer and other M keep vLLM's forward.",
     )  # fmt: skip
