@@ -53,9 +53,7 @@ def main() -> int:
 
     def rms(x: Any, g: Any, eps: float) -> Any:
         x64 = x.double()
-        return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * g.double()).to(
-            x.dtype
-        )
+        return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * g.double()).to(x.dtype)
 
     def norm(qr: Any, kv: Any, qw: Any, kvw: Any, eps: float) -> Any:
         calls.append("fused_q_kv_rmsnorm")
@@ -78,9 +76,11 @@ def main() -> int:
         heads, d = va.K3_KDA_HEADS, va.K3_KDA_DIM
         proj = F.linear(x, w_in)
         qkvg = 4 * heads * d
-        return proj[:, :qkvg], F.linear(proj[:, qkvg : qkvg + d], w_fb), proj[
-            :, qkvg + d : qkvg + d + heads
-        ]
+        return (
+            proj[:, :qkvg],
+            F.linear(proj[:, qkvg : qkvg + d], w_fb),
+            proj[:, qkvg + d : qkvg + d + heads],
+        )
 
     kernels = va.Kernels(gemm=gemm, norm=norm, low_latency=lambda x, w: None, mla_core=mla_core,
                          kda_core=kda_core, overlap=overlap,

@@ -519,7 +519,8 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
             "standin_late": lambda xs, width: e_standin(xs, width, True)}  # fmt: skip
 
 
-def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def load_vllm_plan(art: Path, shim: Path, tmp: Path, manifest: str = "manifest.json"
+                   ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """Link vLLM 0.33.0's AOT skinny GEMMs and the driver shim that launches its dsv3_fused_a
     cubin (built from the wheel into .kbench by a harness outside this repo); return a launcher
     (x, w) -> y following vLLM's SM90 plan per (N, K, M), cuBLAS where the plan says cuBLAS or
@@ -541,7 +542,7 @@ def load_vllm_plan(art: Path, shim: Path, tmp: Path) -> tuple[Any, dict[str, Any
         proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"linking {Path(argv[4]).name} failed: {proc.stderr[-800:]}")
-    man = json.loads((art / "manifest.json").read_text())
+    man = json.loads((art / manifest).read_text())
     lib = ctypes.CDLL(str(skinny))
     if lib.load_all() != 0:
         raise RuntimeError("vLLM skinny load_all failed")
