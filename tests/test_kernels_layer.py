@@ -25,6 +25,7 @@ from kimictl.kernels.toolchain.build import (
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_verify_h200.json"
 PLAN_FIXTURE = FIXTURE.with_name("layer_plan_h200.json")
+FRONT_FIXTURE = FIXTURE.with_name("layer_front_h200.json")
 PLAN_MS = (1, 2, 4, 8)
 KINDS = ("mla", "kda")
 
@@ -99,3 +100,33 @@ def test_recorded_decode_step_table_times_vllms_own_plan_beside_the_layer():
             assert layer["ok"] and layer["graph_equals_eager"], layer
             assert layer["vs_best"]["vllm_plan"] < 1, (kind, m, layer["vs_best"])
             assert 2 * layer["nodes"]["kernel"] <= rows[m]["stock"]["nodes"]["kernel"]
+
+
+def test_recorded_front_run_decides_where_segment_f_serves():
+    """lab/bench/layer_front_h200.sh's run: segment f routed by the plugin inside vLLM 0.33.0's
+    own attention code, beside vLLM's SM90 plan and the GEMM routes. layer_route.SERVED must be
+    exactly the (kind, M) where every round of the routed attention beat every round of vLLM's
+    plan; at an M it does not serve, the route leaves vLLM's kernels as they were."""
+    from kimictl.kernels.vllm.layer_route import SERVED
+
+    run = json.loads(FRONT_FIXTURE.read_text())
+    assert "H200" in run["device"]
+    assert run["layer_source_hash"] == source_hash(families=LAYER_FAMILIES), (
+        "layer kernel source changed since the H200 run: rerun lab/bench/layer_front_h200.sh"
+    )
+    assert set(run["front_variants"]) == {c.name for c in CHAIN_SHIPPED if c.seg == "f"}
+    faster = set()
+    for kind in KINDS:
+        assert run["kinds"][kind]["served"]
+        for row in run["kinds"][kind]["rows"]:
+            for variant in ("vllm_plan", "kimictl_gemm", "kimictl_layer"):
+                r = row[variant]  # vs an fp64 model of the same math; graph replay == eager
+                assert r["ok"] and r["graph_equals_eager"] and r["rel_err"] <= 2e-2, r
+            layer, plan = row["kimictl_layer"], row["vllm_plan"]
+            if row["m"] in SERVED_MS:  # the front's launches become one
+                assert layer["nodes"]["kernel"] < plan["nodes"]["kernel"]
+                if max(layer["us_rounds"]) < min(plan["us_rounds"]):
+                    faster.add((kind, row["m"]))
+            else:
+                assert layer["nodes"] == plan["nodes"]
+    assert faster == set(SERVED)

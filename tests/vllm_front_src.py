@@ -106,13 +106,20 @@ def main() -> int:
 
     plugin.log.setLevel(logging.INFO)  # the line a served route logs
     plugin.log.addHandler(Grab())
-    llg = type("Llg", (), {"torch": torch, "enable_kimi_k3_low_latency_gemm":
-                           staticmethod(lambda module, dtype: None)})  # fmt: skip
     every = {(c.layer, c.m): c.name for c in CHAIN_SHIPPED if c.seg == "f"}
-    plugin.patch_vllm(llg, gemm=False, layer=True, tp_size=lambda: va.TP, modules={},
-                      layer_variants=lambda: every,
-                      register_layer_op=lambda: register_layer_op(CpuLayerLibrary))  # fmt: skip
-    llg.enable_kimi_k3_low_latency_gemm(va.Root([routed["mla"], routed["kda"]]), torch.bfloat16)
+
+    def hook(points: Any) -> Any:  # vLLM's install hook, wrapped by kimictl's real plugin
+        llg = type("Llg", (), {"torch": torch, "enable_kimi_k3_low_latency_gemm":
+                               staticmethod(lambda module, dtype: None)})  # fmt: skip
+        plugin.patch_vllm(llg, gemm=False, layer=True, tp_size=lambda: va.TP, modules={},
+                          layer_variants=lambda: every, layer_points=points,
+                          register_layer_op=lambda: register_layer_op(CpuLayerLibrary))  # fmt: skip
+        return llg.enable_kimi_k3_low_latency_gemm
+
+    # the route at every built (kind, M), then as it ships (layer_route.SERVED)
+    hook(frozenset(every))(va.Root([routed["mla"], routed["kda"]]), torch.bfloat16)
+    shipped = {kind: va.make_attention(kind, classes[kind], kernels, torch) for kind in kinds}
+    hook(None)(va.Root([shipped["mla"], shipped["kda"]]), torch.bfloat16)
     # the checkpoint, loaded after the install hook, in place
     gen = torch.Generator().manual_seed(0)
     shared = []
@@ -126,7 +133,11 @@ def main() -> int:
     def rel(a: Any, b: Any) -> float:
         return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
-    out: dict[str, Any] = {"logs": logs, "weights_in_flat_buffer": shared, "cases": []}
+    out: dict[str, Any] = {
+        "logs": logs, "weights_in_flat_buffer": shared, "cases": [],
+        "shipped": {k: sorted(a._kimictl_front.variants) if hasattr(a, "_kimictl_front") else []
+                    for k, a in shipped.items()},
+    }  # fmt: skip
     for kind in kinds:
         for m in (1, 2, 3):
             for capturing in (False, True) if kind == "kda" else (False,):

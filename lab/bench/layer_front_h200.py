@@ -10,7 +10,8 @@ sources, carried in VLLM_SRC) run at TP 8 K3 shapes per M, three ways, interleav
   fastest of {vLLM's plan, kimictl, cuBLAS} per the recorded H200 dispatch table (choose3, as
   `plugin.take_over` installs it); MLA's two sliced GEMMs stay vLLM's, as in vLLM;
 - `kimictl_layer`: the plugin's layer switch (`plugin.patch_vllm(layer=True)`) on the same
-  model: segment f from the node's layer build at M = 1, 2; o_proj on vLLM's plan.
+  model: segment f from the node's layer build at every built (kind, M), M = 1, 2 (this run
+  decides layer_route.SERVED); o_proj on vLLM's plan.
 Not in it: the attention core and the KDA recurrence (no-ops for the timing; deterministic fills
 for the correctness check), vLLM's KDA two-stream projection overlap (its kda_skinny_gemm units are
 not built here: the eager form runs, both GEMMs on vLLM's plan), `fused_q_kv_rmsnorm` (Triton in
@@ -114,8 +115,10 @@ def main() -> int:
     gate_stream = torch.cuda.Stream()
     llg = type("Llg", (), {"torch": torch, "enable_kimi_k3_low_latency_gemm":
                            staticmethod(lambda module, dtype: None)})  # fmt: skip
+    # every built (kind, M), not only the SERVED ones: this run is what decides SERVED
+    every = frozenset((c.layer, c.m) for c in CHAIN_SHIPPED if c.seg == "f")
     plugin.patch_vllm(llg, gemm=False, layer=True, tp_size=lambda: va.TP, modules={},
-                      register_layer_op=register_layer_op)  # fmt: skip
+                      register_layer_op=register_layer_op, layer_points=every)  # fmt: skip
     gen = torch.Generator(device=dev).manual_seed(35)
     ms = [int(m) for m in args.ms.split(",")]
     result: dict[str, Any] = {

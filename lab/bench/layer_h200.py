@@ -790,9 +790,9 @@ def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
     can switch variants (the preflight's search in the layer)."""
     import torch
 
-    from kimictl.kernels.layer.chain import chain_configs
+    from kimictl.kernels.layer.chain import CHAIN_SHIPPED, chain_configs
 
-    every = {c.name: c for c in chain_configs(kinds)}
+    every = {c.name: c for c in (*chain_configs(kinds), *CHAIN_SHIPPED) if c.layer in kinds}
     cfgs: dict[tuple[str, str, int], Any] = {} if table is None else table
     for c in every.values():  # the first variant of each segment where `picks` names none
         cfgs.setdefault((c.layer, c.seg, c.m), c)
@@ -917,7 +917,7 @@ def preflight_chain(build: Path, kinds: tuple[str, ...], shipped: bool = False) 
     si = register_elem_ops(lib.launch, kinds)["standin"]
     # then each segment's variants in turn inside the layer, the other two fixed: alone, a segment
     # is timed after itself, in the layer after a stand-in (one pass; a change must gain > 0.3 %)
-    every = {c.name: c for c in chain_configs(kinds)}
+    every = {c.name: c for c in (*chain_configs(kinds), *cfgs)}
     ok_names = {r["sweep"] for r in sweep if r["rel_err"] <= TOL}
     for kind in kinds:
         fn = make_chain_layer(kind, chain, si)

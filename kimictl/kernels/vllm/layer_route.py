@@ -5,14 +5,15 @@ vLLM's K3 decoder layer runs, per GPU: AttnRes (or add + RMSNorm) -> the attenti
 and norms -> the attention core -> o_proj and its TP all-reduce -> AttnRes -> the MoE, whose
 routed latent and shared output are all-reduced. Segment f is the only fused segment no
 collective or AttnRes cuts: it starts from the normed input the attention gets and ends where the
-attention core starts. It replaces, at M = 1 and 2 (chain.SERVED_MS, where the fused layer
-measured faster):
+attention core starts. It replaces, where it measured faster than vLLM's plan (SERVED: MLA at
+M = 1 and 2):
 - MLA: fused_qkv_a_g_proj (q_a | kv_a + rope | gate), fused_q_kv_rmsnorm and q_b_proj: vLLM's
   `_forward_q_lora` (both its forms: the gate on vLLM's aux stream, or with qkv_a) becomes one
   launch, then vLLM's own `_attention` with the same tensors;
-- KDA: in_proj_qkvgfab and f_b_proj (vLLM's two-stream projection overlap under capture, two
-  GEMMs in eager steps): vLLM's own `forward` runs with the two projections answered from the one
-  launch (`_Front.answer`), its overlap held off for that call.
+- KDA (built, verified and routable, not in SERVED: it measured no faster): in_proj_qkvgfab and
+  f_b_proj (vLLM's two-stream projection overlap under capture, two GEMMs in eager steps): vLLM's
+  own `forward` runs with the two projections answered from the one launch (`_Front.answer`),
+  its overlap held off for that call.
 Everything else keeps vLLM's forward: other M, another dtype or shape (TP other than 8: the
 segments are built at TP 8 shapes), quantized weights, non-contiguous input, a layer with
 another attention. Segments b and c are not routed: AttnRes and the TP all-reduces of o_proj and
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "LAYER_FACTS",
     "LayerReport",
     "LayerVerdict",
+    "SERVED",
     "front_variants",
     "install",
     "layer_enabled",
@@ -50,6 +52,12 @@ __all__ = [
 
 ENV_VAR = LAYER_ENV_VAR
 SEGMENT = "f"
+# (kind, M) where segment f measured faster than vLLM's own path, inside vLLM's attention code on
+# the H200 (lab/bench/layer_front_h200.sh; tests/fixtures/kernels/layer_front_h200.json): MLA
+# 0.908x / 0.949x vLLM's SM90 plan at M = 1 / 2, four launches become one. KDA measured 1.078x /
+# 0.998x: vLLM runs its packed projection and a 0.4 MB f_b back to back, and the grid barrier
+# before f_b costs what the saved launch gains, so KDA keeps vLLM's forward.
+SERVED = frozenset({("mla", 1), ("mla", 2)})
 # vLLM's attention classes (model.py builds one per layer) and the fused layer's kind for each
 ATTENTION_KINDS = {"MultiHeadLatentAttention": "mla", "KimiK3DeltaAttention": "kda"}
 # the parameters segment f reads, in the order of its flat weight buffer (chain.segment "f")
@@ -94,6 +102,7 @@ SHAPES = "TP {tp}: the attention's shapes are not the TP {built} shapes segment 
 QUANTIZED = "quantized front weights (segment f reads bfloat16)"
 DTYPE = "dtype {dtype}, the segments are bfloat16"
 NO_BUILD = "no layer build for this GPU"
+NOT_FASTER = "segment f measured no faster than vLLM's plan for {kind} at any M it is built for"
 REST = ("AttnRes, o_proj + all-reduce and the MoE stay vLLM's: collectives and AttnRes cut "
         "segments b and c")  # fmt: skip
 
@@ -315,20 +324,26 @@ def install(
     *,
     variants: dict[tuple[str, int], str] | None,
     op: Callable[[], Callable[[Any, Any, str], Any]],
+    served: Collection[tuple[str, int]] = SERVED,
 ) -> LayerReport:
     """Route segment f into every decoder layer of `module` (the model vLLM's install hook gets)
-    that it computes. `variants`: the layer build's segment f per (kind, M) (None: no build);
-    `op()` gives the torch op that launches one (registered on first need)."""
+    that it computes, at the (kind, M) of `served` (default: where it measured faster).
+    `variants`: the layer build's segment f per (kind, M) (None: no build); `op()` gives the
+    torch op that launches one (registered on first need)."""
     layers = [c for c in module.modules() if _is_decoder_layer(c)]
     if not variants:
         return LayerReport(skipped=NO_BUILD if variants is None else "no segment f in the build")
+    built = variants
+    variants = {p: name for p, name in variants.items() if p in served}
     report = LayerReport(ms=tuple(sorted({m for _, m in variants})))
     launch = None
     for i, layer in enumerate(layers):
         v = verdict(layer, int(getattr(layer, "layer_idx", i)), tp, dtype, torch.bfloat16)
         ms = {m: name for (k, m), name in variants.items() if k == v.kind}
         if not v.reason and not ms:
-            v = LayerVerdict(v.index, v.kind, f"no {v.kind.upper()} segment f in the build")
+            why = (NOT_FASTER.format(kind=v.kind.upper()) if any(k == v.kind for k, _ in built)
+                   else f"no {v.kind.upper()} segment f in the build")  # fmt: skip
+            v = LayerVerdict(v.index, v.kind, why)
         if not v.reason:
             launch = launch or op()
             _install_front(layer, v.kind, ms, launch, torch)

@@ -286,10 +286,12 @@ def patch_vllm(
     tp_size: Callable[[], int] = _tp_size,
     layer_variants: Callable[[], dict[tuple[str, int], str] | None] = _node_layer_variants,
     register_layer_op: Callable[[], Any] | None = None,
+    layer_points: Any = None,
 ) -> bool:
     """Wrap `llg.enable_kimi_k3_low_latency_gemm` (and the copies already bound by name in
     vLLM's K3 model modules): `layer` routes the fused front segment (layer_route.install),
-    then `gemm` re-routes the GEMMs (take_over). Returns False when it was already wrapped."""
+    then `gemm` re-routes the GEMMs (take_over); `layer_points` overrides the (kind, M) it serves
+    (a benchmark's choice). Returns False when it was already wrapped."""
     original = getattr(llg, INSTALL_FN)
     if getattr(original, "__kimictl_wrapped__", False):
         return False
@@ -305,11 +307,11 @@ def patch_vllm(
     def wrapped(module: Any, dtype: Any) -> None:
         original(module, dtype)
         if layer:
-            from kimictl.kernels.vllm.layer_route import install
+            from kimictl.kernels.vllm.layer_route import SERVED, install
 
             try:
                 routed = install(module, tp_size(), dtype, llg.torch, variants=layer_variants(),
-                                 op=register_layer_op)  # fmt: skip
+                                 op=register_layer_op, served=layer_points or SERVED)  # fmt: skip
                 line, served = routed.line(), routed.served
             except Exception as exc:  # a layout it cannot read must not take the server down
                 line, served = f"kimictl layer: not installed ({exc}); vLLM's forward", 0

@@ -57,9 +57,10 @@ def layer_check(env: Mapping[str, str], arch: str | None, tp: int | None = None)
     (`[serve] kimictl_layer = true`): are its kernels built for this GPU, and what vLLM's K3
     layers get from it at tensor parallel `tp`. Never blocking: where segment f does not serve,
     vLLM's forward does."""
-    from kimictl.kernels.layer.chain import BUILT_TP, SERVED_MS
+    from kimictl.kernels.layer.chain import BUILT_TP
     from kimictl.kernels.toolchain.build import LAYER_FAMILIES
     from kimictl.kernels.vllm.layer_route import ENV_VAR as LAYER_VAR
+    from kimictl.kernels.vllm.layer_route import SERVED
 
     st = plugin_status(env, arch)
     if not st["layer_enabled"]:
@@ -87,10 +88,13 @@ def layer_check(env: Mapping[str, str], arch: str | None, tp: int | None = None)
             f"attentions' shapes are not the TP {BUILT_TP} shapes segment f is built at: every "
             "layer keeps vLLM's forward.",
         )  # fmt: skip
-    ms = ", ".join(map(str, SERVED_MS))
+    where = "; ".join(
+        f"{kind.upper()} at M = {', '.join(str(m) for k, m in sorted(SERVED) if k == kind)}"
+        for kind in sorted({k for k, _ in SERVED})
+    )
     return Check(
         cid, Section.STACK, Status.PASS,
-        f"{on}, layer kernels built in {st['layer_build']}: segment f serves each bf16 K3 "
-        f"attention's projections and norms before its core at M = {ms} (TP {BUILT_TP}); the "
-        "rest of every layer and other M keep vLLM's forward.",
+        f"{on}, layer kernels built in {st['layer_build']}: segment f serves the bf16 K3 "
+        f"attentions' projections and norms before their core ({where}, TP {BUILT_TP}), where it "
+        "measured faster than vLLM's plan; everything else keeps vLLM's forward.",
     )  # fmt: skip
