@@ -1,10 +1,11 @@
 """The fused dense layer family (kimictl/kernels/layer). CPU: what ships covers every (kind,
 segment, M) it serves, and its build registry stays apart from the GEMMs' verified source hash.
-GPU: the run recorded on the lent H200 by `lab/bench/layer_h200.py --chain-shipped` (committed as
-a fixture) must be of the current layer source and pass its fp64 checks at every served point; so
-must issue 35's decode-step table (`lab/bench/layer_plan_h200.sh`: stock, vLLM 0.33's own SM90
-plan, kimictl's GEMM routes and the fused layer in one run), whose layer beats vLLM's plan in at
-most half of stock's launches at every served M."""
+GPU: issue 35's decode-step table recorded on the lent H200 (`lab/bench/layer_front_h200.sh` step 3,
+`layer_h200.py --chain-shipped`: stock, vLLM 0.33's own SM90 plan, kimictl's GEMM routes and the
+fused layer in one run, committed as a fixture) must be of the current layer source and pass its
+fp64 checks at every shipped segment and served point, its layer beating vLLM's plan in at most
+half of stock's launches; the same script's step 2 (segment f routed inside vLLM's own attention
+code) decides where the plugin serves it."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from kimictl.kernels.toolchain.build import (
     source_hash,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_verify_h200.json"
-PLAN_FIXTURE = FIXTURE.with_name("layer_plan_h200.json")
+# one H200 run of lab/bench/layer_front_h200.sh step 3 (lab/bench/layer_plan_h200.sh's table)
+FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_plan_h200.json"
 FRONT_FIXTURE = FIXTURE.with_name("layer_front_h200.json")
 PLAN_MS = (1, 2, 4, 8)
 KINDS = ("mla", "kda")
@@ -54,8 +55,7 @@ def recorded() -> dict:
 def test_recorded_layer_run_is_of_the_current_layer_source(recorded: dict):
     assert recorded["chain_shipped"] is True and "H200" in recorded["device"]
     assert recorded["layer_source_hash"] == source_hash(families=LAYER_FAMILIES), (
-        "layer kernel source changed since the H200 run: rerun lab/bench/layer_h200.py "
-        "--chain-shipped"
+        "layer kernel source changed since the H200 run: rerun lab/bench/layer_front_h200.sh"
     )
 
 
@@ -78,10 +78,10 @@ def test_recorded_layer_run_checked_every_shipped_segment_and_point(recorded: di
 
 
 def test_recorded_decode_step_table_times_vllms_own_plan_beside_the_layer():
-    table = json.loads(PLAN_FIXTURE.read_text())
+    table = json.loads(FIXTURE.read_text())
     assert table["chain_shipped"] is True and "H200" in table["device"]
     assert table["layer_source_hash"] == source_hash(families=LAYER_FAMILIES), (
-        "layer kernel source changed since the H200 run: rerun lab/bench/layer_plan_h200.sh"
+        "layer kernel source changed since the H200 run: rerun lab/bench/layer_front_h200.sh"
     )
     plan = table["vllm_plan"]
     assert plan["error"] is None  # vLLM's units linked and ran, not a cuBLAS stand-in for them
