@@ -268,3 +268,18 @@ def test_cited_vllm_lines(fact: tuple[str, int, str]) -> None:
         pytest.skip(why)
     path, line, text = fact
     assert text in (root / path).read_text().splitlines()[line - 1]
+
+
+def test_install_puts_no_layer_where_none_can_be_had(tmp_path: Path, monkeypatch) -> None:
+    """`kimictl kernels install`'s layer step without a GPU-side verify: another arch, and a
+    node with neither a layer build nor the DSL (the verify-and-copy path runs on the H200)."""
+    from kimictl.kernels.toolchain import build, node
+
+    monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "default_build_dir", lambda: tmp_path / "tree")
+    assert node.install_layer("sm_103a") == "the fused layer is not built for sm_103a"
+    monkeypatch.setattr(build, "dsl_version", lambda: None)
+    said = node.install_layer("sm_90a")
+    assert said.startswith(f"no layer build in {tmp_path / 'tree' / 'layer'}")
+    assert said.endswith("no CuTe DSL to build one: not installed")
+    assert not (tmp_path / "cache" / "kernels" / "layer").exists()

@@ -94,7 +94,8 @@ def install(
     vllm_src: Annotated[Path | None, typer.Option("--vllm-src", help=VLLM_SRC_HELP)] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Install the kernels on this GPU node (link, verify, bench, record the dispatch table)."""
+    """Install the kernels on this GPU node (link, verify, bench, record the dispatch table; the
+    fused layer's build too, verified, for the vLLM plugin's layer switch)."""
     if vllm_profile is not None:
         _install_vllm(vllm_profile, arch, vllm_src, json_out=json_out)
         return
@@ -125,6 +126,7 @@ def install(
             f"bench: geomean speedup of dispatched vs cuBLAS "
             f"{report.bench_summary['geomean_speedup_dispatched']:.2f}x; table {report.table_path}"
         )
+    console.print(f"layer: {report.layer}")
 
 
 def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out: bool) -> None:

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Issue 35 on the H200, one device call, from the checkout root; results under $OUT.
+# 0. `kimictl kernels install --no-bench --json` into an empty KIMICTL_CACHE_DIR: the GEMM build
+#    and the layer build taken from the tree, verified, copied; then the tree's layer build is
+#    moved away, so every later step finds the layer where a node keeps it (SKIP_INSTALL=1 skips).
 # 1. `kimictl kernels verify --json`: the GEMM build and the layer build, segment f included
 #    (kimictl/kernels/toolchain/_build/{sm_90a,layer/sm_90a}: `kimictl kernels build --arch sm_90a`).
 # 2. lab/bench/layer_front_h200.py: segment f routed by the plugin inside vLLM 0.33.0's own K3
 #    attention code, beside vLLM's SM90 plan and kimictl's GEMM routes, M = 1, 2, 4.
 # 3. lab/bench/layer_plan_h200.sh's table (stock, vLLM's plan, GEMM routes, the whole fused
-#    layer; --chain-shipped checks every shipped segment against fp64): the layer fixture.
+#    layer; --chain-shipped checks every shipped segment against fp64): the layer fixture
+#    (SKIP_PLAN=1 skips it).
 # Needs, git-ignored: .kbench/vllm_art and .kbench/drv_shim.cpp (vLLM 0.33.0's SM90 units, see
 # layer_plan_h200.sh), .kbench/vllm_src (mla.py, kda.py and utils/multi_stream_utils.py from the
 # wheel), lab/_build_layer (`python3 lab/bench/layer_h200.py --make-build`), and wheels of
@@ -23,6 +27,13 @@ fi
 export PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 date -u +%FT%TZ
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+    rm -rf "$KIMICTL_CACHE_DIR"
+    timeout 150 python3 -m kimictl kernels install --no-bench --json >"$OUT/install.json"
+    echo "install rc=$? layer: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layer"])' "$OUT/install.json")"
+    mv kimictl/kernels/toolchain/_build/layer /tmp/tree-layer-build
+    python3 -c 'from kimictl.kernels.toolchain.build import find_layer_build as f; print("layer build used:", f("sm_90a"))'
+fi
 timeout 150 python3 -m kimictl kernels verify --json >"$OUT/verify.json"
 echo "verify rc=$?"
 python3 - "$OUT/verify.json" <<'PY'
@@ -49,6 +60,7 @@ if [ $rc -ne 0 ]; then
     echo "front (plain manifest) rc=$?"
 fi
 date -u +%FT%TZ
+[ "${SKIP_PLAN:-0}" = 1 ] && exit 0
 cp .kbench/vllm_art/manifest.json "$OUT/vllm_plan_manifest.json"
 timeout 250 python3 lab/bench/layer_h200.py --build lab/_build_layer --out "$OUT" --ms 1,2,4,8 \
     --rounds 5 --chain-shipped \

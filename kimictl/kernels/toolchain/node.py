@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class InstallReport:
     bench_summary: dict[str, Any] | None
     table_path: Path | None
     notes: list[str] = field(default_factory=list)
+    layer: str = ""  # what happened to the fused layer's build (install_layer)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +130,7 @@ class InstallReport:
             "verify": {k: self.verify[k] for k in ("ok", "checks", "worst_rel_err", "failed")},
             "bench": self.bench_summary,
             "dispatch_table": str(self.table_path) if self.table_path else None,
+            "layer": self.layer,
             "notes": self.notes,
         }
 
@@ -185,7 +187,50 @@ def install_kernels(*, source: Path | None = None, run_bench: bool = True) -> In
             "seconds": round(br.seconds, 1),
         }
     notes = [f"DSL {dsl_version() or 'not installed'} on this node"]
-    return InstallReport(arch, dest, built, vj, summary, table_path, notes)
+    layer = install_layer(arch, source)
+    return InstallReport(arch, dest, built, vj, summary, table_path, notes, layer)
+
+
+def install_layer(arch: str, source: Path | None = None) -> str:
+    """The fused layer's build (kimictl.kernels.layer) into the node's cache, where the vLLM
+    plugin's layer switch finds it: taken from `source`/layer/ARCH (a `kimictl kernels build`
+    output) or the source tree's build, else built when the DSL is here; then every segment
+    verified on this GPU (`verify_layer`). A build that fails a check is removed, so the switch
+    keeps vLLM's forward. Returns one sentence for the report."""
+    from kimictl.kernels.toolchain.build import (
+        LAYER_DIR,
+        LAYER_FAMILIES,
+        build_layer,
+        default_build_dir,
+        dsl_version,
+        read_manifest,
+    )
+    from kimictl.kernels.toolchain.harness import open_library
+    from kimictl.kernels.toolchain.verify import verify_layer
+
+    if not any(arch in fam.arches for fam in LAYER_FAMILIES.values()):
+        return f"the fused layer is not built for {arch}"
+    dest = install_dir() / LAYER_DIR / arch
+    src = (source or default_build_dir()) / LAYER_DIR / arch
+    if read_manifest(src) is None:
+        if dsl_version() is None:
+            return f"no layer build in {src.parent} and no CuTe DSL to build one: not installed"
+        build_layer(arch, install_dir())
+        src = dest
+    if src.resolve() != dest.resolve():
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.so"))
+    checks = verify_layer(open_library(dest, relink=True))
+    failed = [c.name for c in checks if not c.ok]
+    (dest / "verify.json").write_text(_dumps([asdict(c) for c in checks]))
+    if failed:
+        shutil.rmtree(dest)
+        return (
+            f"{len(failed)} of {len(checks)} layer segment checks failed "
+            f"({', '.join(failed[:4])}): not installed, the layer switch keeps vLLM's forward"
+        )
+    return f"{len(checks)} layer segments verified and installed in {dest}"
 
 
 def _dumps(obj: Any) -> str:
