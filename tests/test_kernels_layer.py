@@ -24,7 +24,7 @@ from kimictl.kernels.toolchain.build import (
     source_hash,
 )
 
-# one H200 run of lab/bench/layer_front_h200.sh step 3 (lab/bench/layer_plan_h200.sh's table)
+# one H200 run of lab/bench/layer_front_h200.sh step 3 (issue 35's decode-step table)
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "layer_plan_h200.json"
 FRONT_FIXTURE = FIXTURE.with_name("layer_front_h200.json")
 PLAN_MS = (1, 2, 4, 8)

@@ -58,7 +58,7 @@ def main() -> int:
     from kimictl.kernels.toolchain.dispatch import CUBLAS, DispatchTable
     from kimictl.kernels.toolchain.torch_ops import register_layer_op, register_ops
     from kimictl.kernels.vllm import plugin
-    from lab.bench.layer_h200 import TABLE, count_kernel_nodes, load_vllm_plan
+    from lab.bench.layer_h200 import TABLE, count_kernel_nodes, load_vllm_plan, replay_us
     from tests import vllm_k3_attention as va
 
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -140,17 +140,6 @@ def main() -> int:
             state["capture"] = False
         torch.cuda.synchronize()
         return g
-
-    def replay_us(g: Any, n: int) -> float:
-        times = []
-        for _ in range(7):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / n)
-        return statistics.median(times)
 
     def point(kind: str, m: int, stock: list[Any], routed: list[Any]) -> dict[str, Any]:
         xs = [torch.randn(m, 7168, generator=gen, device=dev).to(torch.bfloat16)

@@ -7,11 +7,14 @@
 #    (kimictl/kernels/toolchain/_build/{sm_90a,layer/sm_90a}: `kimictl kernels build --arch sm_90a`).
 # 2. lab/bench/layer_front_h200.py: segment f routed by the plugin inside vLLM 0.33.0's own K3
 #    attention code, beside vLLM's SM90 plan and kimictl's GEMM routes, M = 1, 2, 4.
-# 3. lab/bench/layer_plan_h200.sh's table (stock, vLLM's plan, GEMM routes, the whole fused
-#    layer; --chain-shipped checks every shipped segment against fp64): the layer fixture
-#    (SKIP_PLAN=1 skips it).
-# Needs, git-ignored: .kbench/vllm_art and .kbench/drv_shim.cpp (vLLM 0.33.0's SM90 units, see
-# layer_plan_h200.sh), .kbench/vllm_src (mla.py, kda.py and utils/multi_stream_utils.py from the
+# 3. issue 35's decode-step table, lab/bench/layer_h200.py --chain-shipped: torch.compile stock,
+#    vLLM 0.33.0's SM90 plan (with and without PDL stand-ins), kimictl's GEMM routes and the whole
+#    fused layer per M, every shipped segment checked against fp64 first: the layer fixture
+#    (SKIP_PLAN=1 skips it; LAYER_ARGS: more layer_h200.py options, e.g. "--rounds 7 --profile").
+# Needs, git-ignored: .kbench/vllm_art and .kbench/drv_shim.cpp (vLLM 0.33.0's CuteSkinnyGemm
+# units AOT-compiled from the wheel for the configs KIMI_K3_PROJECTIONS_SM90 names, its
+# dsv3_fused_a sm_90a cubin, the plan per (N, K, M) and the shim that launches the cubin, from a
+# harness outside this repository; load_vllm_plan in layer_h200.py says what it links), .kbench/vllm_src (mla.py, kda.py and utils/multi_stream_utils.py from the
 # wheel), lab/_build_layer (`python3 lab/bench/layer_h200.py --make-build`), and wheels of
 # kimictl's pure-Python CLI deps and einops in .devdeps/whl (the image lacks them).
 set -uo pipefail
@@ -64,6 +67,6 @@ date -u +%FT%TZ
 cp .kbench/vllm_art/manifest.json "$OUT/vllm_plan_manifest.json"
 timeout 250 python3 lab/bench/layer_h200.py --build lab/_build_layer --out "$OUT" --ms 1,2,4,8 \
     --rounds 5 --chain-shipped \
-    --variants stock_pdlsi,vllm_plan,vllm_plan_pdlsi,kimictl,kimictl_chain_pdlsi
+    --variants stock_pdlsi,vllm_plan,vllm_plan_pdlsi,kimictl,kimictl_chain_pdlsi ${LAYER_ARGS:-}
 echo "layer rc=$?"
 date -u +%FT%TZ

@@ -852,12 +852,18 @@ def graph_us(calls: list[Callable[[], Any]]) -> float:
 
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
-    n = len(calls)
     with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
         for call in calls:
             call()
+    return replay_us(g, len(calls))
+
+
+def replay_us(g: Any, n: int, replays: int = 7) -> float:
+    """us per call of a captured graph of `n` calls: the median of `replays` timed replays."""
+    import torch
+
     times = []
-    for _ in range(7):
+    for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
