@@ -49,7 +49,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "out")
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sweep-build", type=Path, help="a layer build of candidate segment f "
+                    "variants (`--make-sweep`): each is checked against fp64 and timed alone, the "
+                    "fastest per (kind, M) joins the run beside the node's build")  # fmt: skip
+    ap.add_argument("--make-sweep", type=Path, help="CPU: build the tensor-core segment f "
+                    "at M = 4 in every (ring, slot) of chain.RINGS into this folder")  # fmt: skip
     args = ap.parse_args()
+    if args.make_sweep:
+        return make_sweep(args.make_sweep)
 
     import torch
     import torch.nn.functional as F
@@ -115,16 +122,40 @@ def main() -> int:
     gate_stream = torch.cuda.Stream()
     llg = type("Llg", (), {"torch": torch, "enable_kimi_k3_low_latency_gemm":
                            staticmethod(lambda module, dtype: None)})  # fmt: skip
+    variants = plugin._node_layer_variants() or {}
+    library: Any = None
+    sweep: list[dict[str, Any]] = []
+    if args.sweep_build:  # candidates beside the node's build, one library launching both
+        from kimictl.kernels.layer.chain import LayerChainConfig
+        from kimictl.kernels.toolchain import torch_ops
+        from kimictl.kernels.toolchain.harness import open_library
+        from kimictl.kernels.toolchain.torch_ops import default_layer_library
+
+        cand = open_library(args.sweep_build / "sm_90a")
+        picks, sweep = sweep_segments(cand, torch)
+        variants |= picks
+        fields = LayerChainConfig.__dataclass_fields__
+        for name in cand.names:  # the op's output length per variant (shipped ones it knows)
+            cfg = LayerChainConfig(**{k: v for k, v in cand.entry(name).items() if k in fields})
+            torch_ops._layer_y[name] = cfg.sizes["y"]
+        node = default_layer_library()
+        library = type("Both", (), {"launch": staticmethod(lambda name, *a: (
+            cand if name in cand.names else node).launch(name, *a))})  # fmt: skip
+
     # every built (kind, M), not only the SERVED ones: this run is what decides SERVED
-    every = frozenset((c.layer, c.m) for c in CHAIN_SHIPPED if c.seg == "f")
+    def layer_op() -> Any:
+        return register_layer_op((lambda: library) if library is not None else None)
+
     plugin.patch_vllm(llg, gemm=False, layer=True, tp_size=lambda: va.TP, modules={},
-                      register_layer_op=register_layer_op, layer_points=every)  # fmt: skip
+                      layer_variants=lambda: variants, layer_points=frozenset(variants),
+                      register_layer_op=layer_op)  # fmt: skip
     gen = torch.Generator(device=dev).manual_seed(35)
     ms = [int(m) for m in args.ms.split(",")]
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ms": ms,
         "copies": COPIES, "rounds": args.rounds, "vllm_manifest": args.vllm_manifest,
         "front_variants": sorted(c.name for c in CHAIN_SHIPPED if c.seg == "f"), "kinds": {},
+        "variants": {f"{k}/{m}": v for (k, m), v in sorted(variants.items())}, "sweep": sweep,
     }  # fmt: skip
 
     def capture(calls: list[Any]) -> Any:
@@ -208,6 +239,55 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "front.json").write_text(json.dumps(result, indent=1))
     return 0
+
+
+def make_sweep(out: Path) -> int:
+    from kimictl.kernels.layer.chain import RINGS, LayerChainConfig
+    from kimictl.kernels.toolchain.build import LAYER_FAMILIES, build
+    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
+
+    beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
+    lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
+    cfgs = []
+    for kind in ("mla", "kda"):
+        for ring, slot in RINGS["mma"]:
+            try:
+                cfgs.append(LayerChainConfig(kind, "f", 4, ring=ring, slot=slot, math="mma",
+                                             beta=beta, lbeta=lbeta))  # fmt: skip
+            except ValueError:  # does not fit
+                continue
+    res = build("sm_90a", out, configs=cfgs, families=LAYER_FAMILIES)
+    print(f"built {len(res.kernels)} segment f candidates into {res.out_dir}")
+    return 0
+
+
+def sweep_segments(lib: Any, torch: Any) -> tuple[dict[tuple[str, int], str], list[Any]]:
+    """Each segment of `lib` alone: vs its fp64 model (chain.segment_ref) and timed in a graph
+    of 10 back-to-back launches; the fastest within TOL per (kind, M)."""
+    import functools
+
+    from kimictl.kernels.layer.chain import COUNTER, LayerChainConfig, segment_ref
+    from lab.bench.layer_h200 import graph_us
+
+    fields = LayerChainConfig.__dataclass_fields__
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    best: dict[tuple[str, int], tuple[float, str]] = {}
+    rows = []
+    for name in lib.names:
+        cfg = LayerChainConfig(**{k: v for k, v in lib.entry(name).items() if k in fields})
+        sz = cfg.sizes
+        x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
+                for b in ("x", "r"))  # fmt: skip
+        w = (0.02 * torch.randn(sz["w"], generator=gen, device="cuda")).to(torch.bfloat16)
+        w[-COUNTER:] = 0
+        y = torch.empty(sz["y"], device="cuda", dtype=torch.bfloat16)
+        us = graph_us([functools.partial(lib.launch, name, x, w.view(1, -1), y, r)] * 10)
+        err = rel(y, segment_ref(cfg, x.double(), r.double(), w.double()))
+        rows.append({"name": name, "us": us, "rel_err": err})
+        print(json.dumps(rows[-1]), flush=True)
+        if err <= TOL:
+            best[(cfg.layer, cfg.m)] = min(best.get((cfg.layer, cfg.m), (us, name)), (us, name))
+    return {key: name for key, (_, name) in best.items()}, rows
 
 
 def rel(got: Any, ref: Any) -> float:
