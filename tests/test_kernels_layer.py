@@ -104,9 +104,10 @@ def test_recorded_decode_step_table_times_vllms_own_plan_beside_the_layer():
 
 def test_recorded_front_run_decides_where_segment_f_serves():
     """lab/bench/layer_front_h200.sh's run: segment f routed by the plugin inside vLLM 0.33.0's
-    own attention code, beside vLLM's SM90 plan and the GEMM routes. layer_route.SERVED must be
-    exactly the (kind, M) where every round of the routed attention beat every round of vLLM's
-    plan; at an M it does not serve, the route leaves vLLM's kernels as they were."""
+    own attention code, beside vLLM's SM90 plan and the GEMM routes. At an M the route does not
+    serve it leaves vLLM's kernels as they were, so there the two columns differ only by the
+    harness (two sets of weight copies): that A/A difference is the margin. layer_route.SERVED
+    must be exactly the (kind, M) where the route beat vLLM's plan by more than it."""
     from kimictl.kernels.vllm.layer_route import SERVED
 
     run = json.loads(FRONT_FIXTURE.read_text())
@@ -115,18 +116,21 @@ def test_recorded_front_run_decides_where_segment_f_serves():
         "layer kernel source changed since the H200 run: rerun lab/bench/layer_front_h200.sh"
     )
     assert set(run["front_variants"]) == {c.name for c in CHAIN_SHIPPED if c.seg == "f"}
-    faster = set()
-    for kind in KINDS:
+    rows = [(kind, row) for kind in KINDS for row in run["kinds"][kind]["rows"]]
+    for kind, row in rows:
         assert run["kinds"][kind]["served"]
-        for row in run["kinds"][kind]["rows"]:
-            for variant in ("vllm_plan", "kimictl_gemm", "kimictl_layer"):
-                r = row[variant]  # vs an fp64 model of the same math; graph replay == eager
-                assert r["ok"] and r["graph_equals_eager"] and r["rel_err"] <= 2e-2, r
+        for variant in ("vllm_plan", "kimictl_gemm", "kimictl_layer"):
+            r = row[variant]  # vs an fp64 model of the same math; graph replay == eager
+            assert r["ok"] and r["graph_equals_eager"] and r["rel_err"] <= 2e-2, r
+    aa = [row for _, row in rows if row["m"] not in SERVED_MS]
+    assert aa and all(r["kimictl_layer"]["nodes"] == r["vllm_plan"]["nodes"] for r in aa)
+    margin = max(abs(1 - r["kimictl_layer"]["vs_vllm_plan"]) for r in aa)
+    assert margin < 0.03  # the harness's own difference stays small
+    faster = set()
+    for kind, row in rows:
+        if row["m"] in SERVED_MS:  # the front's launches become one
             layer, plan = row["kimictl_layer"], row["vllm_plan"]
-            if row["m"] in SERVED_MS:  # the front's launches become one
-                assert layer["nodes"]["kernel"] < plan["nodes"]["kernel"]
-                if max(layer["us_rounds"]) < min(plan["us_rounds"]):
-                    faster.add((kind, row["m"]))
-            else:
-                assert layer["nodes"] == plan["nodes"]
+            assert layer["nodes"]["kernel"] < plan["nodes"]["kernel"]
+            if layer["vs_vllm_plan"] < 1 - margin:
+                faster.add((kind, row["m"]))
     assert faster == set(SERVED)
