@@ -176,16 +176,23 @@ def test_doctor_and_serve_gate_carry_the_finding(node: Path) -> None:
     assert "kernels.vllm_layer" not in [c.id for c in plain]
 
 
-@pytest.mark.vllm_src
-def test_why_segments_b_and_c_stay_vllms() -> None:
+def child(python: str, script: str) -> dict:
+    """The JSON object a child script prints last (skipped with its reason where it could not
+    get vLLM's sources)."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_layer_src.py")],
+        [python, str(ROOT / "tests" / script)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if "skip" in out:
         pytest.skip(out["skip"])
+    return out
+
+
+@pytest.mark.vllm_src
+def test_why_segments_b_and_c_stay_vllms() -> None:
+    out = child(sys.executable, "vllm_layer_src.py")
     # vLLM's forward: AttnRes replaces both add + RMSNorm calls segments a and b open with
     assert out["forward"]["plain"] == ["input_layernorm", "self_attn", "post_attention_layernorm",
                                        "mlp"]  # fmt: skip
@@ -203,15 +210,7 @@ def front() -> dict:
     python = torch_python()
     if python is None:
         pytest.skip("no interpreter with torch (run `kimictl setup cpu-runtime`)")
-    done = subprocess.run(
-        [python, str(ROOT / "tests" / "vllm_front_src.py")],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(out["skip"])
-    return out
+    return child(python, "vllm_front_src.py")
 
 
 FRONT_GEMMS = {"mla": ["fused_qkv_a_g_proj", "fused_q_kv_rmsnorm", "q_b_proj"],

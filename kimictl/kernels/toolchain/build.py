@@ -120,6 +120,16 @@ def find_layer_build(arch: str) -> Path | None:
     return find_build(arch, [cache_dir() / "kernels" / LAYER_DIR, default_build_dir() / LAYER_DIR])
 
 
+def gpu_layer_build() -> Path | None:
+    """find_layer_build for the GPU torch sees (None: no arch kimictl builds for, or no build)."""
+    import torch
+
+    from kimictl.kernels.toolchain.harness import arch_of
+
+    arch = arch_of(torch.cuda.get_device_capability())
+    return find_layer_build(arch) if arch else None
+
+
 def _source_file(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:

@@ -153,10 +153,7 @@ def install_kernels(*, source: Path | None = None, run_bench: bool = True) -> In
             )
         build(arch, install_dir())
         src, built = dest, True
-    if src.resolve() != dest.resolve():
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.so", "dispatch.json"))
+    _replace_tree(src, dest, "*.so", "dispatch.json")
     lib = open_library(dest, relink=True)
     report = verify(lib)
     vj = report.to_json()
@@ -217,10 +214,7 @@ def install_layer(arch: str, source: Path | None = None) -> str:
             return f"no layer build in {src.parent} and no CuTe DSL to build one: not installed"
         build_layer(arch, install_dir())
         src = dest
-    if src.resolve() != dest.resolve():
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.so"))
+    _replace_tree(src, dest, "*.so")
     checks = verify_layer(open_library(dest, relink=True))
     failed = [c.name for c in checks if not c.ok]
     (dest / "verify.json").write_text(_dumps([asdict(c) for c in checks]))
@@ -231,6 +225,15 @@ def install_layer(arch: str, source: Path | None = None) -> str:
             f"({', '.join(failed[:4])}): not installed, the layer switch keeps vLLM's forward"
         )
     return f"{len(checks)} layer segments verified and installed in {dest}"
+
+
+def _replace_tree(src: Path, dest: Path, *ignore: str) -> None:
+    """A build folder into the cache (`dest` replaced), leaving out `ignore` (linked libraries
+    are relinked on the node; node records are its own)."""
+    if src.resolve() != dest.resolve():
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*ignore))
 
 
 def _dumps(obj: Any) -> str:

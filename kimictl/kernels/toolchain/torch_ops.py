@@ -66,16 +66,13 @@ def _layer_library() -> Any:
 
 
 def default_layer_library() -> Any:
-    """This node's layer build (kimictl.kernels.toolchain.build.find_layer_build), linked."""
-    import torch
+    """This node's layer build (kimictl.kernels.toolchain.build.gpu_layer_build), linked."""
+    from kimictl.kernels.toolchain.build import gpu_layer_build
+    from kimictl.kernels.toolchain.harness import open_library
 
-    from kimictl.kernels.toolchain.build import find_layer_build
-    from kimictl.kernels.toolchain.harness import arch_of, open_library
-
-    arch = arch_of(torch.cuda.get_device_capability())
-    found = find_layer_build(arch) if arch else None
+    found = gpu_layer_build()
     if found is None:
-        raise RuntimeError(f"no layer kernel build for {arch}: run `kimictl kernels build`")
+        raise RuntimeError("no layer kernel build for this GPU: run `kimictl kernels install`")
     return open_library(found)
 
 

@@ -229,15 +229,20 @@ class _Front:
     op: Callable[[Any, Any, str], Any]
     bf16: Any
     pending: dict[str, Any] = field(default_factory=dict)  # KDA: this call's answers
+    stages: dict[int, Any] = field(init=False)  # M -> segment f's two stages
+
+    def __post_init__(self) -> None:  # once here, not in every decode step's forward
+        from kimictl.kernels.layer.chain import segment
+
+        self.stages = {m: segment(self.kind, SEGMENT, m)[0] for m in self.variants}
 
     def run(self, x: Any) -> tuple[Any, Any, Any] | None:
         """(y, stage 1, stage 2) of segment f on x, or None where vLLM's forward serves x."""
-        from kimictl.kernels.layer.chain import segment
-
-        variant = self.variants.get(int(x.shape[0]))
+        m = int(x.shape[0])
+        variant = self.variants.get(m)
         if variant is None or not _servable(x, self.flat, self.bf16):
             return None
-        s1, s2 = segment(self.kind, SEGMENT, int(x.shape[0]))[0]
+        s1, s2 = self.stages[m]
         return self.op(x, self.flat, variant), s1, s2
 
     def mla_forward_q_lora(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -330,9 +335,9 @@ def install(
     that it computes, at the (kind, M) of `served` (default: where it measured faster).
     `variants`: the layer build's segment f per (kind, M) (None: no build); `op()` gives the
     torch op that launches one (registered on first need)."""
-    layers = [c for c in module.modules() if _is_decoder_layer(c)]
     if not variants:
         return LayerReport(skipped=NO_BUILD if variants is None else "no segment f in the build")
+    layers = [c for c in module.modules() if _is_decoder_layer(c)]
     built = variants
     variants = {p: name for p, name in variants.items() if p in served}
     report = LayerReport(ms=tuple(sorted({m for _, m in variants})))

@@ -18,8 +18,9 @@ KDA_PROJECTION_OVERLAP_MAX_TOKENS (14), vLLM runs in_proj_qkvgfab and f_b_proj o
 vLLM, in eager steps too. One log line per model says what was installed.
 
 KIMICTL_VLLM_LAYER=1 (`[serve] kimictl_layer = true`) routes the fused layer's front segment
-(layer_route.py) into each K3 attention it computes, at M = 1 and 2, before the GEMM routes
-(which then serve the rest); one log line per model says where it runs and why not elsewhere.
+(layer_route.py) into each K3 attention it computes, at the (kind, M) where it measured faster
+(`layer_route.SERVED`: MLA at M = 1, 2), before the GEMM routes (which then serve the rest); one
+log line per model says where it runs and why not elsewhere.
 
 This module imports neither torch nor vLLM at import time (kimictl's CLI imports it for doctor).
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,19 +254,13 @@ def take_over(
 
 def _node_layer_variants() -> dict[tuple[str, int], str] | None:
     """Segment f's variants in this node's layer build (None: no build for this GPU)."""
-    import json
-
-    import torch
-
-    from kimictl.kernels.toolchain.build import find_layer_build
-    from kimictl.kernels.toolchain.harness import arch_of
+    from kimictl.kernels.toolchain.build import gpu_layer_build, read_manifest
     from kimictl.kernels.vllm.layer_route import front_variants
 
-    arch = arch_of(torch.cuda.get_device_capability())
-    found = find_layer_build(arch) if arch else None
-    if found is None:
+    found = gpu_layer_build()
+    manifest = read_manifest(found) if found is not None else None
+    if manifest is None:
         return None
-    manifest = json.loads((found / "manifest.json").read_text())
     return front_variants([k["name"] for k in manifest.get("kernels", [])])
 
 
@@ -286,7 +281,7 @@ def patch_vllm(
     tp_size: Callable[[], int] = _tp_size,
     layer_variants: Callable[[], dict[tuple[str, int], str] | None] = _node_layer_variants,
     register_layer_op: Callable[[], Any] | None = None,
-    layer_points: Any = None,
+    layer_points: Collection[tuple[str, int]] | None = None,
 ) -> bool:
     """Wrap `llg.enable_kimi_k3_low_latency_gemm` (and the copies already bound by name in
     vLLM's K3 model modules): `layer` routes the fused front segment (layer_route.install),
