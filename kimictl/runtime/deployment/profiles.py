@@ -309,6 +309,7 @@ def _parse_document(path: Path) -> tuple[tomlkit.TOMLDocument, str]:
             str(exc)
             .split(" at line")[0]
             .replace("Unexpected character: '\\x00'", "unexpected end of file")
+            .rstrip(".")  # tomlkit >= 0.15.3 reports a key twice here, its sentence ending in "."
         )  # tomlkit reports the end of the text as a NUL character
         raise InputError(f"{path}:{exc.line}: not valid TOML ({reason}).") from exc
     except tomlkit.exceptions.TOMLKitError as exc:  # e.g. a key twice in one table: no line
