@@ -15,7 +15,7 @@ import traceback
 from typing import Any
 
 from kimictl import __version__
-from kimictl.runtime.errors import KimictlError
+from kimictl.core.errors import KimictlError
 
 ABOUT = "kimictl: deploy, tune and prove Kimi K3's latency-specialized decode path on vLLM."
 ROOT_OPTIONS = [
@@ -154,7 +154,7 @@ def _print_error(error: KimictlError) -> None:
 def _usage_error(error: Any) -> KimictlError:
     """Click's usage errors (bad value, unknown option or command, missing argument) as one
     `error:` sentence and a hint naming the help page, instead of click's Usage:/Error: block."""
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
 
     message = " ".join(str(error.format_message()).split())
     # Typer validates values with pydantic; its error carries the value the user typed.

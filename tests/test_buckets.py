@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime.deployment import buckets
-from kimictl.runtime.deployment.profile_writer import render_profile
-from kimictl.runtime.deployment.profiles import load_profile, scan_profiles
-from kimictl.runtime.deployment.spec import DeploymentSpec
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment import buckets
+from kimictl.deployment.profile_writer import render_profile
+from kimictl.deployment.profiles import load_profile, scan_profiles
+from kimictl.deployment.spec import DeploymentSpec
+from kimictl.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.observe.names import TIME_PER_OUTPUT_TOKEN
 from kimictl.runtime.observe.prometheus import Histogram
 from kimictl.runtime.observe.resolution import read_quantile, unresolved_figures

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning.commcurve import load_comm_curve
 from kimictl.runtime.tuning.systems import SYSTEMS

@@ -212,8 +212,8 @@ def test_choice_judges_each_candidate_against_the_defaults_beside_it() -> None:
 
 
 def test_choice_needs_a_measured_baseline() -> None:
+    from kimictl.core.errors import EndpointError
     from kimictl.runtime.demo.tune import DEFAULTS, choose
-    from kimictl.runtime.errors import EndpointError
 
     with pytest.raises(EndpointError, match="no baseline"):
         choose([_m("a", 12.0, 30.0)])

@@ -7,13 +7,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime.deployment.spec import (
+from kimictl.core.errors import InputError
+from kimictl.deployment.spec import (
     FIELD_CHECKS,
     DeploymentSpec,
     parse_max_model_len,
 )
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
-from kimictl.runtime.errors import InputError
+from kimictl.deployment.vllm_args import parse_vllm_command
 
 UPSTREAM = (
     "VLLM_USE_V2_MODEL_RUNNER=1 vllm serve moonshotai/Kimi-K3 -tp 8 -dcp 8 --kv-cache-dtype fp8 "

@@ -206,7 +206,7 @@ def test_empty_snapshot_is_bad_input_not_ready(
 
 
 def test_profile_by_name_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    profiles = pytest.importorskip("kimictl.runtime.deployment.profiles")
+    profiles = pytest.importorskip("kimictl.deployment.profiles")
     names = [p.name for p in profiles.list_profiles()]
     if "k3-tp8-latency" not in names:
         pytest.skip(f"no k3-tp8-latency profile shipped (have {names})")

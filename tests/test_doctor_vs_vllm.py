@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 
+from kimictl.core.errors import InputError
+from kimictl.deployment import k3
+from kimictl.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.checks.hardware import HardwareReport, load_snapshots
 from kimictl.runtime.checks.rules.base import Check, Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
-from kimictl.runtime.errors import InputError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_cases

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
+from kimictl.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.checks.hardware import (
     FabricInfo,
     HardwareReport,
@@ -26,7 +27,6 @@ from kimictl.runtime.checks.hardware import (
 )
 from kimictl.runtime.checks.rules import Status, evaluate
 from kimictl.runtime.checks.rules.environment import parse_visible_devices
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 X2 = SNAPSHOTS / "h200x2-real.json"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kimictl.runtime.errors import child_failure
+from kimictl.core.errors import child_failure
 
 
 def test_child_failure_names_the_exception_of_a_real_traceback(tmp_path: Path) -> None:

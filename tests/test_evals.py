@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.errors import EndpointError, InputError
 from kimictl.runtime.evals import greedy, longctx, sampling, structured
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import CHECKS, Thresholds, plan_for

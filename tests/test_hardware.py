@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from kimictl.core.errors import InputError
 from kimictl.runtime.checks import hardware
 from kimictl.runtime.checks.hardware import HardwareReport, Unavailable, load_snapshots
 from kimictl.runtime.checks.hardware._imex import list_imex_channels
 from kimictl.runtime.checks.hardware._smi import _fabric_from_q
 from kimictl.runtime.checks.rules.base import Section, Status
 from kimictl.runtime.checks.rules.hardware import hardware_checks
-from kimictl.runtime.errors import InputError
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 H200 = SNAPSHOTS / "h200-real.json"

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from conftest import Server, run_cli_diagnosed, start_cpu_server_retrying, stop_cpu_server
 
-from kimictl.runtime.deployment import buckets
-from kimictl.runtime.deployment.profiles import load_profile
+from kimictl.deployment import buckets
+from kimictl.deployment.profiles import load_profile
 
 pytestmark = pytest.mark.slow
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm.cache import MANIFEST, deployment_hash, find_cache
 from kimictl.kernels.vllm.plan import plan_units
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.kernel_cache import CHECK_ID, kernel_cache_check
 from kimictl.runtime.checks.stack import PackageCheck, StackReport
-from kimictl.runtime.deployment.profiles import load_profile
 
 GB300 = (10, 3)
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm.plan import K3Layout, compile_times, plan_units
-from kimictl.runtime.deployment.profiles import load_profile
 
 
 def _kimictl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from kimictl.deployment.profiles import load_profile
+from kimictl.deployment.spec import DeploymentSpec
 from kimictl.kernels.vllm.plan import DEFAULT_CAPTURE_SIZES, K3_LAYOUT, KernelPlan, plan_units
-from kimictl.runtime.deployment.profiles import load_profile
-from kimictl.runtime.deployment.spec import DeploymentSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vllm_src

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import niceness
 
-from kimictl.runtime.apikeys import read_api_key
-from kimictl.runtime.errors import EndpointError, InputError, LaunchError
+from kimictl.core.apikeys import read_api_key
+from kimictl.core.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.serving import launcher, runs, startup, workflow
 from kimictl.runtime.serving import plan as plan_module
 from kimictl.runtime.serving.plan import LaunchPlan

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
+from kimictl.core.errors import InputError
 from kimictl.kernels.toolchain.layer_record import LayerRecord, read_layer_record
-from kimictl.runtime.errors import InputError
 from kimictl.runtime.tuning.layer_overhead import measured_overheads, overheads_applied
 from kimictl.runtime.tuning.params import PARAMS, param
 from kimictl.runtime.tuning.systems import get_system

@@ -13,7 +13,7 @@ import time
 import orjson
 import pytest
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.load.loadgen import LoadPoint, LoadSettings, LoadTarget, _gap, run_load
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.errors import EndpointError, InputError
 from kimictl.runtime.observe.names import (
     GENERATION_TOKENS,
     KV_CACHE_USAGE,

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kimictl.cli import main
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.serving import plan as plan_mod
 from kimictl.runtime.serving import ray_cluster, render, workflow
 

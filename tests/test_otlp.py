@@ -387,8 +387,8 @@ def test_bench_server_view_takes_traced_requests_of_its_point_window() -> None:
 
 
 def test_profile_traces_kimictl_renders_flag_and_exporter_env(tmp_path: Path) -> None:
-    from kimictl.runtime.deployment.profiles import load_profile
-    from kimictl.runtime.deployment.vllm_args import parse_vllm_command
+    from kimictl.deployment.profiles import load_profile
+    from kimictl.deployment.vllm_args import parse_vllm_command
 
     path = tmp_path / "p.toml"
     path.write_text('[model]\nname = "m"\n[serve]\nport = 8123\n[metrics]\ntraces = "kimictl"\n')
@@ -414,10 +414,10 @@ def test_bad_traces_setting_exits_2_naming_the_line(
 
 
 def test_doctor_fails_a_traced_deployment_without_the_otel_packages() -> None:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.rules.base import Status
     from kimictl.runtime.checks.rules.tracing import tracing_check
     from kimictl.runtime.checks.stack import StackReport
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
     spec = DeploymentSpec(model="m", otlp_traces_endpoint="http://127.0.0.1:14318/v1/traces")
     have = dict.fromkeys(("opentelemetry-sdk", "opentelemetry-api"), "1.45.2")

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from conftest import free_port, start_cpu_server_retrying, stop_cpu_server
 
-from kimictl.runtime.deployment.traces import kimictl_endpoint, tracing_env
+from kimictl.deployment.traces import kimictl_endpoint, tracing_env
 from kimictl.runtime.observe.otlp import OtlpReceiver, TraceStore
 from kimictl.runtime.observe.poller import EndpointPoller
 from kimictl.runtime.observe.window import percentile

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime.errors import LaunchError
+from kimictl.core.errors import LaunchError
 from kimictl.runtime.serving import cpu_runtime
 from kimictl.runtime.serving.pip_progress import (
     BIG_DOWNLOAD_MB,

@@ -12,21 +12,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime.checks.hardware import load_snapshots
-from kimictl.runtime.checks.rules import evaluate
-from kimictl.runtime.checks.rules.base import Status
-from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
-from kimictl.runtime.deployment.profile_writer import update_provenance, write_profile
-from kimictl.runtime.deployment.profiles import (
+from kimictl.core.errors import InputError
+from kimictl.deployment.profile_writer import update_provenance, write_profile
+from kimictl.deployment.profiles import (
     diff_profiles,
     list_profiles,
     load_profile,
     scan_profiles,
     shipped_profiles_dir,
 )
-from kimictl.runtime.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
-from kimictl.runtime.errors import InputError
+from kimictl.deployment.spec import FIELD_CHECKS, DeploymentSpec, k3
+from kimictl.deployment.vllm_args import parse_vllm_command
+from kimictl.runtime.checks.hardware import load_snapshots
+from kimictl.runtime.checks.rules import evaluate
+from kimictl.runtime.checks.rules.base import Status
+from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 K3_TUNED = ["k3-tp8-latency", "k3-tp16-latency", "k3-tp8-long-context"]

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kimictl.cli import main
-from kimictl.runtime.deployment.cluster import ClusterSettings
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment.cluster import ClusterSettings
 from kimictl.runtime.serving import render, workflow
 from kimictl.runtime.serving.plan import LaunchPlan
 

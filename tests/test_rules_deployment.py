@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from kimictl.deployment import k3
+from kimictl.deployment.vllm_args import parse_vllm_command
 from kimictl.runtime.checks.hardware import (
     FabricInfo,
     GpuInfo,
@@ -15,8 +17,6 @@ from kimictl.runtime.checks.hardware import (
 )
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks, fast_path_coverage
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.deployment.vllm_args import parse_vllm_command
 
 SPEC_JSON = '{"method":"dspark","model":"moonshotai/Kimi-K3-DSpark","num_speculative_tokens":7}'
 UPSTREAM = (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.runs import RunRecord, RunState
 

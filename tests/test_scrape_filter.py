@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
-from kimictl.runtime.errors import EndpointError
+from kimictl.core.errors import EndpointError
 from kimictl.runtime.observe.names import REQUEST_SUCCESS, SAMPLE_NAMES
 from kimictl.runtime.observe.poller import MAX_BACKOFF_S, SCRAPE_BUDGET, EndpointPoller
 from kimictl.runtime.observe.scrape import FilterMode, MetricsScraper, honours_filter
@@ -157,7 +157,7 @@ async def test_real_vllm_filtered_scrape_has_what_the_monitor_needs(cpu_server) 
 
     import httpx
 
-    from kimictl.runtime.http1 import fetch_text
+    from kimictl.core.http1 import fetch_text
     from kimictl.runtime.observe.names import GAUGES, GENERATION_TOKENS, HISTOGRAMS
     from kimictl.runtime.observe.scrape import FILTER_PATH
     from kimictl.runtime.observe.window import compute_window

@@ -86,10 +86,10 @@ def test_port_in_use_is_refused_with_a_clear_message(capsys):
 
 
 def test_profile_failing_the_rules_is_refused_with_every_reason(capsys, tmp_path):
+    from kimictl.deployment.profiles import load_profile
     from kimictl.runtime.checks import hardware
     from kimictl.runtime.checks.rules import evaluate
     from kimictl.runtime.checks.stack import probe_stack
-    from kimictl.runtime.deployment.profiles import load_profile
 
     bad = tmp_path / "bad-k3.toml"
     text = (Path(load_profile("k3-tp8-latency").path)).read_text()

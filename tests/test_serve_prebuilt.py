@@ -17,12 +17,12 @@ from conftest import start_cpu_server_retrying, stop_cpu_server
 
 import kimictl
 from kimictl.cli import main
+from kimictl.core.errors import InputError
+from kimictl.deployment.profiles import load_profile, shipped_profiles_dir
+from kimictl.deployment.spec import PREBUILT_ENV_VAR
 from kimictl.kernels.vllm.cache import MANIFEST, deployment_cache
 from kimictl.runtime.checks import hardware
 from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check, node_capability
-from kimictl.runtime.deployment.profiles import load_profile, shipped_profiles_dir
-from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
-from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving import workflow
 from kimictl.runtime.serving.prebuilt import PrebuiltChoice, prebuilt_choice
 from tests.test_kernel_cache import _stack

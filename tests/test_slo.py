@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.load.slo import parse_slo
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
+from kimictl.deployment import k3
+from kimictl.deployment.profiles import load_profile
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.deployment import deployment_checks
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.deployment.profiles import load_profile
 from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning.systems import SYSTEMS
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment import k3
 from kimictl.runtime.load.slo import parse_slo
 from kimictl.runtime.tuning import model as m
 from kimictl.runtime.tuning import published as pub

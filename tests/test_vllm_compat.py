@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.load import vllm_compat
 from kimictl.runtime.load.loadgen import RequestRecord
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from conftest import torch_python
 
+from kimictl.deployment.spec import LAYER_ENV_VAR
 from kimictl.kernels.layer import chain
 from kimictl.kernels.vllm import layer_route, plugin
-from kimictl.runtime.deployment.spec import LAYER_ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_profile_switch_renders_the_env(tmp_path: Path) -> None:
-    from kimictl.runtime.deployment.profiles import load_profile
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
+    from kimictl.deployment.profiles import load_profile
 
     on = tmp_path / "on.toml"
     on.write_text('[model]\nname = "m"\n[serve]\nkimictl_layer = true\n')
@@ -166,8 +166,8 @@ def test_doctor_says_when_the_switch_is_on_without_layer_kernels(node: Path) -> 
 
 
 def test_doctor_and_serve_gate_carry_the_finding(node: Path) -> None:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.rules import evaluate
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
     spec = DeploymentSpec(model="m", env={LAYER_ENV_VAR: "1"})
     ids = [c.id for c in evaluate(spec, None, None)]  # what serve's gate runs

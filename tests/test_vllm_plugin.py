@@ -320,8 +320,8 @@ def test_plugin_module_imports_without_torch_or_vllm() -> None:
 
 
 def test_profile_field_renders_the_env(tmp_path: Path) -> None:
-    from kimictl.runtime.deployment.profiles import load_profile
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
+    from kimictl.deployment.profiles import load_profile
 
     on = tmp_path / "on.toml"
     on.write_text('[model]\nname = "m"\n[serve]\nkimictl_kernels = true\n')

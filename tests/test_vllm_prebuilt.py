@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm import prebuilt as vllm_prebuilt
 from kimictl.kernels.vllm.cache import MANIFEST, deployment_hash, find_cache
 from kimictl.kernels.vllm.plan import plan_units
 from kimictl.kernels.vllm.skinny import SM90_TABLE, skinny_units
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check
-from kimictl.runtime.deployment.profiles import load_profile
 from tests.test_kernel_cache import _stack
 from tests.vllm_k3_gemm_src import FakeTensor, World, bfloat16, ensure_sources
 

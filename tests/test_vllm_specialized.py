@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm.cache import MANIFEST, PREBUILT_FAMILIES, deployment_hash, find_cache
 from kimictl.kernels.vllm.plan import CompileUnit, plan_units
 from kimictl.kernels.vllm.specialized import COMPILERS, FAMILIES, vllm_args
 from kimictl.runtime.checks.rules.base import Status
 from kimictl.runtime.checks.rules.kernel_cache import kernel_cache_check
-from kimictl.runtime.deployment.profiles import load_profile
 from kimictl.runtime.serving.prebuilt import prebuilt_choice
 from tests.test_kernel_cache import _stack
 from tests.vllm_src import ensure_sources
@@ -174,7 +174,7 @@ BUILD = """
 import json, sys
 from pathlib import Path
 from kimictl.kernels.vllm.specialized import FAMILIES, build_specialized, compile_modules
-from kimictl.runtime.deployment.profiles import load_profile
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm.cache import deployment_hash, find_cache
 from kimictl.kernels.vllm.plan import plan_units
 plan = plan_units(load_profile("k3-tp8-latency").spec, arch="sm_103a")

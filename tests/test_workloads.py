@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.load.workloads import (
     AGENTIC_PRESETS,
     TOKEN_HI,

@@ -114,8 +114,8 @@ def make_attention(kind: str, cls: type, k: Kernels, torch: Any, device: Any = "
     """One attention of `kind` at TP 8 with zeroed bf16 weights on `device` (load them after
     the install hook, in place, as vLLM does). `gate_stream`: MLA's aux stream for its gate
     GEMM (vLLM gives one when the weights are unquantized), None for the fused qkv_a_g GEMM."""
+    from kimictl.deployment.k3 import K3_SHAPES
     from kimictl.kernels.layer.elem import EPS
-    from kimictl.runtime.deployment.k3 import K3_SHAPES
 
     s, h, bf16 = K3_SHAPES, K3_SHAPES["hidden_size"], torch.bfloat16
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kimictl.runtime.apikeys import read_api_key
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.apikeys import read_api_key
+from kimictl.core.errors import EndpointError, InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.bench import BenchOutcome
@@ -419,8 +419,8 @@ def _write(
     import orjson
 
     from kimictl.commands._output import err_console
+    from kimictl.core.outputs import atomic_write
     from kimictl.runtime.load.exports import write_csv, write_plots
-    from kimictl.runtime.outputs import atomic_write
 
     if json_out or output:
         data = orjson.dumps(

@@ -192,8 +192,8 @@ def demo(
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
     from kimictl.commands._render import phase_printer
+    from kimictl.core.errors import EndpointError
     from kimictl.runtime.demo import run as rt
-    from kimictl.runtime.errors import EndpointError
 
     names = None
     if candidates is not None:

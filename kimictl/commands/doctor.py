@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.core.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.rules import Diagnosis
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 app = typer.Typer(add_completion=False)
 
@@ -25,7 +25,7 @@ def _spec_from(
         raise InputError("--profile and --vllm-args both given; pass one of them.")
     if profile:
         try:
-            from kimictl.runtime.deployment.profiles import load_profile
+            from kimictl.deployment.profiles import load_profile
         except ImportError:
             raise InputError(
                 f"--profile {profile}: profiles are not available in this kimictl build.",
@@ -37,7 +37,7 @@ def _spec_from(
             raise InputError(
                 '--vllm-args is empty; pass a command such as "vllm serve MODEL -tp 8".'
             )
-        from kimictl.runtime.deployment.vllm_args import parse_vllm_command
+        from kimictl.deployment.vllm_args import parse_vllm_command
 
         parsed = parse_vllm_command(vllm_args)
         return parsed.spec, list(parsed.unrecognised)

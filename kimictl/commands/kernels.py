@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from kimictl.commands._output import console, emit_json, err_console, fits
-from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
+from kimictl.core.errors import CheckFailed, InputError, Unsupported
 
 app = typer.Typer(
     help="Build, install, verify and bench the decode kernels.",
@@ -130,8 +130,8 @@ def install(
 
 
 def _install_vllm(profile: str, arch: str | None, src: Path | None, *, json_out: bool) -> None:
+    from kimictl.deployment.profiles import load_profile
     from kimictl.kernels.vllm.prebuilt import install_vllm_units
-    from kimictl.runtime.deployment.profiles import load_profile
 
     spec = load_profile(profile).spec
     if arch is None:
@@ -219,8 +219,8 @@ def plan_command(
     json_out: JsonOpt = False,
 ) -> None:
     """The CuTe DSL compile units vLLM 0.33.0 builds at start-up for PROFILE (no vLLM needed)."""
+    from kimictl.deployment.profiles import load_profile
     from kimictl.kernels.vllm.plan import plan_report
-    from kimictl.runtime.deployment.profiles import load_profile
 
     if arch is not None:
         _check_arch(arch)

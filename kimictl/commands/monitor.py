@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kimictl.runtime.deployment.traces import DEFAULT_TRACES_PORT
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment.traces import DEFAULT_TRACES_PORT
 
 if TYPE_CHECKING:
     from kimictl.runtime.serving.runs import Target

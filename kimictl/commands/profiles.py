@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from kimictl.deployment.profiles import Profile
     from kimictl.runtime.checks.rules.base import Check
-    from kimictl.runtime.deployment.profiles import Profile
 
 app = typer.Typer(
     add_completion=False,
@@ -44,8 +44,8 @@ def list_(json_out: JsonOpt = False) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console, emit_json, fits
-    from kimictl.runtime.deployment import k3
-    from kimictl.runtime.deployment.profiles import profile_dirs, scan_profiles
+    from kimictl.deployment import k3
+    from kimictl.deployment.profiles import profile_dirs, scan_profiles
 
     good, bad = scan_profiles()
     if json_out:
@@ -112,8 +112,8 @@ def show(
     from rich.markup import escape
 
     from kimictl.commands._output import console, emit_json
+    from kimictl.deployment.profiles import load_profile
     from kimictl.runtime.checks.rules.deployment import fast_path_coverage
-    from kimictl.runtime.deployment.profiles import load_profile
 
     profile = load_profile(name)
     coverage = fast_path_coverage(profile.spec)
@@ -173,8 +173,8 @@ def validate(
 ) -> None:
     from kimictl.commands._checks import print_check
     from kimictl.commands._output import console, emit_json
+    from kimictl.deployment.profiles import load_profile
     from kimictl.runtime.checks.rules.base import verdict
-    from kimictl.runtime.deployment.profiles import load_profile
 
     profile = load_profile(file)
     cpu = profile.runtime == "cpu"
@@ -208,7 +208,7 @@ def validate(
                 else f"Deployment rules: [bold red]FAIL[/] ({blocking} blocking)"
             )
     if result != "ready":
-        from kimictl.runtime.errors import CheckFailed
+        from kimictl.core.errors import CheckFailed
 
         # exit 1 with one line on stderr, as doctor does (stdout stays the report)
         blocking = sum(1 for c in checks if c.blocking)
@@ -227,7 +227,7 @@ def diff(
     from rich.table import Table
 
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime.deployment.profiles import diff_profiles, load_profile
+    from kimictl.deployment.profiles import diff_profiles, load_profile
 
     left, right = load_profile(a), load_profile(b)
     rows = diff_profiles(left, right)

@@ -117,7 +117,7 @@ def stop(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
     from kimictl.runtime.serving import launcher, runs
 
     if not grace >= 0:  # also NaN
@@ -150,7 +150,7 @@ def logs(
 ) -> None:
     import sys
 
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
     from kimictl.runtime.serving import launcher, runs
     from kimictl.runtime.serving.startup import log_tail
 

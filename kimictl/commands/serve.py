@@ -115,7 +115,7 @@ def serve(
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
-    from kimictl.runtime.errors import InputError
+    from kimictl.core.errors import InputError
     from kimictl.runtime.serving import workflow
 
     if not timeout > 0:  # also NaN

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kimictl.commands._output import console, emit_json
-from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.core.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.tuning.measure import MeasureResult
@@ -403,7 +403,7 @@ def _measure(
     if write is not None:  # refuse a bad --write before the sweep, not after it
         check_write_target(write, overwrite=force)
         if base_profile is not None:
-            from kimictl.runtime.deployment.profiles import load_profile
+            from kimictl.deployment.profiles import load_profile
 
             load_profile(base_profile)
     result = measure(

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kimictl.commands._output import console, emit_json, err_console
-from kimictl.runtime.apikeys import read_api_key
-from kimictl.runtime.errors import CheckFailed, InputError
+from kimictl.core.apikeys import read_api_key
+from kimictl.core.errors import CheckFailed, InputError
 from kimictl.runtime.evals.plan import CHECKS, parse_checks
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def validate(
     limits = Thresholds().with_overrides(threshold or [])
     profile_path = None
     if gate is not None:
-        from kimictl.runtime.deployment.profiles import load_profile
+        from kimictl.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
     cand_t, ref_t = _targets(candidate, reference)
@@ -194,7 +194,7 @@ def validate(
 
         save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
     if profile_path is not None:
-        from kimictl.runtime.deployment.profile_writer import update_provenance
+        from kimictl.deployment.profile_writer import update_provenance
 
         update_provenance(profile_path, provenance_updates(report))
     if json_out:

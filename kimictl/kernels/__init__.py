@@ -7,6 +7,6 @@
 - `vllm/`: vLLM 0.33.0's own CuTe units (plan, unit cache, skinny and specialized builders,
   prebuilt install and inject) and kimictl's vLLM plugin.
 
-Layers: vllm > toolchain > gemm; the package reads only runtime's deployment facts and plumbing,
+Layers: vllm > toolchain > gemm; the package reads only kimictl.deployment and kimictl.core,
 and runtime's use cases (serve, doctor) read it. Experiments live in lab/, outside the package.
 """

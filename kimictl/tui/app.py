@@ -23,6 +23,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
+from kimictl.core.outputs import atomic_write
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry, sample_gpus
 from kimictl.runtime.observe.poller import (
     EndpointPoller,
@@ -33,7 +34,6 @@ from kimictl.runtime.observe.poller import (
     poll_all,
 )
 from kimictl.runtime.observe.window import WINDOWS_S, ab_ratios, format_window
-from kimictl.runtime.outputs import atomic_write
 from kimictl.tui.rows import traces_line
 from kimictl.tui.widgets import (
     SERIES_STYLES,

@@ -72,7 +72,7 @@ def main() -> None:
     interval = float(args[4]) if len(args) > 4 else 1.0
     ping = None
     if mode == "ping":  # the placebo, plus GET /health of the real server before each scrape
-        from kimictl.runtime.http1 import Endpoint
+        from kimictl.core.http1 import Endpoint
 
         ping = Endpoint(url.rstrip("/") + "/health", None)
     if mode in ("placebo", "ping"):

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import start_cpu_server_retrying, stop_cpu_server
 from observer_effect import _block, ab_summary, server_means, server_sums, stalled, tree_threads
 
-from kimictl.runtime.deployment import buckets
-from kimictl.runtime.deployment.profiles import load_profile
+from kimictl.deployment import buckets
+from kimictl.deployment.profiles import load_profile
 from kimictl.runtime.serving.cpu_runtime import SERVER_NICE
 
 

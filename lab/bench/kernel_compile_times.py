@@ -72,8 +72,8 @@ def _run(family: str, keys: list[Any], env: dict[str, str]) -> list[float]:
 
 def _samples() -> dict[str, list[Any]]:
     sys.path.insert(0, str(ROOT))
+    from kimictl.deployment.profiles import load_profile
     from kimictl.kernels.vllm.plan import plan_units
-    from kimictl.runtime.deployment.profiles import load_profile
 
     picked: dict[str, list[Any]] = {}
     for name in ("k3-tp8-latency", "k3-tp16-latency"):

@@ -242,9 +242,9 @@ def main() -> int:
 
 
 def make_sweep(out: Path) -> int:
+    from kimictl.deployment.k3 import K3_MOE_CONFIG
     from kimictl.kernels.layer.chain import RINGS, LayerChainConfig
     from kimictl.kernels.toolchain.build import LAYER_FAMILIES, build
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]

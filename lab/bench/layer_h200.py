@@ -186,7 +186,7 @@ def make_layer(kind: str, mm: Callable[..., Any], mm_res: Callable[..., Any],
     kernel (rmssitu) after the routed stand-in, which takes the bf16 logits as with `fold`."""
     import torch
 
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
+    from kimictl.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
 
     ops = ops_by_name(kind)
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]

@@ -261,8 +261,8 @@ def run_ab(args: argparse.Namespace) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
         from conftest import start_cpu_server_retrying
 
-        from kimictl.runtime.deployment import buckets
-        from kimictl.runtime.deployment.profiles import load_profile
+        from kimictl.deployment import buckets
+        from kimictl.deployment.profiles import load_profile
 
         chb = load_profile("cpu-demo").spec.custom_histogram_buckets
         run_dir = Path(tempfile.mkdtemp(prefix="kimictl-ab-"))

@@ -129,7 +129,7 @@ print(time.process_time() - cpu0, time.monotonic() - wall0)
 
 def micro(n: int, repeats: int, rate: float) -> dict[str, Any]:
     """CPU seconds per span in the exporting process, traced vs a no-op tracer (see module doc)."""
-    from kimictl.runtime.deployment.traces import tracing_env
+    from kimictl.deployment.traces import tracing_env
     from kimictl.runtime.observe.otlp import OtlpReceiver
     from kimictl.runtime.serving import cpu_runtime
 
@@ -190,7 +190,7 @@ def main() -> None:
 
     from conftest import free_port, start_cpu_server_retrying, stop_cpu_server
 
-    from kimictl.runtime.deployment.traces import kimictl_endpoint, tracing_env
+    from kimictl.deployment.traces import kimictl_endpoint, tracing_env
     from kimictl.runtime.observe.otlp import OtlpReceiver
 
     run_dir = Path(tempfile.mkdtemp(prefix="kimictl-otlp-cost-"))

@@ -113,7 +113,7 @@ def build(out: Path, profile: str, sources: Path) -> None:
         " 'compile_s': round(sum(per), 2), 'per_unit_s': per,"
         " 'total_s': round(time.perf_counter() - t0, 2)}))\n"
     )
-    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.deployment.profiles import load_profile
 
     tp = load_profile(profile).spec.tensor_parallel_size
     jit = subprocess.run(

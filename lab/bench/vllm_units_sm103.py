@@ -401,8 +401,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import cutlass
 
+    from kimictl.deployment.profiles import load_profile
     from kimictl.kernels.vllm.plan import plan_units
-    from kimictl.runtime.deployment.profiles import load_profile
 
     plan = plan_units(load_profile(args.profile).spec)
     wanted = set(args.families.split(",")) if args.families else None

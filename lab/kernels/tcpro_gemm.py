@@ -57,8 +57,8 @@ def pro_configs(ms: tuple[int, ...] = (1, 2, 4, 8, 16)) -> tuple[TcProConfig, ..
     residual (the tuned layer's shared_down adds latent_up's output), on the tcstream tiles that
     measured fastest on those shapes at M <= 8 on the H200 (8 warps, unroll 2 and 4, early
     trigger)."""
+    from kimictl.deployment.k3 import K3_MOE_CONFIG
     from kimictl.kernels.layer.ops import dense_layer_ops
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
 
     mla = {op.name: op for op in dense_layer_ops("mla")}
     qkv_w = mla["qkv_a_g"].n

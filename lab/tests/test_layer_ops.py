@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kimictl.deployment.k3 import K3_SHAPES
 from kimictl.kernels.layer.ops import (
     KINDS,
     VLLM_K3,
@@ -22,7 +23,6 @@ from kimictl.kernels.layer.ops import (
     gemm_ops,
     weight_bytes,
 )
-from kimictl.runtime.deployment.k3 import K3_SHAPES
 from tests.vllm_k3_gemm_src import ensure_sources
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from kimictl.deployment.profiles import load_profile
 from kimictl.kernels.vllm.plan import plan_units
-from kimictl.runtime.deployment.profiles import load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import vllm_src

@@ -198,8 +198,8 @@ class LayerChainConfig:
 
 
 def _dims(layer: str) -> dict[str, int]:
+    from kimictl.deployment.k3 import K3_SHAPES
     from kimictl.kernels.layer.ops import dense_layer_ops
-    from kimictl.runtime.deployment.k3 import K3_SHAPES
 
     ops = {op.name: op for op in dense_layer_ops(layer)}
     s = K3_SHAPES
@@ -284,7 +284,7 @@ def chain_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] =
                   ) -> tuple[LayerChainConfig, ...]:  # fmt: skip
     """Every segment in every math form and (ring, slot) of RINGS that serves its M and fits its
     stages and shared memory."""
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
+    from kimictl.deployment.k3 import K3_MOE_CONFIG
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
@@ -323,7 +323,7 @@ SHIPPED_RINGS |= {(k, "f", m): SHIPPED_RINGS[(k, "a", m)] for k in ("mla", "kda"
 
 def shipped_configs() -> tuple[LayerChainConfig, ...]:
     """The shipped segments, one per (kind, segment, M) of SHIPPED_RINGS."""
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG
+    from kimictl.deployment.k3 import K3_MOE_CONFIG
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]

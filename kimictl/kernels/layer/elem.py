@@ -83,8 +83,8 @@ class LayerElemConfig:
 def elem_configs(kinds: tuple[str, ...] = ("mla", "kda"), ms: tuple[int, ...] = LAYER_MS
                  ) -> tuple[LayerElemConfig, ...]:  # fmt: skip
     """Every elementwise variant the benchmark's `kimictl_elem` layers launch."""
+    from kimictl.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
     from kimictl.kernels.layer.ops import dense_layer_ops
-    from kimictl.runtime.deployment.k3 import K3_MOE_CONFIG, K3_SHAPES
 
     out: dict[str, LayerElemConfig] = {}
     s, h = K3_SHAPES, K3_SHAPES["hidden_size"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimictl.runtime.deployment.k3 import K3_SHAPES
+from kimictl.deployment.k3 import K3_SHAPES
 
 __all__ = ["KINDS", "VLLM_K3", "DenseOp", "dense_layer_ops", "gemm_ops", "weight_bytes"]
 

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
+from kimictl.core.errors import InputError
+from kimictl.core.outputs import atomic_write
 
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
@@ -114,8 +114,8 @@ def default_build_dir() -> Path:
 
 def find_layer_build(arch: str) -> Path | None:
     """The layer family's build for `arch`: installed cache first, then the tree (None: none)."""
+    from kimictl.core.paths import cache_dir
     from kimictl.kernels.toolchain.harness import find_build
-    from kimictl.runtime.paths import cache_dir
 
     return find_build(arch, [cache_dir() / "kernels" / LAYER_DIR, default_build_dir() / LAYER_DIR])
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.outputs import atomic_write
+from kimictl.core.outputs import atomic_write
 
 __all__ = [
     "K3_GEMM_SHAPES",

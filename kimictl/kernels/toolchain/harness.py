@@ -146,8 +146,8 @@ class KernelLibrary:
 
 def find_build(arch: str, search: list[Path] | None = None) -> Path | None:
     """The first folder holding a manifest for `arch`: installed cache first, then the tree."""
+    from kimictl.core.paths import cache_dir
     from kimictl.kernels.toolchain.build import default_build_dir
-    from kimictl.runtime.paths import cache_dir
 
     for base in search or [cache_dir() / "kernels", default_build_dir()]:
         if (base / arch / "manifest.json").is_file():

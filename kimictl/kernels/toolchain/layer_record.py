@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.outputs import atomic_write, read_json_input
+from kimictl.core.outputs import atomic_write, read_json_input
 
 __all__ = [
     "COPY_CEILING_TBPS",

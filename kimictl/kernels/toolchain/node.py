@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.errors import CheckFailed, InputError, Unsupported
+from kimictl.core.outputs import read_json_input
 from kimictl.kernels.toolchain.dispatch import DispatchTable
-from kimictl.runtime.errors import CheckFailed, InputError, Unsupported
-from kimictl.runtime.outputs import read_json_input
 
 __all__ = [
     "InstallReport",
@@ -32,7 +32,7 @@ DSL_HINT = 'pip install "kimictl[build]" (the pinned CuTe DSL)'
 
 
 def install_dir() -> Path:
-    from kimictl.runtime.paths import cache_dir
+    from kimictl.core.paths import cache_dir
 
     return cache_dir() / "kernels"
 

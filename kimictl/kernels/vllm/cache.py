@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kimictl.core.outputs import read_json_object
+from kimictl.core.paths import cache_dir
 from kimictl.kernels.toolchain.harness import ARCH_OF_CAPABILITY
 from kimictl.kernels.vllm.plan import KernelPlan
-from kimictl.runtime.outputs import read_json_object
-from kimictl.runtime.paths import cache_dir
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment.spec import DeploymentSpec
+    from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = [
     "ARCHES",

@@ -33,8 +33,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kimictl.deployment.spec import LAYER_ENV_VAR
 from kimictl.kernels.layer.chain import BUILT_TP
-from kimictl.runtime.deployment.spec import LAYER_ENV_VAR
 
 __all__ = [
     "ATTENTION_KINDS",

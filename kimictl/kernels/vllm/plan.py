@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.deployment.spec import DeploymentSpec
+from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = [
     "DEFAULT_CAPTURE_SIZES",

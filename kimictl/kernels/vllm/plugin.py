@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.deployment.spec import KERNELS_ENV_VAR
 from kimictl.kernels.toolchain.dispatch import CUBLAS, LLG_MODULE, VLLM, DispatchTable
-from kimictl.runtime.deployment.spec import KERNELS_ENV_VAR
 
 __all__ = [
     "ENTRY_POINT",

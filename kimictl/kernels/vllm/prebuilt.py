@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.outputs import atomic_write, read_json_object
+from kimictl.deployment.spec import PREBUILT_ENV_VAR
 from kimictl.kernels.vllm.cache import MANIFEST
 from kimictl.kernels.vllm.skinny import SkinnyUnit
-from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
-from kimictl.runtime.outputs import atomic_write, read_json_object
 
 __all__ = [
     "PREBUILT_ENV",
@@ -453,12 +453,12 @@ def install_vllm_units(
     build machine without torch)."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from kimictl.core.errors import InputError, Unsupported
     from kimictl.kernels.toolchain.build import dsl_version
     from kimictl.kernels.vllm.cache import deployment_hash, find_cache
     from kimictl.kernels.vllm.plan import plan_units
     from kimictl.kernels.vllm.skinny import skinny_units
     from kimictl.kernels.vllm.specialized import FAMILIES, JIT_FAMILIES, compile_modules
-    from kimictl.runtime.errors import InputError, Unsupported
 
     units = skinny_units(arch, spec.tensor_parallel_size)
     plan = plan_units(spec, arch=arch)

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.outputs import atomic_write
 from kimictl.kernels.vllm.cache import MANIFEST
 from kimictl.kernels.vllm.plan import CompileUnit
-from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "BASE",

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from kimictl.runtime.errors import CheckFailed
+from kimictl.core.errors import CheckFailed
 
 __all__ = [
     "KERNEL_STACK",

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kimictl.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.checks.hardware._types import Unavailable
-from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 
 __all__ = [
     "PINNED",

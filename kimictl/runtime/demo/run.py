@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.errors import InputError, LaunchError, Unsupported
+from kimictl.core.outputs import atomic_write
 from kimictl.runtime.demo.tune import (
     CANDIDATES,
     DEFAULTS,
@@ -47,8 +49,6 @@ from kimictl.runtime.demo.tune import (
     measured_from,
     verdict,
 )
-from kimictl.runtime.errors import InputError, LaunchError, Unsupported
-from kimictl.runtime.outputs import atomic_write
 from kimictl.runtime.serving import launcher, workflow
 from kimictl.runtime.serving.plan import DEFAULT_PORT, LaunchPlan, check_port_free, plan_launch
 
@@ -214,7 +214,7 @@ class DemoResult:
 
 def default_out_dir(base: Path | None = None) -> Path:
     """`./kimictl-demo-<time>` (kimictl's state folder when the current one is not writable)."""
-    from kimictl.runtime.paths import state_dir
+    from kimictl.core.paths import state_dir
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = base or Path.cwd()
@@ -296,7 +296,7 @@ def _free_block(host: str, start: int, count: int) -> int:
 def prepare_demo(request: DemoRequest) -> DemoPlan:
     """Check the request, run the gate, plan one server per candidate, pick a new output folder.
     Starts nothing and writes nothing."""
-    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.deployment.profiles import load_profile
 
     candidates = _pick_candidates(request.candidates)
     _check_sizes(request, len(candidates))

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kimictl.runtime.errors import EndpointError
+from kimictl.core.errors import EndpointError
 
 __all__ = [
     "CANDIDATES",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kimictl.runtime.apikeys import env_api_key
-from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.http1 import BlockingClient
+from kimictl.core.apikeys import env_api_key
+from kimictl.core.errors import EndpointError, InputError
+from kimictl.core.http1 import BlockingClient
 
 __all__ = ["Endpoint", "token_id"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kimictl.runtime.errors import EndpointError
+from kimictl.core.errors import EndpointError
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import Plan, Thresholds
 from kimictl.runtime.evals.prompts import filler_text

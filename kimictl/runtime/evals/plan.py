@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = ["CHECKS", "Plan", "Thresholds", "parse_checks", "plan_for"]
 

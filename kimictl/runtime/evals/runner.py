@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.errors import EndpointError, InputError
 from kimictl.runtime.evals import fullctx, greedy, longctx, sampling, structured
 from kimictl.runtime.evals.client import Endpoint
 from kimictl.runtime.evals.plan import CHECKS, Plan, Thresholds

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from kimictl.runtime.http1 import fetch_text
+from kimictl.core.http1 import fetch_text
 from kimictl.runtime.load.ab import HEADLINE, compare
 from kimictl.runtime.load.loadgen import run_load
 from kimictl.runtime.load.records import (
@@ -84,7 +84,7 @@ async def resolve_models(
     targets: Sequence[LoadTarget], *, timeout: float = 10.0
 ) -> list[LoadTarget]:
     """Fill in each target's model from its /v1/models (first id) where none was given."""
-    from kimictl.runtime.errors import EndpointError
+    from kimictl.core.errors import EndpointError
 
     out = []
     for t in targets:

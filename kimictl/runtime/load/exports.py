@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.outputs import atomic_write
 from kimictl.runtime.load.records import RequestRecord
 from kimictl.runtime.load.summary import request_values
-from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "CSV_FIELDS",
@@ -105,7 +105,7 @@ def write_plots(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        from kimictl.runtime.errors import Unsupported
+        from kimictl.core.errors import Unsupported
 
         raise Unsupported(
             "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.http1 import MAX_ERROR_BODY, Endpoint
-from kimictl.runtime.http1 import fetch_text as fetch_text
+from kimictl.core.errors import InputError
+from kimictl.core.http1 import MAX_ERROR_BODY, Endpoint
+from kimictl.core.http1 import fetch_text as fetch_text
 from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
 from kimictl.runtime.load.records import SCHEDULES
@@ -561,7 +561,7 @@ def _scrapers(targets: Sequence[LoadTarget]) -> dict[str, MetricsScraper]:
 
 async def _scrape(scraper: MetricsScraper) -> MetricsSnapshot | None:
     """A snapshot of the server's counters and histograms; None when /metrics cannot be read."""
-    from kimictl.runtime.errors import EndpointError
+    from kimictl.core.errors import EndpointError
 
     try:
         return await scraper.scrape(timeout=10.0)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = ["PER_REQUEST", "RUN_LEVEL", "SLO", "SloResult", "SloTerm", "parse_slo"]
 

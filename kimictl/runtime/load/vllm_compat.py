@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
+from kimictl.core.errors import InputError
+from kimictl.core.outputs import atomic_write
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.records import RequestRecord

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = [
     "AGENTIC_PRESETS",

@@ -29,12 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from kimictl.runtime.deployment.traces import (
+from kimictl.core.errors import InputError
+from kimictl.deployment.traces import (
     DEFAULT_TRACES_PORT,
     INSTANCE_ATTRIBUTE,
     TRACES_PATH,
 )
-from kimictl.runtime.errors import InputError
 from kimictl.runtime.observe.names import (
     SPAN_DECODE_TIME,
     SPAN_E2E,

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.errors import EndpointError, InputError
 from kimictl.runtime.observe.otlp import TraceStore, apply_traces
 from kimictl.runtime.observe.scrape import REFUSED, MetricsScraper, scrape_timeout
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER, MetricsSeries, WindowStats, ab_ratios
@@ -262,7 +262,7 @@ def monitor_snapshot(
 def check_record_target(path: str | os.PathLike[str]) -> None:
     """Refuse a `--record` FILE that would lose or mangle something: a missing folder, a folder,
     or an existing file that is not JSON lines (appending to a TOML or log would corrupt it)."""
-    from kimictl.runtime.outputs import check_new_file
+    from kimictl.core.outputs import check_new_file
 
     target = os.fspath(path)
     check_new_file(target, flag="--record", overwrite=True)  # appending is no overwrite

@@ -6,7 +6,7 @@ path) interpolates to some number below 10 ms that says nothing. A percentile is
 it falls in the first bucket (no lower bound), in the +Inf bucket (no upper bound), or in a bucket
 wider than `MAX_RELATIVE_WIDTH` of its geometric centre; the window then carries a bound
 ("< 10 ms TPOT" = "> 100 tok/s/user") or a range, never a number. The fix is
-`--custom-histogram-buckets` (runtime.deployment.buckets).
+`--custom-histogram-buckets` (deployment.buckets).
 
 Only the inter_token_latency family (TPOT per request and ITL) is judged here: it is the family
 whose buckets the shipped profiles set; TTFT and e2e keep vLLM's buckets and figures as before.
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.deployment.buckets import MAX_RELATIVE_WIDTH
+from kimictl.deployment.buckets import MAX_RELATIVE_WIDTH
 from kimictl.runtime.observe.names import INTER_TOKEN_LATENCY as ITL
 from kimictl.runtime.observe.names import TIME_PER_OUTPUT_TOKEN as TPOT
 

@@ -1,4 +1,4 @@
-"""GET /metrics from one endpoint (through the one HTTP/1.1 client, runtime.http1) and parse it.
+"""GET /metrics from one endpoint (through the one HTTP/1.1 client, core.http1) and parse it.
 
 The scrape asks only for the samples a snapshot reads. A scrape costs the server its render time
 inside vLLM's API-server process (docs/results.md): the full text is ~60 KB and
@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from enum import StrEnum
 from urllib.parse import urlencode
 
-from kimictl.runtime.apikeys import env_api_key
-from kimictl.runtime.errors import EndpointError, InputError
-from kimictl.runtime.http1 import Endpoint
+from kimictl.core.apikeys import env_api_key
+from kimictl.core.errors import EndpointError, InputError
+from kimictl.core.http1 import Endpoint
 from kimictl.runtime.observe.names import SAMPLE_NAMES
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kimictl.runtime.deployment.traces import OTEL_PACKAGES
-from kimictl.runtime.errors import LaunchError, Unsupported, child_failure
-from kimictl.runtime.paths import cache_dir
+from kimictl.core.errors import LaunchError, Unsupported, child_failure
+from kimictl.core.paths import cache_dir
+from kimictl.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.serving.pip_progress import PipProgress
 from kimictl.runtime.serving.ray_cluster import RAY_VERSION
 

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.apikeys import env_api_key
+from kimictl.core.apikeys import env_api_key
+from kimictl.core.errors import EndpointError, InputError, LaunchError
+from kimictl.core.http1 import BlockingClient
 from kimictl.runtime.checks.stack import VLLM_VERSION
-from kimictl.runtime.errors import EndpointError, InputError, LaunchError
-from kimictl.runtime.http1 import BlockingClient
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import LaunchPlan, check_port_free, leads_other_nodes
 from kimictl.runtime.serving.runs import RunRecord, RunState

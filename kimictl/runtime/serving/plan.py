@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.apikeys import ENV_VAR, redact_env
-from kimictl.runtime.apikeys import redact_argv as redact_argv
-from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.core.apikeys import ENV_VAR, redact_env
+from kimictl.core.apikeys import redact_argv as redact_argv
+from kimictl.core.errors import InputError, Unsupported
 from kimictl.runtime.serving import ray_cluster, runs
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment.spec import DeploymentSpec
+    from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = [
     "DEFAULT_PORT",

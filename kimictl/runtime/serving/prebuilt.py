@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kimictl.runtime.deployment.spec import PREBUILT_ENV_VAR
+from kimictl.deployment.spec import PREBUILT_ENV_VAR
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment.spec import DeploymentSpec
+    from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = ["PrebuiltChoice", "plugin_in_env_of", "prebuilt_choice"]
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kimictl.runtime.apikeys import ENV_VAR
+from kimictl.core.apikeys import ENV_VAR
+from kimictl.core.errors import InputError
+from kimictl.deployment.cluster import ClusterSettings
 from kimictl.runtime.checks.stack import VLLM_VERSION
-from kimictl.runtime.deployment.cluster import ClusterSettings
-from kimictl.runtime.errors import InputError
 from kimictl.runtime.serving.plan import LaunchPlan, is_loopback, redact_argv
 from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV, RAY_PORT, wait_for_nodes_code
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from kimictl.runtime.apikeys import ENV_VAR
-from kimictl.runtime.deployment.cluster import CLIQUE_LABEL, check_dns_label
-from kimictl.runtime.errors import InputError
+from kimictl.core.apikeys import ENV_VAR
+from kimictl.core.errors import InputError
+from kimictl.deployment.cluster import CLIQUE_LABEL, check_dns_label
 from kimictl.runtime.serving.ray_cluster import RAY_PORT, wait_for_nodes_code
 from kimictl.runtime.serving.render import Job
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
-from kimictl.runtime.paths import runs_dir
+from kimictl.core.errors import InputError
+from kimictl.core.outputs import atomic_write
+from kimictl.core.paths import runs_dir
 
 __all__ = [
     "RECORD_FILE",

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kimictl.runtime.errors import InputError, LaunchError, child_failure
-from kimictl.runtime.paths import cache_dir
+from kimictl.core.errors import InputError, LaunchError, child_failure
+from kimictl.core.paths import cache_dir
 from kimictl.runtime.serving import cpu_runtime
 
 __all__ = ["TINY_MODEL", "build", "resolve_model"]

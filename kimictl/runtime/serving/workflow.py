@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.apikeys import read_api_key
-from kimictl.runtime.deployment.cluster import ClusterSettings
-from kimictl.runtime.errors import InputError, KimictlError
+from kimictl.core.apikeys import read_api_key
+from kimictl.core.errors import InputError, KimictlError
+from kimictl.deployment.cluster import ClusterSettings
 from kimictl.runtime.serving import ray_cluster
 from kimictl.runtime.serving.launcher import (
     STOP_GRACE_S,
@@ -35,8 +35,8 @@ from kimictl.runtime.serving.plan import (
 from kimictl.runtime.serving.runs import RunRecord
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment.profiles import Profile
-    from kimictl.runtime.deployment.spec import DeploymentSpec
+    from kimictl.deployment.profiles import Profile
+    from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = [
     "CPU_DEMO",
@@ -107,7 +107,7 @@ class Prepared:
 
 
 def _load(name: str) -> Profile:
-    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.deployment.profiles import load_profile
 
     return load_profile(name)
 
@@ -186,7 +186,7 @@ def _probe_node() -> tuple[Any, Any]:
 
 
 def _traces_endpoint(value: str) -> str | None:
-    from kimictl.runtime.deployment.traces import check_traces, resolve_traces
+    from kimictl.deployment.traces import check_traces, resolve_traces
 
     try:
         return resolve_traces(check_traces(value))
@@ -209,8 +209,8 @@ def _gate(
 
         checks = cpu_checks(spec.model, host, ports)
         if spec.otlp_traces_endpoint is not None and cpu_runtime.is_installed():
+            from kimictl.deployment.traces import OTEL_PACKAGES
             from kimictl.runtime.checks.rules.tracing import tracing_packages_check
-            from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 
             installed = cpu_runtime.installed_versions(OTEL_PACKAGES)
             checks.append(tracing_packages_check(installed, "the CPU runtime"))
@@ -382,7 +382,7 @@ def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False, forceable: b
     The hint names the command that fixes the machine when every reason has one (a missing CPU
     runtime: `kimictl setup cpu-runtime`; --force would only launch into the same failure);
     `forceable` False for callers without --force (demo)."""
-    from kimictl.runtime.errors import CheckFailed
+    from kimictl.core.errors import CheckFailed
 
     blocking = prepared.blocking
     if not blocking or prepared.forced:

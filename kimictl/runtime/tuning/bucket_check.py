@@ -8,9 +8,9 @@ buckets.DEFAULT_RANGE, what every shipped profile resolves.
 
 from __future__ import annotations
 
+from kimictl.deployment import buckets, k3
+from kimictl.deployment.spec import DeploymentSpec
 from kimictl.runtime.checks.rules.base import Check, Section, Status
-from kimictl.runtime.deployment import buckets, k3
-from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = ["MARGIN", "histogram_bucket_check", "predicted_interactivity"]
 

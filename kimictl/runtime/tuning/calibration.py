@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.tuning.systems import SYSTEMS
 
 __all__ = ["KernelFit", "fit_kernel_bench", "least_squares"]

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.errors import CheckFailed, InputError
+from kimictl.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec, k3
 from kimictl.runtime.checks.stack import VLLM_VERSION
-from kimictl.runtime.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec, k3
-from kimictl.runtime.errors import CheckFailed, InputError
 from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
 from kimictl.runtime.tuning.search import SearchResult
 
@@ -24,7 +24,7 @@ __all__ = ["check_write_target", "spec_for", "twin_path", "write_choice", "write
 
 
 def _base_spec(tp: int, *, stock: bool) -> DeploymentSpec:
-    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.deployment.profiles import load_profile
 
     name = f"k3-tp{tp}-latency" + ("-stock" if stock else "")
     return load_profile(name).spec
@@ -76,7 +76,7 @@ def twin_path(path: Path) -> Path:
 def check_write_target(path: str | Path, *, overwrite: bool, with_twin: bool = False) -> Path:
     """The --write file (and its stock twin): a .toml in an existing folder, not a folder, and
     not an existing file unless `overwrite`. Call it before long work (a sweep) as well."""
-    from kimictl.runtime.outputs import check_new_file
+    from kimictl.core.outputs import check_new_file
 
     target = check_new_file(path, flag="--write", suffix=".toml", overwrite=overwrite)
     if with_twin:
@@ -97,7 +97,7 @@ def write_spec_pair(
 ) -> Path:
     """Write `spec` at `path` and, when given, its stock twin beside it (`NAME-stock.toml`);
     `prebuilt_units` is each one's `[serve] prebuilt_units` (tuned, stock)."""
-    from kimictl.runtime.deployment.profile_writer import write_profile
+    from kimictl.deployment.profile_writer import write_profile
 
     target = check_write_target(path, overwrite=overwrite, with_twin=stock is not None)
     twin = twin_path(target)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = ["CommCurve", "load_comm_curve"]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.apikeys import env_api_key
-from kimictl.runtime.errors import EndpointError, InputError
+from kimictl.core.apikeys import env_api_key
+from kimictl.core.errors import EndpointError, InputError
 
 __all__ = ["MeasureResult", "MeasuredPoint", "measure", "sweep", "write_measured"]
 
@@ -243,8 +243,8 @@ def write_measured(
     overwrite: bool = False,
 ) -> Path:
     """Write the measured limit as max-num-seqs into a copy of the run's (or given) profile."""
-    from kimictl.runtime.deployment.profiles import load_profile
-    from kimictl.runtime.deployment.spec import PREBUILT_DEFAULT
+    from kimictl.deployment.profiles import load_profile
+    from kimictl.deployment.spec import PREBUILT_DEFAULT
 
     name = base_profile or result.profile
     if name is None:

@@ -31,8 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment import k3
 from kimictl.runtime.tuning.params import PARAMS, Param, param
 from kimictl.runtime.tuning.systems import SYSTEMS, System
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 from kimictl.runtime.tuning.search import SearchResult, pareto_front
 
 __all__ = ["check_png_target", "save_png", "terminal_plot"]
@@ -48,7 +48,7 @@ def terminal_plot(result: SearchResult, *, width: int = 80, height: int = 20) ->
 
 def check_png_target(path: str | Path, *, overwrite: bool = False) -> Path:
     """A .png in an existing folder, not a folder, and not an existing file unless `overwrite`."""
-    from kimictl.runtime.outputs import check_new_file
+    from kimictl.core.outputs import check_new_file
 
     return check_new_file(path, flag="--plot", suffix=".png", overwrite=overwrite)
 

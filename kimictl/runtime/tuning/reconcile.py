@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.errors import InputError, Unsupported
+from kimictl.core.errors import InputError, Unsupported
+from kimictl.deployment import k3
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     Config,
@@ -122,7 +122,7 @@ def check_bench(
     bench: str | Path, profile_name: str, *, system: str | None = None
 ) -> dict[str, Any]:
     """Compare each run in `bench` with the model's prediction for `profile_name`."""
-    from kimictl.runtime.deployment.profiles import load_profile
+    from kimictl.deployment.profiles import load_profile
 
     runs = load_bench_runs(bench)
     profile = load_profile(profile_name)

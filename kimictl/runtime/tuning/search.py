@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment import k3
 from kimictl.runtime.load.slo import SLO
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,

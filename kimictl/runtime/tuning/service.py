@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.deployment import k3
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
+from kimictl.deployment import k3
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
     PARAMS,
@@ -37,7 +37,7 @@ __all__ = [
 
 def parse_tokens(text: str, *, flag: str) -> int:
     """`8192`, `8k` (8000), `8K` (8192), `1M`: vLLM's --max-model-len spelling; positive only."""
-    from kimictl.runtime.deployment.spec import parse_max_model_len
+    from kimictl.deployment.spec import parse_max_model_len
 
     value = parse_max_model_len(text, flag=flag)
     if value <= 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 if TYPE_CHECKING:
     from kimictl.runtime.tuning.commcurve import CommCurve

@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from kimictl.core.errors import InputError
+from kimictl.core.outputs import atomic_write
 from kimictl.runtime.checks.hardware._types import HardwareReport, Source
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "check_snapshot_target",
@@ -22,7 +22,7 @@ __all__ = [
 def check_snapshot_target(path: str | Path, *, overwrite: bool = False) -> Path:
     """Refuse a --save-snapshot target that is a folder, or an existing file without overwrite
     (missing folders are made when it is written)."""
-    from kimictl.runtime.outputs import check_new_file
+    from kimictl.core.outputs import check_new_file
 
     return check_new_file(
         path, flag="--save-snapshot", overwrite=overwrite, folder_must_exist=False

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from kimictl.runtime.checks.rules.base import Check, Section, Status, verdict
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.hardware import HardwareReport
     from kimictl.runtime.checks.stack import StackReport
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
     "Check",

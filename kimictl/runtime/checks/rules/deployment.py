@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kimictl.core.outputs import read_json_object
+from kimictl.deployment.spec import DeploymentSpec, k3
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 from kimictl.runtime.checks.rules.effective import Effective, effective_config
-from kimictl.runtime.deployment.spec import DeploymentSpec, k3
-from kimictl.runtime.outputs import read_json_object
 
 if TYPE_CHECKING:
     from kimictl.runtime.checks.hardware import HardwareReport

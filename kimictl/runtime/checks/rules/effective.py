@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.runtime.outputs import read_json_object
+from kimictl.core.outputs import read_json_object
 
 if TYPE_CHECKING:
-    from kimictl.runtime.deployment.spec import DeploymentSpec
+    from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = ["Effective", "Refusal", "effective_config", "model_text_config"]
 

@@ -29,13 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from kimictl.deployment.k3 import MULTICAST_ERRORS
 from kimictl.runtime.checks.hardware import RECORDED_ENV
 from kimictl.runtime.checks.rules.base import Check, Section, Status
-from kimictl.runtime.deployment.k3 import MULTICAST_ERRORS
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.hardware import HardwareReport, NodeReport
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = [
     "RELEVANT_ENV",

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kimictl.deployment.cluster import CLIQUE_LABEL
+from kimictl.deployment.k3 import (
+    MULTICAST_ERRORS,
+)
 from kimictl.runtime.checks.hardware import GpuInfo, HardwareReport, NodeReport, Unavailable
 from kimictl.runtime.checks.rules._names import _gpus_where, _list, _where
 from kimictl.runtime.checks.rules.base import Check, Section, Status
-from kimictl.runtime.deployment.cluster import CLIQUE_LABEL
-from kimictl.runtime.deployment.k3 import (
-    MULTICAST_ERRORS,
-)
 
 __all__ = [
     "fabric_checks",

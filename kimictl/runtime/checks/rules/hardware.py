@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from kimictl.deployment.k3 import (
+    SUPPORTED_COMPUTE_CAPABILITY_MAJOR,
+    unsupported_message,
+)
 from kimictl.runtime.checks.hardware import HardwareReport, Unavailable
 from kimictl.runtime.checks.rules._names import _list, _where
 from kimictl.runtime.checks.rules.base import Check, Section, Status
@@ -22,10 +26,6 @@ from kimictl.runtime.checks.rules.fabric import (
     pod_view_check,
 )
 from kimictl.runtime.checks.stack import VLLM_VERSION, StackReport
-from kimictl.runtime.deployment.k3 import (
-    SUPPORTED_COMPUTE_CAPABILITY_MAJOR,
-    unsupported_message,
-)
 
 __all__ = [
     "MIN_CUDA_DRIVER",

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.hardware import HardwareReport
     from kimictl.runtime.checks.stack import StackReport
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = ["CHECK_ID", "kernel_cache_check", "node_capability"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kimictl.deployment.traces import OTEL_PACKAGES
 from kimictl.runtime.checks.rules.base import Check, Section, Status
-from kimictl.runtime.deployment.traces import OTEL_PACKAGES
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.stack import StackReport
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = ["tracing_check", "tracing_packages_check"]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kimictl.deployment import k3
 from kimictl.runtime.checks.rules.base import Check, Section, Status
-from kimictl.runtime.deployment import k3
 
 if TYPE_CHECKING:
+    from kimictl.deployment.spec import DeploymentSpec
     from kimictl.runtime.checks.vllm_gate import VllmVerdict
-    from kimictl.runtime.deployment.spec import DeploymentSpec
 
 __all__ = ["KIMICTL_ONLY", "kimictl_outcome", "vllm_gate_checks"]
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = [
     "DEFAULT_RANGE",

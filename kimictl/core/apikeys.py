@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 __all__ = [
     "ENV_VAR",

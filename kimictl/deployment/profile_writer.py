@@ -11,8 +11,10 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from kimictl.runtime.deployment import buckets, k3, traces
-from kimictl.runtime.deployment.profiles import (
+from kimictl.core.errors import InputError
+from kimictl.core.outputs import atomic_write
+from kimictl.deployment import buckets, k3, traces
+from kimictl.deployment.profiles import (
     _ADDITIONAL_KEYS,
     _COMPILE_KEYS,
     PREBUILT_MODES,
@@ -21,12 +23,10 @@ from kimictl.runtime.deployment.profiles import (
     _parse_document,
     _validate,
 )
-from kimictl.runtime.deployment.spec import (
+from kimictl.deployment.spec import (
     PREBUILT_DEFAULT,
     DeploymentSpec,
 )
-from kimictl.runtime.errors import InputError
-from kimictl.runtime.outputs import atomic_write
 
 __all__ = [
     "profile_from_spec",

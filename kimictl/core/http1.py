@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kimictl.runtime.apikeys import bearer_headers
-from kimictl.runtime.errors import InputError
+from kimictl.core.apikeys import bearer_headers
+from kimictl.core.errors import InputError
 
 if TYPE_CHECKING:  # filled in duck-typed; the client does not depend on the load package
     from kimictl.runtime.load.records import RequestRecord

@@ -46,9 +46,10 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from kimictl.runtime.deployment import buckets, traces
-from kimictl.runtime.deployment.cluster import CLUSTER_KEYS, ClusterSettings, cluster_settings
-from kimictl.runtime.deployment.spec import (
+from kimictl.core.errors import InputError
+from kimictl.deployment import buckets, traces
+from kimictl.deployment.cluster import CLUSTER_KEYS, ClusterSettings, cluster_settings
+from kimictl.deployment.spec import (
     DEFAULT_HOST,
     FIELD_CHECKS,
     KERNELS_ENV_VAR,
@@ -61,7 +62,6 @@ from kimictl.runtime.deployment.spec import (
     nonempty_text,
     one_of,
 )
-from kimictl.runtime.errors import InputError
 
 __all__ = [
     "PREBUILT_MODES",
@@ -228,7 +228,7 @@ _COMPILE_KEYS = tuple(_json_keys("compilation_config"))
 
 def shipped_profiles_dir() -> Path:
     """The profiles/ folder shipped with kimictl (beside the package in a source checkout)."""
-    package = Path(__file__).resolve().parents[2]  # kimictl/
+    package = Path(__file__).resolve().parents[1]  # kimictl/
     for candidate in (package / "data" / "profiles", package.parent / "profiles"):
         if candidate.is_dir():
             return candidate

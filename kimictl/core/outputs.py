@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kimictl.runtime.errors import InputError
+from kimictl.core.errors import InputError
 
 T = TypeVar("T")
 

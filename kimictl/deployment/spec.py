@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimictl.runtime.apikeys import redact_env
-from kimictl.runtime.deployment import buckets, k3, traces
-from kimictl.runtime.errors import InputError
+from kimictl.core.apikeys import redact_env
+from kimictl.core.errors import InputError
+from kimictl.deployment import buckets, k3, traces
 
 # The switch of kimictl's vLLM plugin (kimictl.kernels.vllm.plugin), rendered by profiles from
 # `[serve] kimictl_kernels = true`

@@ -1,7 +1,7 @@
 """`vllm serve ...` command lines -> DeploymentSpec: the flag table and the parser.
 
 The conventions it follows (vLLM 0.33 syntax, kimictl's defaults) are listed in
-kimictl.runtime.deployment.spec's docstring; rendering back to argv lives there too.
+kimictl.deployment.spec's docstring; rendering back to argv lives there too.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kimictl.runtime.apikeys import ENV_VAR
-from kimictl.runtime.deployment import buckets
-from kimictl.runtime.deployment.spec import (
+from kimictl.core.apikeys import ENV_VAR
+from kimictl.core.errors import InputError
+from kimictl.deployment import buckets
+from kimictl.deployment.spec import (
     JSON_FLAG_NAME,
     DeploymentSpec,
     check_field,
     dump_json,
     parse_max_model_len,
 )
-from kimictl.runtime.errors import InputError
 
 __all__ = ["ParseResult", "parse_vllm_command"]
 

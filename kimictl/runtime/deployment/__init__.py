@@ -1,1 +1,0 @@
-"""Deployment: what is deployed: the DeploymentSpec, Kimi K3 facts and the TOML profiles."""
