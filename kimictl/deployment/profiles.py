@@ -47,6 +47,7 @@ import tomlkit
 import tomlkit.exceptions
 
 from kimictl.core.errors import InputError
+from kimictl.core.resources import package_path
 from kimictl.deployment import buckets, traces
 from kimictl.deployment.cluster import CLUSTER_KEYS, ClusterSettings, cluster_settings
 from kimictl.deployment.spec import (
@@ -227,12 +228,9 @@ _COMPILE_KEYS = tuple(_json_keys("compilation_config"))
 
 
 def shipped_profiles_dir() -> Path:
-    """The profiles/ folder shipped with kimictl (beside the package in a source checkout)."""
-    package = Path(__file__).resolve().parents[1]  # kimictl/
-    for candidate in (package / "data" / "profiles", package.parent / "profiles"):
-        if candidate.is_dir():
-            return candidate
-    return package.parent / "profiles"
+    """The profiles shipped inside the package (kimictl/profiles; `profiles/` at the top of a
+    checkout is a link to it)."""
+    return package_path("profiles")
 
 
 def profile_dirs() -> list[Path]:

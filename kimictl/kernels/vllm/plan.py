@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimictl.core.resources import package_path
 from kimictl.deployment.spec import DeploymentSpec
 
 __all__ = [
@@ -309,7 +310,7 @@ def family_totals(plan: KernelPlan) -> Counter[str]:
     return Counter(u.family for u in plan.units)
 
 
-TIMES_FILE = Path(__file__).resolve().parents[1] / "data" / "kernel_compile_times.json"
+TIMES_FILE = package_path("data", "kernel_compile_times.json")
 
 
 @dataclass(frozen=True)
