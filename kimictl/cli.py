@@ -162,12 +162,36 @@ def _usage_error(error: Any) -> KimictlError:
     errors = cause.errors() if cause is not None and hasattr(cause, "errors") else []
     if errors and "input" in errors[0] and message.startswith("Invalid value for "):
         where, _, why = message[len("Invalid value for ") :].partition(": ")
-        message = f"{where} got {errors[0]['input']!r}: {why[:1].lower()}{why[1:]}"
+        message = _bound_or_choice(error, errors[0]) or (
+            f"{where} got {errors[0]['input']!r}: {why[:1].lower()}{why[1:]}"
+        )
     elif message:
         message = message[:1].lower() + message[1:]
     ctx = getattr(error, "ctx", None)
     path = ctx.command_path if ctx is not None else "kimictl"
     return InputError(message.rstrip("."), hint=f"'{path} -h' lists the commands and options")
+
+
+def _bound_or_choice(error: Any, detail: dict[str, Any]) -> str | None:
+    """A value outside an option's `min=`/`max=` or its enum, said as the commands say it:
+    `--repeat 0 must be >= 1`, `--traces-port 0 is out of range: allowed 1 to 65535`,
+    `--workload 'bogus' is not one of: random, agentic`."""
+    param = getattr(error, "param", None)
+    opts = getattr(param, "opts", None)
+    if not opts:
+        return None
+    flag, value, kind = opts[0], detail["input"], detail.get("type")
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    if kind in ("greater_than_equal", "less_than_equal"):
+        if low is not None and high is not None:
+            return f"{flag} {value} is out of range: allowed {low} to {high}"
+        return f"{flag} {value} must be " + (f">= {low}" if low is not None else f"<= {high}")
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    choices = getattr(annotation, "__members__", None)
+    if kind == "value_error" and choices:
+        allowed = ", ".join(str(c.value) for c in choices.values())
+        return f"{flag} {value!r} is not one of: {allowed}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,10 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         (["--ab"], "no live A/B pair"),
         (["--ab", "--target", "http://x:1"], "exclude each other"),
         (["--target", "http://x:1", "--num-prompts", "0"], "--num-prompts 0 must be >= 1"),
+        (["--target", "http://x:1", "--prefix-len", "-1"], "--prefix-len -1 must be >= 0"),
+        (["--target", "http://x:1", "--traces-port", "0"], "allowed 1 to 65535"),
+        (["--target", "http://x:1", "--timeout", "0"], "--timeout 0.0 must be > 0 seconds"),
+        (["--target", "http://x:1", "--burstiness", "0", "--rate", "1"], "must be > 0"),
         (
             ["--target", "http://x:1", "--arrivals", "uniform", "--rate", "2"],
             "--arrivals 'uniform'",

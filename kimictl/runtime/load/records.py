@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +17,7 @@ __all__ = [
     "RecordList",
     "RequestRecord",
     "SCHEDULES",
+    "Schedule",
 ]
 
 # Error kinds, counted separately in summaries.
@@ -84,7 +86,13 @@ class LoadSettings:
 # about one wave, run A B B A A B B A ... (loadgen._abba_cycles: at most 8 cycles), so a drift or a
 # warmer later turn hits both alike; "turns" runs each target's whole point in turn; "interleave"
 # loads all at once.
-SCHEDULES = ("abba", "turns", "interleave")
+class Schedule(StrEnum):
+    abba = "abba"
+    turns = "turns"
+    interleave = "interleave"
+
+
+SCHEDULES = tuple(s.value for s in Schedule)
 
 
 @dataclass

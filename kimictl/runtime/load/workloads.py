@@ -160,7 +160,8 @@ class Session:
 
 
 class Workload(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def sessions(self, seed: int) -> Iterator[Session]: ...
 

@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
@@ -46,6 +46,7 @@ __all__ = [
     "observed_state",
     "process_start_ticks",
     "resolve_target",
+    "resolve_targets",
     "run_dir_for",
     "update_record",
     "wait_gone",
@@ -445,6 +446,21 @@ def resolve_target(text: str) -> Target:
             hint=f"`kimictl logs {record.id}` shows why; start it again with `kimictl serve`.",
         )
     return _target_of(record, name)
+
+
+def resolve_targets(texts: Sequence[str], *, missing: str, hint: str, apart: str) -> list[Target]:
+    """Each of `texts` resolved (`resolve_target`), or, given none, the latest live A/B pair
+    (tuned, stock; InputError(`missing`, `hint`) without one). Two targets of one name are refused:
+    `apart` shows how to name them (`a=URL b=URL`)."""
+    if not texts:
+        return list(ab_targets(("tuned", "stock"), missing=missing, hint=hint))
+    targets = [resolve_target(t) for t in texts]
+    seen: set[str] = set()
+    for t in targets:
+        if t.name in seen:
+            raise InputError(f"two targets are named '{t.name}'; name them apart, e.g. {apart}.")
+        seen.add(t.name)
+    return targets
 
 
 def _neither_url_nor_id(value: str) -> InputError:
