@@ -89,10 +89,17 @@ def root_help() -> str:
 
 
 def _plain_switches(command: Any) -> None:
-    """A switch takes no value: typer's help would show it a `<bool>` type, as if it took one."""
+    """A switch takes no value: typer's help would show it a `<bool>` type, as if it took one.
+    A bounded number's range moves from the type column to its help."""
     for param in getattr(command, "params", ()):
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
+        # a min=/max= range reads in the help column: in the type column it squeezes the names
+        bounds = getattr(param, "_get_number_range_help_str", None)
+        text = bounds() if bounds is not None else None
+        if text:
+            param.help = f"{param.help or ''} Allowed: {text}.".lstrip()
+            param._get_number_range_help_str = lambda: None
     make_help = command.get_help_option  # --help is built when help is shown
 
     def help_option(ctx: Any) -> Any:

@@ -270,7 +270,7 @@ def test_bad_inputs_exit_2_with_a_sentence(capsys: pytest.CaptureFixture[str]) -
         (["monitor", "--interval", "0", "http://h"], "--interval 0 is out of range"),
         (["monitor", "--json", "http://h"], "--json needs --once or --no-tui"),
         (["monitor", "--once", "ftp://h"], "is not a target"),
-        (["monitor", "--once", "a=http://h:1", "a=http://h:2"], "two endpoints are named 'a'"),
+        (["monitor", "--once", "a=http://h:1", "a=http://h:2"], "two targets are named 'a'"),
         # nan compares false with every bound: it must not slip through as "no limit"
         (["monitor", "--no-tui", "--duration", "nan", "http://h"], "--duration nan must be"),
         (["monitor", "--once", "--slo-interactivity", "nan", "http://h"], "must be > 0"),

@@ -2,42 +2,67 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kimictl.core.errors import InputError
 from kimictl.deployment.traces import DEFAULT_TRACES_PORT
 
 if TYPE_CHECKING:
+    from kimictl.runtime.observe.session import MonitorSession
     from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
 
+TargetsArg = Annotated[
+    list[str] | None, typer.Argument(help="URL, NAME=URL or run id (repeatable).")
+]
+IntervalOpt = Annotated[
+    float, typer.Option(min=0.05, max=60, help="Seconds between scrapes of /metrics.")
+]
+WindowOpt = Annotated[str, typer.Option(help="Window of the figures: 10s, 1m, 5m or seconds.")]
+OnceOpt = Annotated[
+    bool, typer.Option("--once", help="Print one snapshot after one window and exit.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="JSON (with --once or --no-tui).")]
+RecordOpt = Annotated[
+    Path | None, typer.Option(help="Append one JSON line per scrape round to FILE.")
+]
+NoTuiOpt = Annotated[
+    bool, typer.Option("--no-tui", help="Headless: one line per round (JSONL with --json).")
+]
+DurationOpt = Annotated[float | None, typer.Option(help="Stop after this many seconds (headless).")]
+SloOpt = Annotated[
+    float | None, typer.Option(help="SLO line on the interactivity chart (tokens/s/user, p10).")
+]
+TracesPortOpt = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        max=65535,
+        help="Receive vLLM's per-request trace spans (OTLP/HTTP) on 127.0.0.1:PORT; "
+        'servers send them with a profile\'s [metrics] traces = "kimictl".',
+    ),
+]
+TracesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--traces/--no-traces", help="Exact figures from traced requests (histograms else)."
+    ),
+]
+
 
 def _targets(texts: list[str]) -> list[Target]:
-    from kimictl.runtime.serving.runs import ab_targets, resolve_target
+    from kimictl.runtime.serving.runs import resolve_targets
 
-    if not texts:
-        return list(
-            ab_targets(
-                ("tuned", "stock"),
-                missing="no endpoint given and no live A/B pair was launched by kimictl.",
-                hint="pass URLs (kimictl monitor http://127.0.0.1:8000 or tuned=URL stock=URL), "
-                "a run id from `kimictl ps`, or start a pair with `kimictl serve --ab`.",
-            )
-        )
-    targets = [resolve_target(t) for t in texts]
-    seen: set[str] = set()
-    for t in targets:
-        if t.name in seen:
-            raise InputError(
-                f"two endpoints are named '{t.name}'; name them apart, e.g. a={t.url} b=URL."
-            )
-        seen.add(t.name)
-    return targets
+    return resolve_targets(
+        texts,
+        missing="no endpoint given and no live A/B pair was launched by kimictl.",
+        hint="pass URLs (kimictl monitor http://127.0.0.1:8000 or tuned=URL stock=URL), "
+        "a run id from `kimictl ps`, or start a pair with `kimictl serve --ab`.",
+        apart="a=URL b=URL",
+    )
 
 
 def _render_table(doc: dict[str, Any]) -> None:
@@ -130,144 +155,91 @@ def _line(doc: dict[str, Any]) -> str:
     "(default: the latest A/B pair from `kimictl serve --ab`)."
 )
 def monitor(
-    targets: Annotated[
-        list[str] | None, typer.Argument(help="URL, NAME=URL or run id (repeatable).")
-    ] = None,
-    interval: Annotated[float, typer.Option(help="Seconds between scrapes of /metrics.")] = 1.0,
-    window: Annotated[
-        str, typer.Option(help="Window of the figures: 10s, 1m, 5m or seconds.")
-    ] = "10s",
-    once: Annotated[
-        bool, typer.Option("--once", help="Print one snapshot after one window and exit.")
-    ] = False,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="JSON (with --once or --no-tui).")
-    ] = False,
-    record: Annotated[
-        Path | None, typer.Option(help="Append one JSON line per scrape round to FILE.")
-    ] = None,
-    no_tui: Annotated[
-        bool, typer.Option("--no-tui", help="Headless: one line per round (JSONL with --json).")
-    ] = False,
-    duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (headless).")
-    ] = None,
-    slo_interactivity: Annotated[
-        float | None,
-        typer.Option(help="SLO line on the interactivity chart (tokens/s/user, p10)."),
-    ] = None,
-    traces_port: Annotated[
-        int,
-        typer.Option(
-            help="Receive vLLM's per-request trace spans (OTLP/HTTP) on 127.0.0.1:PORT; "
-            'servers send them with a profile\'s [metrics] traces = "kimictl".'
-        ),
-    ] = DEFAULT_TRACES_PORT,
-    traces: Annotated[
-        bool,
-        typer.Option(
-            "--traces/--no-traces", help="Exact figures from traced requests (histograms else)."
-        ),
-    ] = True,
+    targets: TargetsArg = None,
+    interval: IntervalOpt = 1.0,
+    window: WindowOpt = "10s",
+    once: OnceOpt = False,
+    json_out: JsonOpt = False,
+    record: RecordOpt = None,
+    no_tui: NoTuiOpt = False,
+    duration: DurationOpt = None,
+    slo_interactivity: SloOpt = None,
+    traces_port: TracesPortOpt = DEFAULT_TRACES_PORT,
+    traces: TracesOpt = True,
 ) -> None:
-    import asyncio
+    from kimictl.runtime.observe.session import MonitorRequest
 
-    from kimictl.runtime.observe.poller import (
-        EndpointPoller,
-        append_jsonl,
-        check_record_target,
-        none_answered,
-        watch,
+    request = MonitorRequest(
+        window=window,
+        interval=interval,
+        once=once,
+        json=json_out,
+        no_tui=no_tui,
+        duration=duration,
+        slo_interactivity=slo_interactivity,
+        record=record,
+        traces=traces,
+        traces_port=traces_port,
     )
-    from kimictl.runtime.observe.window import MetricsSeries, parse_window
-
-    window_s = parse_window(window)
-    if not 0.05 <= interval <= 60:
-        raise InputError(f"--interval {interval:g} is out of range: use 0.05 to 60 seconds.")
-    # `not 0 < x < inf` also refuses nan, which compares false with everything
-    if slo_interactivity is not None and not 0 < slo_interactivity < math.inf:
-        raise InputError(f"--slo-interactivity {slo_interactivity:g} must be > 0 tokens/s/user.")
-    if duration is not None and not 0 < duration < math.inf:
-        raise InputError(f"--duration {duration:g} must be a finite number of seconds > 0.")
-    if json_out and not (once or no_tui):
-        raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
-    if not 0 <= traces_port < 65536:
-        raise InputError(f"--traces-port {traces_port} is not a TCP port; allowed: 0-65535.")
-    if record is not None:
-        check_record_target(record)
-    resolved = _targets(targets or [])
-    keep_s = max(330.0, window_s * 1.1 + 2 * interval)  # history long enough for the window
-    receiver = None
-    if traces:
-        from kimictl.runtime.observe.otlp import OtlpReceiver, TraceStore
-
-        receiver = OtlpReceiver(port=traces_port, store=TraceStore(keep_s=keep_s))
-        receiver.try_start()
-    pollers = [
-        EndpointPoller(
-            t.name,
-            t.url,
-            t.model,
-            series=MetricsSeries(keep_s=keep_s),
-            traces=receiver.store if receiver is not None else None,
-        )
-        for t in resolved
-    ]
-    traces_status = receiver.status if receiver is not None else None
-    try:
-        if once or no_tui:
-            from kimictl.runtime.observe.gpu_telemetry import sample_gpus
-
-            def on_tick(doc: dict[str, Any]) -> None:
-                if record is not None:
-                    append_jsonl(record, doc)
-                if no_tui and not once:
-                    if json_out:
-                        import orjson
-
-                        typer.echo(orjson.dumps(doc).decode())
-                    else:
-                        typer.echo(_line(doc))
-
-            # --once: until the scrapes span one window (give up a little after it)
-            run_for = window_s + max(5.0, 3 * interval) if once else duration
-            try:
-                doc = asyncio.run(
-                    watch(
-                        pollers,
-                        interval=interval,
-                        window_s=window_s,
-                        duration_s=run_for,
-                        on_tick=on_tick,
-                        gpu_sampler=sample_gpus,
-                        full_window=once,
-                        traces_status=traces_status,
-                    )
-                )
-            except KeyboardInterrupt:
-                return
-            if once:
-                silent = none_answered(pollers)
-                if json_out:
-                    from kimictl.commands._output import emit_json
-
-                    emit_json(doc)
-                elif silent is None:  # a table of dashes says nothing the error does not
-                    _render_table(doc)
-                if silent is not None:
-                    raise silent
+    with request.open(_targets(targets or [])) as session:
+        if request.headless:
+            _headless(session)
             return
-
         from kimictl.tui.app import MonitorApp
 
         MonitorApp(
-            pollers,
+            session.pollers,
             interval=interval,
-            window_s=window_s,
+            window_s=request.window_s,
             slo_interactivity=slo_interactivity,
             record=record,
-            traces_status=traces_status,
+            traces_status=session.traces_status,
         ).run()
-    finally:
-        if receiver is not None:
-            receiver.close()
+
+
+def _headless(session: MonitorSession) -> None:
+    """--once: one snapshot after one window (a table, or --json); --no-tui: a line (or a JSON
+    line) per round until --duration or Ctrl-C. Each round goes to --record too."""
+    import asyncio
+
+    from kimictl.runtime.observe.gpu_telemetry import sample_gpus
+    from kimictl.runtime.observe.poller import append_jsonl, none_answered, watch
+
+    request = session.request
+
+    def on_tick(doc: dict[str, Any]) -> None:
+        if request.record is not None:
+            append_jsonl(request.record, doc)
+        if request.no_tui and not request.once:
+            if request.json:
+                import orjson
+
+                typer.echo(orjson.dumps(doc).decode())
+            else:
+                typer.echo(_line(doc))
+
+    try:
+        doc = asyncio.run(
+            watch(
+                session.pollers,
+                interval=request.interval,
+                window_s=request.window_s,
+                duration_s=session.run_for,
+                on_tick=on_tick,
+                gpu_sampler=sample_gpus,
+                full_window=request.once,
+                traces_status=session.traces_status,
+            )
+        )
+    except KeyboardInterrupt:
+        return
+    if request.once:
+        silent = none_answered(session.pollers)
+        if request.json:
+            from kimictl.commands._output import emit_json
+
+            emit_json(doc)
+        elif silent is None:  # a table of dashes says nothing the error does not
+            _render_table(doc)
+        if silent is not None:
+            raise silent

@@ -1,0 +1,148 @@
+"""One monitor session, as `kimictl monitor` asks for it: the options checked together, then the
+pollers, the history they keep and the trace receiver they share.
+
+`MonitorRequest.open(targets)` returns a `MonitorSession` to run headless (`watch`) or hand to the
+TUI; closing it stops the receiver. Bounds a CLI parser states (the interval's range, a TCP port)
+are the command's own; what is left (a finite number, an option that needs another) is here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kimictl.core.errors import InputError
+from kimictl.deployment.traces import DEFAULT_TRACES_PORT
+
+if TYPE_CHECKING:
+    from kimictl.runtime.observe.otlp import OtlpReceiver
+    from kimictl.runtime.observe.poller import EndpointPoller
+
+__all__ = ["MonitorRequest", "MonitorSession", "NamedEndpoint", "history_keep_s"]
+
+# The history a poller keeps: the charts' span (5 min), and more when the window is longer.
+MIN_HISTORY_S = 330.0
+
+
+class NamedEndpoint(Protocol):
+    """An endpoint to watch (serving.runs.Target reads so): a name, a URL, its model if known."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+
+
+def history_keep_s(window_s: float, interval: float) -> float:
+    """Seconds of scrapes and spans to keep: the window, with room for a scrape at each end."""
+    return max(MIN_HISTORY_S, window_s * 1.1 + 2 * interval)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorRequest:
+    """The monitor options as the user gave them, checked when made (InputError for a bad mix of
+    options or a bad --record FILE); `open()` starts the session."""
+
+    window: str = "10s"
+    interval: float = 1.0
+    once: bool = False
+    json: bool = False
+    no_tui: bool = False
+    duration: float | None = None
+    slo_interactivity: float | None = None
+    record: Path | None = None
+    traces: bool = True
+    traces_port: int = DEFAULT_TRACES_PORT
+    window_s: float = field(init=False)  # --window in seconds
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "window_s", self._check())
+
+    @property
+    def headless(self) -> bool:
+        return self.once or self.no_tui
+
+    def _check(self) -> float:
+        from kimictl.runtime.observe.poller import check_record_target
+        from kimictl.runtime.observe.window import parse_window
+
+        window_s = parse_window(self.window)
+        # `not 0 < x < inf` also refuses nan, which compares false with everything
+        slo = self.slo_interactivity
+        if slo is not None and not 0 < slo < math.inf:
+            raise InputError(f"--slo-interactivity {slo:g} must be > 0 tokens/s/user.")
+        if self.duration is not None and not 0 < self.duration < math.inf:
+            raise InputError(
+                f"--duration {self.duration:g} must be a finite number of seconds > 0."
+            )
+        if self.json and not self.headless:
+            raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
+        if self.record is not None:
+            check_record_target(self.record)
+        return window_s
+
+    def open(self, targets: Sequence[NamedEndpoint]) -> MonitorSession:
+        """Pollers for `targets` and, with traces, a receiver on 127.0.0.1:traces_port (a taken
+        port becomes the receiver's `reason`: the figures come from histograms then)."""
+        from kimictl.runtime.observe.poller import EndpointPoller
+        from kimictl.runtime.observe.window import MetricsSeries
+
+        keep_s = history_keep_s(self.window_s, self.interval)
+        receiver = None
+        if self.traces:
+            from kimictl.runtime.observe.otlp import OtlpReceiver, TraceStore
+
+            receiver = OtlpReceiver(port=self.traces_port, store=TraceStore(keep_s=keep_s))
+            receiver.try_start()
+        try:
+            pollers = [
+                EndpointPoller(
+                    t.name,
+                    t.url,
+                    t.model,
+                    series=MetricsSeries(keep_s=keep_s),
+                    traces=receiver.store if receiver is not None else None,
+                )
+                for t in targets
+            ]
+        except BaseException:
+            if receiver is not None:
+                receiver.close()
+            raise
+        return MonitorSession(self, pollers, receiver)
+
+
+@dataclass
+class MonitorSession:
+    """What a monitor runs: the pollers and the receiver (closed by `close()` or `with`)."""
+
+    request: MonitorRequest
+    pollers: list[EndpointPoller]
+    receiver: OtlpReceiver | None
+
+    @property
+    def traces_status(self) -> Callable[[], Mapping[str, Any]] | None:
+        return self.receiver.status if self.receiver is not None else None
+
+    @property
+    def run_for(self) -> float | None:
+        """Seconds of headless polling: --once until the scrapes span one window (giving up a
+        little after it), else --duration (None: until interrupted)."""
+        if self.request.once:
+            return self.request.window_s + max(5.0, 3 * self.request.interval)
+        return self.request.duration
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+
+    def __enter__(self) -> MonitorSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
