@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ import pytest
 from kimictl.cli import main
 from kimictl.core.errors import InputError
 from kimictl.kernels.toolchain.layer_record import LayerRecord, read_layer_record
-from kimictl.runtime.tuning.layer_overhead import measured_overheads, overheads_applied
+from kimictl.runtime.tuning.layer_overhead import measured_overheads
+from kimictl.runtime.tuning.model import fitted_parameters, layer_time_us
 from kimictl.runtime.tuning.params import PARAMS, param
-from kimictl.runtime.tuning.systems import get_system
+from kimictl.runtime.tuning.published import published_setups
+from kimictl.runtime.tuning.systems import KernelOverheads, get_system
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE = FIXTURES / "runs" / "kernels_vs_vllm_tuned4" / "kernels_h200_bench.json"
@@ -97,11 +100,19 @@ def test_measured_overheads_follow_the_layer_times(raw):
     assert measured_overheads(record, get_system("gb300")) is None  # another GPU's record
 
 
-def test_overheads_applied_is_undone():
+def test_measured_overheads_travel_with_the_system_not_the_parameters():
     before = dict(PARAMS)
-    with overheads_applied({"kernel_overhead_us_stock": 1.25}, "measured"):
-        assert param("kernel_overhead_us_stock") == 1.25
-        assert not PARAMS["kernel_overhead_us_stock"].fitted
+    h200 = get_system("h200")
+    measured = replace(h200, overheads=KernelOverheads(1.25, 0.5, source="measured"))
+    layer = published_setups()["layer"]
+    for path, us in (("stock", 1.25), ("specialized", 0.5)):
+        per_layer = param(f"kernels_per_layer_{path}")
+        got = layer_time_us(measured, layer, path=path)["kernels"]
+        assert got == pytest.approx(per_layer * us)
+        fitted = layer_time_us(h200, layer, path=path)["kernels"]
+        assert fitted == pytest.approx(per_layer * param(f"kernel_overhead_us_{path}"))
+        assert f"kernel_overhead_us_{path}" in fitted_parameters(h200)
+        assert f"kernel_overhead_us_{path}" not in fitted_parameters(measured)
     assert PARAMS == before
 
 
@@ -127,4 +138,4 @@ def test_tune_uses_the_node_layer_record_when_it_has_one(cache, capsys):
     assert json.dumps(measured["candidates"]) != json.dumps(fitted["candidates"])
     assert "kernel_overhead_us_stock" in fitted["fitted_parameters"]
     assert "kernel_overhead_us_stock" not in measured["fitted_parameters"]  # measured, not fitted
-    assert PARAMS["kernel_overhead_us_stock"].fitted  # restored after the command
+    assert PARAMS["kernel_overhead_us_stock"].fitted  # the command changed no parameter

@@ -19,6 +19,7 @@ from kimictl.core.errors import CheckFailed, InputError
 if TYPE_CHECKING:
     from kimictl.runtime.tuning.measure import MeasureResult
     from kimictl.runtime.tuning.search import SearchResult
+    from kimictl.runtime.tuning.service import SearchOutcome
 
 app = typer.Typer(
     add_completion=False,
@@ -28,7 +29,7 @@ app = typer.Typer(
 SystemOpt = Annotated[
     str | None, typer.Option("--system", help="gb300, b300, b200 or h200.", show_default=False)
 ]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs in the deployment.")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs in the deployment.")]
 SnapshotOpt = Annotated[
     list[Path] | None,
     typer.Option("--from-snapshot", help="Hardware snapshot JSON(s) instead of --system/--gpus."),
@@ -54,6 +55,42 @@ CommOpt = Annotated[
 ]
 
 
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", min=1, help="Requests in flight across all replicas.")
+]
+SloOpt = Annotated[
+    str | None, typer.Option("--slo", help='e.g. "interactivity_p10>=150,ttft_p99<=2s".')
+]
+WriteOpt = Annotated[
+    Path | None, typer.Option("--write", help="Write the chosen profile TOML here.")
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --write and --plot files.")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Also save the Pareto plot as a PNG.")]
+MeasureOpt = Annotated[
+    str | None,
+    typer.Option("--measure", help="Sweep concurrency against a live server (URL or run id)."),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", help="With --measure URL --write: the profile the server runs."),
+]
+MaxConcurrencyOpt = Annotated[
+    int, typer.Option("--max-concurrency", help="With --measure: the sweep's highest load.")
+]
+NumPromptsOpt = Annotated[
+    int | None,
+    typer.Option("--num-prompts", help="With --measure: requests per point (2 x load, >= 4)."),
+]
+CheckOpt = Annotated[
+    tuple[Path, str] | None,
+    typer.Option(
+        "--check",
+        help="BENCH.json PROFILE: the model's error on a measured bench result.",
+        metavar="BENCH.json PROFILE",
+    ),
+]
+
+
 @app.callback(invoke_without_command=True)
 def tune(
     ctx: typer.Context,
@@ -62,46 +99,18 @@ def tune(
     from_snapshot: SnapshotOpt = None,
     context: ContextOpt = "8k",
     output_len: OutputOpt = "1k",
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", help="Requests in flight across all replicas.")
-    ] = 1,
-    slo: Annotated[
-        str | None, typer.Option("--slo", help='e.g. "interactivity_p10>=150,ttft_p99<=2s".')
-    ] = None,
+    concurrency: ConcurrencyOpt = 1,
+    slo: SloOpt = None,
     draft_acceptance: AcceptOpt = None,
     json_out: JsonOpt = False,
-    write: Annotated[
-        Path | None, typer.Option("--write", help="Write the chosen profile TOML here.")
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Overwrite the --write and --plot files.")
-    ] = False,
-    plot: Annotated[
-        Path | None, typer.Option("--plot", help="Also save the Pareto plot as a PNG.")
-    ] = None,
-    measure: Annotated[
-        str | None,
-        typer.Option("--measure", help="Sweep concurrency against a live server (URL or run id)."),
-    ] = None,
-    base_profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="With --measure URL --write: the profile the server runs."),
-    ] = None,
-    max_concurrency: Annotated[
-        int, typer.Option("--max-concurrency", help="With --measure: the sweep's highest load.")
-    ] = 64,
-    num_prompts: Annotated[
-        int | None,
-        typer.Option("--num-prompts", help="With --measure: requests per point (2 x load, >= 4)."),
-    ] = None,
-    check: Annotated[
-        tuple[Path, str] | None,
-        typer.Option(
-            "--check",
-            help="BENCH.json PROFILE: the model's error on a measured bench result.",
-            metavar="BENCH.json PROFILE",
-        ),
-    ] = None,
+    write: WriteOpt = None,
+    force: ForceOpt = False,
+    plot: PlotOpt = None,
+    measure: MeasureOpt = None,
+    base_profile: ProfileOpt = None,
+    max_concurrency: MaxConcurrencyOpt = 64,
+    num_prompts: NumPromptsOpt = None,
+    check: CheckOpt = None,
     comm_curve: CommOpt = None,
 ) -> None:
     """Search TP8/TP16 x DCP x draft x max-num-seqs; print the Pareto frontier and a choice."""
@@ -124,77 +133,27 @@ def tune(
             num_prompts,
         )
         return
-    from kimictl.runtime.tuning import service
+    from kimictl.runtime.tuning.service import SearchRequest
 
-    if plot is not None:  # refuse a bad --plot before anything is written
-        from kimictl.runtime.tuning.plot import check_png_target
-
-        check_png_target(plot, overwrite=force)
-    hw, count, source = service.resolve_system(system, gpus, from_snapshot)
-    hw = service.with_comm_curve(hw, comm_curve)
-    overheads, overhead_note = _node_overheads(hw)
-    from kimictl.runtime.tuning.layer_overhead import overheads_applied
-
-    # in force until the command ends, so the written profile and the JSON say what was used
-    ctx.with_resource(overheads_applied(overheads or {}, overhead_note))
-    result = service.run_search(
-        system=hw,
-        gpus=count,
-        context=service.parse_tokens(context, flag="--context"),
-        output_len=service.parse_tokens(output_len, flag="--output-len"),
+    outcome = SearchRequest(
+        system=system,
+        gpus=gpus,
+        snapshots=tuple(from_snapshot or ()),
+        context=context,
+        output_len=output_len,
         concurrency=concurrency,
-        slo_text=slo,
-        acceptance=service.parse_acceptance(draft_acceptance),
-    )
-    written = None
-    if write is not None and result.choice is not None:
-        from kimictl.runtime.tuning.choice_profile import write_choice
-
-        written = write_choice(result, write, overwrite=force, hardware_source=source)
-    png = None
-    if plot is not None:
-        from kimictl.runtime.tuning.plot import save_png
-
-        png = save_png(result, plot, overwrite=force)
+        slo=slo,
+        draft_acceptance=draft_acceptance,
+        comm_curve=comm_curve,
+        write=write,
+        plot=plot,
+        force=force,
+    ).run()
     if json_out:
-        doc = result.to_json()
-        doc["hardware_source"] = source
-        doc["communication"] = hw.communication()
-        doc["kernel_overheads"] = {"measured": overheads is not None, "source": overhead_note}
-        doc["kernel_overheads"] |= overheads or {}
-        doc["model"] = service.model_card()["published_figures"]
-        if written is not None:
-            doc["written"] = str(written)
-        if png is not None:
-            doc["plot"] = str(png)
-        emit_json(doc)
-        _fail_if_nothing_fits(result)
-        return
-    _render_search(result, source)
-    console.print(f"[dim]all-reduce term: {hw.communication()}[/dim]", soft_wrap=True)
-    console.print(f"[dim]per-kernel overheads: {overhead_note}[/dim]", soft_wrap=True)
-    if png is not None:
-        console.print(f"plot written: {png}")
-    if written is not None:
-        console.print(f"profile written: {written}")
-    _fail_if_nothing_fits(result)
-
-
-def _node_overheads(hw: Any) -> tuple[dict[str, float] | None, str]:
-    """Per-kernel overheads measured on this node's dense layer (kimictl kernels layer --save)
-    when its GPU is the one modelled, else the fitted ones; and a line saying which."""
-    from kimictl.kernels.toolchain.layer_record import node_layer_record
-    from kimictl.runtime.tuning.layer_overhead import measured_overheads
-
-    record = node_layer_record()
-    values = measured_overheads(record, hw) if record is not None else None
-    if values is None:
-        return None, "fitted to published GB300 layer times (no layer measured on this GPU here)"
-    assert record is not None  # the values came from it
-    shown = ", ".join(
-        f"{k.removeprefix('kernel_overhead_us_')} {v:.2f} us" for k, v in values.items()
-    )
-    return values, f"measured from this node's layer record on {record.device}: {shown}"
+        emit_json(outcome.to_json())
+    else:
+        _render_search(outcome)
+    _fail_if_nothing_fits(outcome.result)
 
 
 def _fail_if_nothing_fits(result: SearchResult) -> None:
@@ -207,7 +166,20 @@ def _fail_if_nothing_fits(result: SearchResult) -> None:
         )
 
 
-def _render_search(result: SearchResult, source: str) -> None:
+def _render_search(outcome: SearchOutcome) -> None:
+    from kimictl.runtime.tuning.layer_overhead import overheads_report
+
+    _render_frontier(outcome.result, outcome.source)
+    console.print(f"[dim]all-reduce term: {outcome.system.communication()}[/dim]", soft_wrap=True)
+    note = overheads_report(outcome.system)["source"]
+    console.print(f"[dim]per-kernel overheads: {note}[/dim]", soft_wrap=True)
+    if outcome.png is not None:
+        console.print(f"plot written: {outcome.png}")
+    if outcome.written is not None:
+        console.print(f"profile written: {outcome.written}")
+
+
+def _render_frontier(result: SearchResult, source: str) -> None:
     from rich.table import Table
 
     from kimictl.runtime.tuning.model import MODEL_VERSION

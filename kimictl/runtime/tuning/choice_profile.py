@@ -17,7 +17,7 @@ from typing import Any
 from kimictl.core.errors import CheckFailed, InputError
 from kimictl.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec, k3
 from kimictl.runtime.checks.stack import VLLM_VERSION
-from kimictl.runtime.tuning.model import MODEL_VERSION, PARAMS, Config
+from kimictl.runtime.tuning.model import MODEL_VERSION, Config, fitted_parameters
 from kimictl.runtime.tuning.search import SearchResult
 
 __all__ = ["check_write_target", "spec_for", "twin_path", "write_choice", "write_spec_pair"]
@@ -152,7 +152,7 @@ def write_choice(
         "predicted_fallback_share": round(choice.prediction.fallback_share, 4),
         "bound_by": choice.bound_by,
         "why": choice.why,
-        "fitted_parameters": {n: p.value for n, p in PARAMS.items() if p.fitted},
+        "fitted_parameters": fitted_parameters(result.inputs.system),
     }
     description = (
         f"Tuned by kimictl tune: {cfg.path} TP{cfg.tp} DCP{cfg.dcp} draft {cfg.draft_tokens}, "

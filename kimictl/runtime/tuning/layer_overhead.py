@@ -9,21 +9,22 @@ the model's bandwidth for that path, so
     overhead = (layer_us - weight_bytes / (peak x hbm_efficiency_<path>)) / graph kernel nodes
 
 with stock = cuBLAS under torch.compile and specialized = the fastest fused kimictl variant,
-averaged over the layer kinds measured. Used only when the record's GPU is the system modelled.
+averaged over the layer kinds measured. Used only when the record's GPU is the system modelled:
+`with_node_overheads` returns the system carrying them (`System.overheads`), which the model reads
+in place of the fitted values; no parameter changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from kimictl.runtime.tuning.model import PATHS, _hbm_bytes_per_us
-from kimictl.runtime.tuning.params import PARAMS
-from kimictl.runtime.tuning.systems import System, system_for_gpu_name
+from kimictl.runtime.tuning.systems import KernelOverheads, System, system_for_gpu_name
 
-__all__ = ["measured_overheads", "overheads_applied"]
+__all__ = ["FITTED_SOURCE", "measured_overheads", "overheads_report", "with_node_overheads"]
+
+FITTED_SOURCE = "fitted to published GB300 layer times (no layer measured on this GPU here)"
 
 
 def measured_overheads(record: Any, system: System) -> dict[str, float] | None:
@@ -49,14 +50,29 @@ def measured_overheads(record: Any, system: System) -> dict[str, float] | None:
     return out
 
 
-@contextmanager
-def overheads_applied(values: dict[str, float], source: str) -> Iterator[None]:
-    """PARAMS with `values` in place (marked measured, not fitted) for the block, then restored."""
-    saved = dict(PARAMS)
-    try:
-        for name, value in values.items():
-            PARAMS[name] = replace(PARAMS[name], value=value, source=source, fitted=False)
-        yield
-    finally:
-        PARAMS.clear()
-        PARAMS.update(saved)
+def with_node_overheads(system: System) -> System:
+    """`system` carrying the overheads measured on this node's layer record (`kimictl kernels
+    layer --save`) when its GPU is the one modelled; else unchanged (the fitted ones)."""
+    from kimictl.kernels.toolchain.layer_record import node_layer_record
+
+    record = node_layer_record()
+    values = measured_overheads(record, system) if record is not None else None
+    if values is None:
+        return system
+    assert record is not None  # the values came from it
+    shown = ", ".join(
+        f"{k.removeprefix('kernel_overhead_us_')} {v:.2f} us" for k, v in values.items()
+    )
+    measured = KernelOverheads(
+        stock_us=values["kernel_overhead_us_stock"],
+        specialized_us=values["kernel_overhead_us_specialized"],
+        source=f"measured from this node's layer record on {record.device}: {shown}",
+    )
+    return replace(system, overheads=measured)
+
+
+def overheads_report(system: System) -> dict[str, Any]:
+    """Which per-kernel overheads `system`'s predictions use, for `--json` (`source` in words)."""
+    if system.overheads is None:
+        return {"measured": False, "source": FITTED_SOURCE}
+    return {"measured": True, "source": system.overheads.source, **system.overheads.values()}

@@ -48,6 +48,7 @@ __all__ = [
     "checkpoint_bytes",
     "expected_distinct_experts",
     "fast_path_covers",
+    "fitted_parameters",
     "kv_read_us",
     "layer_time_us",
     "predict",
@@ -274,6 +275,21 @@ def _hbm_bytes_per_us(system: System, path: PathName) -> float:
     return system.hbm_tb_s * 1e6 * param(f"hbm_efficiency_{path}")
 
 
+def _kernel_overhead_us(system: System, path: PathName) -> float:
+    """One kernel's launch overhead on `path`: measured on the node when the system carries it."""
+    name = f"kernel_overhead_us_{path}"
+    if system.overheads is not None:
+        return system.overheads.values()[name]
+    return param(name)
+
+
+def fitted_parameters(system: System) -> dict[str, float]:
+    """The fitted parameters a prediction on `system` uses, by name (what the system's measured
+    overheads replace is not among them)."""
+    measured = system.overheads.values() if system.overheads is not None else {}
+    return {n: p.value for n, p in PARAMS.items() if p.fitted and n not in measured}
+
+
 def _layer_bytes_flops(
     kind: Literal["kda", "mla"],
     ffn: Literal["moe", "dense"],
@@ -327,7 +343,7 @@ def layer_time_us(
     nbytes, flops = _layer_bytes_flops(kind, ffn, cfg, _experts_tokens(cfg))
     memory = nbytes / _hbm_bytes_per_us(system, path)
     compute = flops / (system.bf16_tflops * 1e6 * param("decode_flops_efficiency"))
-    kernels = param(f"kernels_per_layer_{path}") * param(f"kernel_overhead_us_{path}")
+    kernels = param(f"kernels_per_layer_{path}") * _kernel_overhead_us(system, path)
     message = padded_tokens(cfg.step_tokens) * H * BF16
     comm = param("allreduces_per_layer") * _allreduce_us(system, cfg.tp, message, path)
     if kind == "mla" and cfg.dcp > 1:
@@ -335,7 +351,7 @@ def layer_time_us(
         partial = cfg.step_tokens * _S["mla_heads"] / cfg.tp * (_S["kv_lora_rank"] + 1) * FP32
         comm += _allreduce_us(system, cfg.dcp, partial, path)
         if path == "stock":  # a separate combine kernel; the specialized MLA fuses it
-            kernels += param("kernel_overhead_us_stock")
+            kernels += _kernel_overhead_us(system, "stock")
     data = max(memory, compute)
     return {
         "kernels": kernels,

@@ -20,12 +20,12 @@ from kimictl.deployment import k3
 from kimictl.runtime.load.slo import SLO
 from kimictl.runtime.tuning.model import (
     MODEL_VERSION,
-    PARAMS,
     Config,
     PathName,
     Prediction,
     acceptance_rate_for,
     default_acceptance_rate,
+    fitted_parameters,
     kv_read_us,
     predict,
 )
@@ -181,9 +181,7 @@ class SearchResult:
             "pareto": [_row(p, self.inputs.gpus) for p in self.pareto],
             "choice": self.choice.to_json() if self.choice else None,
             "notes": self.notes,
-            "fitted_parameters": {
-                name: param.value for name, param in PARAMS.items() if param.fitted
-            },
+            "fitted_parameters": fitted_parameters(self.inputs.system),
         }
 
 

@@ -26,6 +26,8 @@ from kimictl.runtime.tuning.systems import SYSTEMS, System, get_system, system_f
 
 __all__ = [
     "Acceptance",
+    "SearchOutcome",
+    "SearchRequest",
     "model_card",
     "parse_acceptance",
     "parse_tokens",
@@ -116,8 +118,6 @@ def resolve_system(
     found = get_system(system)
     if gpus is None:
         raise InputError(f"--system {system} needs --gpus N (8 or 16 per replica).")
-    if gpus <= 0:
-        raise InputError(f"--gpus must be a positive number of GPUs, got {gpus}.")
     return found, gpus, "--system"
 
 
@@ -150,8 +150,6 @@ def run_search(
     acceptance: Acceptance,
 ) -> SearchResult:
     """Parse the SLO and search (the one call `kimictl tune` makes for a model search)."""
-    if concurrency <= 0:
-        raise InputError(f"--concurrency must be a positive number of requests, got {concurrency}.")
     slo = None
     if slo_text is not None:
         from kimictl.runtime.load.slo import parse_slo
@@ -169,6 +167,87 @@ def run_search(
             acceptance_draft_tokens=acceptance.draft_tokens,
         )
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchRequest:
+    """`kimictl tune`'s model search as asked: hardware (a --system, snapshots or this machine),
+    workload, SLO and what to write. `run()` checks it, searches and writes."""
+
+    system: str | None = None
+    gpus: int | None = None
+    snapshots: tuple[Path, ...] = ()
+    context: str = "8k"
+    output_len: str = "1k"
+    concurrency: int = 1
+    slo: str | None = None
+    draft_acceptance: str | None = None
+    comm_curve: Path | None = None
+    write: Path | None = None
+    plot: Path | None = None
+    force: bool = False  # replace the --write and --plot files
+
+    def run(self) -> SearchOutcome:
+        """The search on the hardware asked for, with this node's measured kernel overheads when
+        it measured the GPU modelled (layer_overhead); the profile and plot written if asked."""
+        from kimictl.runtime.tuning.layer_overhead import with_node_overheads
+
+        if self.plot is not None:  # refuse a bad --plot before anything is written
+            from kimictl.runtime.tuning.plot import check_png_target
+
+            check_png_target(self.plot, overwrite=self.force)
+        hw, count, source = resolve_system(self.system, self.gpus, self.snapshots)
+        hw = with_node_overheads(with_comm_curve(hw, self.comm_curve))
+        result = run_search(
+            system=hw,
+            gpus=count,
+            context=parse_tokens(self.context, flag="--context"),
+            output_len=parse_tokens(self.output_len, flag="--output-len"),
+            concurrency=self.concurrency,
+            slo_text=self.slo,
+            acceptance=parse_acceptance(self.draft_acceptance),
+        )
+        written = None
+        if self.write is not None and result.choice is not None:
+            from kimictl.runtime.tuning.choice_profile import write_choice
+
+            written = write_choice(result, self.write, overwrite=self.force, hardware_source=source)
+        png = None
+        if self.plot is not None:
+            from kimictl.runtime.tuning.plot import save_png
+
+            png = save_png(result, self.plot, overwrite=self.force)
+        return SearchOutcome(result=result, source=source, written=written, png=png)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    """A search and what came of it: where the hardware came from, the files written."""
+
+    result: SearchResult
+    source: str  # where the hardware figures came from, in words
+    written: Path | None = None  # the --write profile
+    png: Path | None = None  # the --plot file
+
+    @property
+    def system(self) -> System:
+        """The system searched, with the all-reduce curve and kernel overheads it used."""
+        return self.result.inputs.system
+
+    def to_json(self) -> dict[str, Any]:
+        """`kimictl tune --json`: the search, the sources of its terms, the files written."""
+        from kimictl.runtime.tuning.layer_overhead import overheads_report
+
+        doc = self.result.to_json()
+        doc["hardware_source"] = self.source
+        doc["communication"] = self.system.communication()
+        doc["kernel_overheads"] = overheads_report(self.system)
+        doc["model"] = model_card()["published_figures"]
+        if self.written is not None:
+            doc["written"] = str(self.written)
+        if self.png is not None:
+            doc["plot"] = str(self.png)
+        return doc
 
 
 def predict_pair(

@@ -15,12 +15,36 @@ from kimictl.core.errors import InputError
 if TYPE_CHECKING:
     from kimictl.runtime.tuning.commcurve import CommCurve
 
-__all__ = ["SYSTEMS", "System", "get_system", "system_for_gpu_name", "system_from_report"]
+__all__ = [
+    "SYSTEMS",
+    "KernelOverheads",
+    "System",
+    "get_system",
+    "system_for_gpu_name",
+    "system_from_report",
+]
 
 # No vendor publishes a GPU-to-GPU NVLink round-trip latency. 1 us is the order of magnitude of a
 # flag write to a peer through an NVSwitch plus the memory fences around it; used only for the
 # synchronisation cost of an all-reduce (model.py `_allreduce_us`).
 _NVLINK_LATENCY_NOTE = "NVLink latency: no vendor figure; 1 us assumed (peer flag write + fences)"
+
+
+@dataclass(frozen=True)
+class KernelOverheads:
+    """Per-kernel overheads measured on this node's layer (tuning.layer_overhead), used in place
+    of the fitted `kernel_overhead_us_<path>` parameters; `source` says where they come from."""
+
+    stock_us: float
+    specialized_us: float
+    source: str
+
+    def values(self) -> dict[str, float]:
+        """By parameter name, as params.PARAMS names the fitted ones they replace."""
+        return {
+            "kernel_overhead_us_stock": self.stock_us,
+            "kernel_overhead_us_specialized": self.specialized_us,
+        }
 
 
 @dataclass(frozen=True)
@@ -40,6 +64,9 @@ class System:
     sources: tuple[str, ...] = field(default_factory=tuple)
     # a measured all-reduce curve (`kimictl tune --comm-curve`); None: the spec-sheet constants
     comm: CommCurve | None = None
+    # per-kernel overheads measured on this node (`kimictl tune` reads the node's layer record);
+    # None: the fitted ones
+    overheads: KernelOverheads | None = None
 
     def communication(self, tp: int | None = None) -> str:
         """Where the all-reduce term comes from, in words (the output says which)."""
