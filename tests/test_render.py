@@ -506,7 +506,7 @@ def test_cli_render_writes_a_private_file_and_never_overwrites(tmp_path, capsys,
     assert main(["serve", "k3-tp8-latency", "--render", "k8s", "-o", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["serve", "k3-tp8-latency", "--render", "nomad"]) == 2
-    assert "allowed: slurm, k8s" in capsys.readouterr().err
+    assert "--render 'nomad' is not one of: slurm, k8s" in capsys.readouterr().err
     assert main(["serve", "k3-tp8-latency", "--render", "slurm", "--api-key-secret", "s"]) == 2
     assert "goes with --render k8s" in capsys.readouterr().err
 

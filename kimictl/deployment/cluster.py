@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 __all__ = [
@@ -13,9 +14,18 @@ __all__ = [
     "DEFAULT_SHM",
     "DEFAULT_WEIGHTS_MOUNT",
     "ClusterSettings",
+    "JobFormat",
     "check_dns_label",
     "cluster_settings",
 ]
+
+
+class JobFormat(StrEnum):
+    """The cluster jobs `kimictl serve --render` writes."""
+
+    slurm = "slurm"  # an sbatch script
+    k8s = "k8s"  # Kubernetes manifests (LeaderWorkerSet)
+
 
 DEFAULT_WEIGHTS_MOUNT = "/models"
 # GPU feature discovery's node label for a multi-node NVLink domain, valued "<cluster UUID>.<clique

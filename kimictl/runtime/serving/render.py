@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from kimictl.core.apikeys import ENV_VAR
 from kimictl.core.errors import InputError
-from kimictl.deployment.cluster import ClusterSettings
+from kimictl.deployment.cluster import ClusterSettings, JobFormat
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.serving.plan import LaunchPlan, is_loopback, redact_argv
 from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV, RAY_PORT, wait_for_nodes_code
@@ -43,7 +43,7 @@ __all__ = [
     "write_private",
 ]
 
-FORMATS = ("slurm", "k8s")
+FORMATS = tuple(f.value for f in JobFormat)
 GPUS_PER_NODE = 4  # one GB300 NVL72 compute tray
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 BIND_ALL = "0.0.0.0"

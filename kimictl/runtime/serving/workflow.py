@@ -77,6 +77,24 @@ class ServeRequest:
     insecure: bool = False
     for_render: str | bool = False  # the --render format (slurm | k8s), or False
     traces: str | None = None  # "kimictl" | "off" | URL: overrides the profile's [metrics] traces
+    render_output: Path | None = None  # --render: the job file (None: stdout)
+    api_key_secret: str | None = None  # --render k8s: an existing Secret holding the key
+    timeout: float = 900.0  # seconds to wait for readiness
+
+    def __post_init__(self) -> None:
+        """The options that go only together, checked before any profile is read."""
+        if not self.timeout > 0:  # also NaN
+            raise InputError(
+                f"--timeout {self.timeout:g} must be more than 0 seconds (the readiness wait)."
+            )
+        if self.for_render and self.ab:
+            raise InputError("--render writes one deployment; drop --ab (render each profile).")
+        if self.render_output is not None and not self.for_render:
+            raise InputError("--output goes with --render; without it there is no file to write.")
+        if self.api_key_secret is not None and self.for_render != "k8s":
+            raise InputError(
+                "--api-key-secret names a Kubernetes Secret; it goes with --render k8s."
+            )
 
 
 @dataclass
