@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.commands._options import ApiKeyFileOpt, JsonOpt
 from kimictl.commands._output import console, emit_json, err_console
 from kimictl.core.apikeys import read_api_key
 from kimictl.core.errors import CheckFailed, InputError
@@ -116,49 +117,53 @@ def _render(report: ValidationReport) -> None:
     console.print(f"\nverdict: {verdict} ({report.seconds:.0f} s)")
 
 
+CandidateOpt = Annotated[
+    str | None, typer.Option("--candidate", help="Candidate endpoint: URL, NAME=URL or run id.")
+]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option("--reference", help="Reference (stock) endpoint: URL, NAME=URL or run id."),
+]
+ChecksOpt = Annotated[
+    str | None,
+    typer.Option("--checks", help=f"Comma-separated subset of: {', '.join(CHECKS)}."),
+]
+QuickOpt = Annotated[
+    bool, typer.Option("--quick", help="Fewer prompts and samples (about 2x faster).")
+]
+GateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gate", help="Write verdict, date and evidence into this profile's \\[provenance]."
+    ),
+]
+ThresholdOpt = Annotated[
+    list[str] | None,
+    typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
+]
+SaveResponsesOpt = Annotated[
+    Path | None,
+    typer.Option("--save-responses", help="Also write every raw response to this JSON file."),
+]
+
+
 @app.command()
 def validate(
-    candidate: Annotated[
-        str | None, typer.Option("--candidate", help="Candidate endpoint: URL, NAME=URL or run id.")
-    ] = None,
-    reference: Annotated[
-        str | None,
-        typer.Option("--reference", help="Reference (stock) endpoint: URL, NAME=URL or run id."),
-    ] = None,
-    checks: Annotated[
-        str | None,
-        typer.Option("--checks", help=f"Comma-separated subset of: {', '.join(CHECKS)}."),
-    ] = None,
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer prompts and samples (about 2x faster).")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    gate: Annotated[
-        str | None,
-        typer.Option(
-            "--gate", help="Write verdict, date and evidence into this profile's \\[provenance]."
-        ),
-    ] = None,
-    threshold: Annotated[
-        list[str] | None,
-        typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
-    ] = None,
-    save_responses: Annotated[
-        Path | None,
-        typer.Option("--save-responses", help="Also write every raw response to this JSON file."),
-    ] = None,
-    api_key_file: Annotated[
-        Path | None,
-        typer.Option("--api-key-file", help="File holding the API key (else $VLLM_API_KEY)."),
-    ] = None,
+    candidate: CandidateOpt = None,
+    reference: ReferenceOpt = None,
+    checks: ChecksOpt = None,
+    quick: QuickOpt = False,
+    json_out: JsonOpt = False,
+    gate: GateOpt = None,
+    threshold: ThresholdOpt = None,
+    save_responses: SaveResponsesOpt = None,
+    api_key_file: ApiKeyFileOpt = None,
 ) -> None:
     """Compare a candidate deployment with a reference serving the same model: greedy agreement,
     long-context numerics and retrieval, temperature sampling, structured output, full context.
     Exit 0 when every check passes, 1 when one fails, 2 on bad input."""
-    from kimictl.runtime.evals.client import Endpoint
     from kimictl.runtime.evals.plan import Thresholds
     from kimictl.runtime.evals.report import provenance_updates
-    from kimictl.runtime.evals.runner import run_validation
 
     chosen = parse_checks(checks)
     limits = Thresholds().with_overrides(threshold or [])
@@ -167,28 +172,16 @@ def validate(
         from kimictl.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
-    cand_t, ref_t = _targets(candidate, reference)
-    key = read_api_key(api_key_file)
     capture: dict[str, object] | None = {} if save_responses is not None else None
-    with (
-        Endpoint(cand_t.url, name=cand_t.name, model=cand_t.model, api_key=key) as cand_ep,
-        Endpoint(ref_t.url, name=ref_t.name, model=ref_t.model, api_key=key) as ref_ep,
-    ):
-        if json_out:
-            report = run_validation(
-                cand_ep, ref_ep, checks=chosen, quick=quick, thresholds=limits, capture=capture
-            )
-        else:
-            with err_console.status("validating") as status:
-                report = run_validation(
-                    cand_ep,
-                    ref_ep,
-                    checks=chosen,
-                    quick=quick,
-                    thresholds=limits,
-                    capture=capture,
-                    progress=lambda name: status.update(f"validate: running {name}"),
-                )
+    report = _run(
+        _targets(candidate, reference),
+        read_api_key(api_key_file),
+        quiet=json_out,
+        checks=chosen,
+        quick=quick,
+        thresholds=limits,
+        capture=capture,
+    )
     if save_responses is not None:
         import json
 
@@ -217,3 +210,27 @@ def validate(
             f"validation failed: {', '.join(failed)}",
             hint="the report above names each threshold and the evidence",
         )
+
+
+def _run(
+    targets: tuple[Target, Target], key: str | None, *, quiet: bool, **options: Any
+) -> ValidationReport:
+    """The checks against (candidate, reference), with a status line naming the running check
+    unless `quiet` (--json)."""
+    from kimictl.runtime.evals.client import Endpoint
+    from kimictl.runtime.evals.runner import run_validation
+
+    cand, ref = targets
+    with (
+        Endpoint(cand.url, name=cand.name, model=cand.model, api_key=key) as cand_ep,
+        Endpoint(ref.url, name=ref.name, model=ref.model, api_key=key) as ref_ep,
+    ):
+        if quiet:
+            return run_validation(cand_ep, ref_ep, **options)
+        with err_console.status("validating") as status:
+            return run_validation(
+                cand_ep,
+                ref_ep,
+                progress=lambda name: status.update(f"validate: running {name}"),
+                **options,
+            )
