@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.commands._options import JsonOpt
 from kimictl.core.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def doctor(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing --save-snapshot file.")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     from kimictl.runtime.checks.rules import diagnose
 

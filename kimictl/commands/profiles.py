@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.commands._options import JsonOpt
+
 if TYPE_CHECKING:
     from kimictl.deployment.profiles import Profile
     from kimictl.runtime.checks.rules.base import Check
@@ -16,8 +18,6 @@ app = typer.Typer(
     no_args_is_help=True,
     help="List, show, validate and diff deployment profiles (TOML).",
 )
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 
 def _shape(profile: Profile) -> str:

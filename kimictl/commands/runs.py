@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kimictl.commands._options import JsonOpt
+
 ps_app = typer.Typer(add_completion=False)
 stop_app = typer.Typer(add_completion=False)
 logs_app = typer.Typer(add_completion=False)
@@ -38,7 +40,7 @@ def _age(seconds: float) -> str:
 )
 def ps(
     all_runs: Annotated[bool, typer.Option("--all", "-a", help="Include finished runs.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.serving import launcher, runs
@@ -114,7 +116,7 @@ def stop(
     grace: Annotated[
         float, typer.Option(help="Seconds between SIGTERM and SIGKILL (>= 0).")
     ] = 20.0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     from kimictl.commands._output import console, emit_json
     from kimictl.core.errors import InputError

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kimictl.commands._options import JsonOpt
+
 app = typer.Typer(add_completion=False)
 
 
@@ -34,7 +36,7 @@ def cpu_runtime_cmd(
             "`kimictl serve PROFILE --ray`).",
         ),
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     from kimictl.commands._output import emit_json, err_console
     from kimictl.runtime.serving import cpu_runtime, tinymodel

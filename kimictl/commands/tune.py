@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kimictl.commands._options import JsonOpt
 from kimictl.commands._output import console, emit_json
 from kimictl.core.errors import CheckFailed, InputError
 
@@ -43,7 +44,6 @@ AcceptOpt = Annotated[
         help="Measured acceptance length AL (at 7 draft tokens) or AL@D. Default: AL 6 assumed.",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 CommOpt = Annotated[
     Path | None,
     typer.Option(
