@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import orjson
@@ -21,17 +21,31 @@ import orjson
 from kimictl.core.apikeys import bearer_headers
 from kimictl.core.errors import InputError
 
-if TYPE_CHECKING:  # filled in duck-typed; the client does not depend on the load package
-    from kimictl.runtime.load.records import RequestRecord
-
 __all__ = [
     "MAX_ERROR_BODY",
     "BlockingClient",
     "Endpoint",
+    "StreamRecord",
     "fetch_text",
 ]
 
 MAX_ERROR_BODY = 2048
+
+
+class StreamRecord(Protocol):
+    """What the client fills in as a streamed completion arrives (load's request records are
+    such). Times are seconds from the request's send time; an error leaves its kind and a
+    sentence."""
+
+    ttft: float | None
+    latency: float | None
+    chunk_times: list[float]
+    chunk_tokens: list[int]  # tokens per chunk, from the usage counts when the server sends them
+    text_len: int
+    output_tokens: int
+    prompt_tokens: int | None
+    error_kind: str | None
+    error: str | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +65,7 @@ class _Response:
         "error",
     )
 
-    def __init__(self, record: RequestRecord | None, t0: float, done: asyncio.Future[None]):
+    def __init__(self, record: StreamRecord | None, t0: float, done: asyncio.Future[None]):
         self.record = record
         self.t0 = t0
         self.status = 0
@@ -333,7 +347,7 @@ class Endpoint:
         return b"\r\n".join(lines) + b"\r\n\r\n" + (body or b"")
 
     async def request(
-        self, data: bytes, record: RequestRecord | None, timeout: float, t0: float | None = None
+        self, data: bytes, record: StreamRecord | None, timeout: float, t0: float | None = None
     ) -> _Response:
         """Send one request and wait for its whole response. Errors land in the record (or raise
         OSError/TimeoutError when there is no record)."""
