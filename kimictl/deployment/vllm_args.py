@@ -10,7 +10,7 @@ import json
 import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +198,20 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
     """Parse `[VAR=value ...] vllm serve MODEL [flags]` (or just the flags) into a DeploymentSpec.
 
     Raises InputError with one sentence naming the flag and the value on anything unparsable.
+    Stages: the launcher's environment and program (`_split_launcher`), each word in turn
+    (`_read_word`: the model, then flags as vLLM's argparse reads them), and the values checked
+    and merged as argparse would leave them (`_finish`).
     """
     tokens = _tokenize(text) if isinstance(text, str) else list(text)
+    env, rest = _split_launcher(tokens)
+    state = _Parse(words=rest, env=env)
+    while state.more():
+        _read_word(state, state.take())
+    return _finish(state)
+
+
+def _split_launcher(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`VAR=value ... [env VAR=value ...] vllm serve` -> (the environment, the words after it)."""
     env: dict[str, str] = {}
     i = 0
     while i < len(tokens) and (m := _ENV_ASSIGN.match(tokens[i])):
@@ -224,210 +236,259 @@ def parse_vllm_command(text: str | list[str]) -> ParseResult:
         raise InputError(
             f"Expected a `vllm serve MODEL ...` command line, got {rest[0]!r} as the program.",
         )
+    return env, rest
 
-    values: dict[str, Any] = {}
-    given: dict[str, tuple[str, str]] = {}  # field -> (flag, text) of the value that stands
-    json_values: dict[str, dict[str, Any]] = {}
-    json_flags: dict[tuple[str, str], str] = {}  # (field, key) -> the flag that set it, as typed
-    json_is_none: set[str] = set()
-    dotted: dict[str, dict[str, dict[str, Any]]] = {}  # field -> flag spelling -> merged keys
-    sizes_given: list[int] | None = None
-    extra: list[str] = []
-    unrecognised: list[str] = []
+
+@dataclass
+class _Parse:
+    """A parse in progress: the words after `vllm serve`, a cursor, and what they set so far."""
+
+    words: list[str]
+    env: dict[str, str]
+    j: int = 0  # the next word
     model: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    given: dict[str, tuple[str, str]] = field(default_factory=dict)  # field -> (flag, text)
+    json_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (field, key) -> the flag that set it, as typed
+    json_flags: dict[tuple[str, str], str] = field(default_factory=dict)
+    # field -> flag spelling -> merged keys
+    dotted: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    sizes_given: list[int] | None = None
+    extra: list[str] = field(default_factory=list)
+    unrecognised: list[str] = field(default_factory=list)
 
-    j = 0
-    while j < len(rest):
-        token = rest[j]
-        j += 1
-        if not token.startswith("-") or token == "-":
-            if model is None:
-                model = token
-                continue
+    def more(self) -> bool:
+        return self.j < len(self.words)
+
+    def take(self) -> str:
+        word = self.words[self.j]
+        self.j += 1
+        return word
+
+    def value_of(self, flag: str) -> str:
+        """The next word as `flag`'s value."""
+        if not self.more():
+            raise InputError(f"{flag} expects a value.")
+        return self.take()
+
+
+def _read_word(state: _Parse, token: str) -> None:
+    """One word: the model, or a flag (with the value words it takes)."""
+    if not token.startswith("-") or token == "-":
+        if state.model is None:
+            state.model = token
+            return
+        raise InputError(
+            f"Unexpected extra word {token!r} after the model {state.model!r}; "
+            "only one model may be given.",
+        )
+    flag, has_inline, inline = token.partition("=")
+    inline_value: str | None = inline if has_inline else None
+    if flag.startswith("--"):  # vLLM accepts --tensor_parallel_size for --tensor-parallel-size
+        name, dot, path_part = flag.partition(".")
+        flag = name.replace("_", "-") + dot + path_part
+    if _read_glued_level(state, token, flag, inline_value):
+        return
+    # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y
+    base, dot, path = flag.partition(".")
+    if dot and base in _FLAGS and _FLAGS[base][1] == "json":
+        _read_dotted(state, flag, base, path, inline_value)
+        return
+    known, negated = _known_flag(flag)
+    if known is None:
+        _read_passthrough(state, token, flag, inline_value)
+        return
+    field_name, kind = known
+    if kind == "bool":
+        if inline_value is not None:
+            # argparse: "ignored explicit argument" (vLLM's switches take no value)
             raise InputError(
-                f"Unexpected extra word {token!r} after the model {model!r}; "
-                "only one model may be given.",
+                f"{flag} is a switch and takes no value (got {token!r}); vLLM rejects "
+                f"{flag}=VALUE: write {flag} or its negative form."
             )
-        flag, has_inline, inline = token.partition("=")
-        inline_value: str | None = inline if has_inline else None
-        if flag.startswith("--"):  # vLLM accepts --tensor_parallel_size for --tensor-parallel-size
-            name, dot, path_part = flag.partition(".")
-            flag = name.replace("_", "-") + dot + path_part
+        state.values[field_name] = not negated
+        return
+    if kind == "sizes":
+        _read_sizes(state, flag, inline_value)
+        return
+    if inline_value is None:
+        if state.more() and kind not in ("json", "optlevel"):
+            if not _is_value_token(state.words[state.j]):
+                raise InputError(f"{flag} expects a value, got the flag {state.words[state.j]!r}.")
+        inline_value = state.value_of(flag)
+    _set_value(state, flag, field_name, kind, inline_value)
 
-        # -O3 (optimization level glued to the flag)
-        if re.fullmatch(r"-O\d+", flag) and inline_value is None:
-            values["optimization_level"] = int(flag[2:])
-            given["optimization_level"] = ("-O", flag[2:])
-            continue
 
-        # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args turns any -O<x> into
-        # --optimization-level <x>: `-O.mode 1` is an invalid level, and -O JSON is refused.
-        if (
-            flag.startswith("-O")
-            and not flag.startswith("--")
-            and (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
-        ):
+def _read_glued_level(state: _Parse, token: str, flag: str, inline_value: str | None) -> bool:
+    """-O3 (the optimization level glued to the flag): read, True. Any other -O<x> is refused:
+    vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args turns it into
+    --optimization-level <x>, so `-O.mode 1` is an invalid level and -O JSON is refused."""
+    if re.fullmatch(r"-O\d+", flag) and inline_value is None:
+        state.values["optimization_level"] = int(flag[2:])
+        state.given["optimization_level"] = ("-O", flag[2:])
+        return True
+    if (
+        flag.startswith("-O")
+        and not flag.startswith("--")
+        and (flag != "-O" and not re.fullmatch(r"-O=?\d+", token))
+    ):
+        raise InputError(
+            f"{token} is not an optimization level: vLLM 0.33 reads -O<x> as "
+            "--optimization-level <x> (0-3); set compilation keys with -cc.KEY VALUE."
+        )
+    return False
+
+
+def _read_dotted(state: _Parse, flag: str, base: str, path: str, inline_value: str | None) -> None:
+    """`--additional-config.KEY VALUE`: one key of a JSON flag (merged in `_finish`)."""
+    field_name = _FLAGS[base][0]
+    if inline_value is None:
+        inline_value = state.value_of(flag)
+    keys = path.split(".")
+    if not all(keys):
+        raise InputError(f"{flag} has an empty key in its dotted path.")
+    target = state.dotted.setdefault(field_name, {}).setdefault(base, {})
+    _set_dotted(target, keys, _dotted_value(inline_value), flag)
+    state.json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
+
+
+def _known_flag(flag: str) -> tuple[tuple[str, str] | None, bool]:
+    """(field, kind) of a modelled flag, and whether it is a switch's negative form:
+    vllm/utils/argparse_utils.py:EnableDisableAction gives every switch a --no-X form and pairs
+    --enable-X with --disable-X."""
+    known = _FLAGS.get(flag)
+    if known is not None:
+        return known, False
+    if flag.startswith("--no-") and f"--{flag[5:]}" in _FLAGS:
+        candidate = _FLAGS[f"--{flag[5:]}"]
+        if candidate[1] == "bool":
+            return candidate, True
+    if flag.startswith("--disable-"):
+        enabling = _FLAGS.get("--enable-" + flag[len("--disable-") :])
+        if enabling is not None and enabling[1] == "bool":
+            return enabling, True
+    return None, False
+
+
+def _read_passthrough(state: _Parse, token: str, flag: str, inline_value: str | None) -> None:
+    """A flag kimictl does not model: kept verbatim with its values (unknown ones reported)."""
+    state.extra.append(token)
+    arity = _PASSTHROUGH.get(flag)
+    if arity is None:
+        state.unrecognised.append(flag)
+        arity = 1 if (inline_value is None and state.more()) else 0
+        if arity and not _is_value_token(state.words[state.j]):
+            arity = 0
+    if inline_value is None:
+        for _ in range(arity):
+            if not state.more():
+                break
+            state.extra.append(state.take())
+
+
+def _read_sizes(state: _Parse, flag: str, inline_value: str | None) -> None:
+    """--cudagraph-capture-sizes 1 2 4 (or =1,2,4): the compilation config's capture sizes."""
+    sizes_words: list[str] = []
+    if inline_value is not None:
+        sizes_words = [w for w in re.split(r"[,\s]+", inline_value) if w]
+    else:
+        while state.more() and re.fullmatch(r"\d+", state.words[state.j]):
+            sizes_words.append(state.take())
+    if not sizes_words:
+        raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
+    state.sizes_given = [_to_int(flag, w) for w in sizes_words]
+    state.json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
+
+
+def _set_value(state: _Parse, flag: str, field_name: str, kind: str, value_text: str) -> None:
+    """A modelled flag's value, converted by its kind (checked against the field in `_finish`)."""
+    if kind in ("str", "int", "float", "maxlen"):
+        state.given[field_name] = (flag, value_text)
+    if kind == "str":
+        if field_name == "model":
+            state.model = value_text
+        else:
+            state.values[field_name] = value_text
+    elif kind == "int":
+        state.values[field_name] = _to_int(flag, value_text)
+    elif kind == "float":
+        state.values[field_name] = _to_float(flag, value_text)
+    elif kind == "maxlen":
+        state.values[field_name] = parse_max_model_len(value_text, flag=flag)
+    elif kind == "apikey":
+        state.env[ENV_VAR] = value_text
+    elif kind == "optlevel":
+        if not re.fullmatch(r"\d+", value_text):
             raise InputError(
-                f"{token} is not an optimization level: vLLM 0.33 reads -O<x> as "
-                "--optimization-level <x> (0-3); set compilation keys with -cc.KEY VALUE."
+                f"{flag} expects an optimization level 0-3, got {value_text!r} (vLLM 0.33 "
+                "has no -O JSON form; use --compilation-config)."
             )
+        state.values["optimization_level"] = int(value_text)
+        state.given["optimization_level"] = (flag, value_text)
+    elif kind == "json":
+        _read_json(state, flag, field_name, value_text)
 
-        # dotted JSON: --additional-config.decode_backend X, -cc.cudagraph_mode Y
-        base, dot, path = flag.partition(".")
-        if dot and base in _FLAGS and _FLAGS[base][1] == "json":
-            field_name = _FLAGS[base][0]
-            if inline_value is None:
-                if j >= len(rest):
-                    raise InputError(f"{flag} expects a value.")
-                inline_value = rest[j]
-                j += 1
-            keys = path.split(".")
-            if not all(keys):
-                raise InputError(f"{flag} has an empty key in its dotted path.")
-            target = dotted.setdefault(field_name, {}).setdefault(base, {})
-            _set_dotted(target, keys, _dotted_value(inline_value), flag)
-            json_flags[field_name, keys[0]] = f"{base}.{keys[0]}"
-            continue
 
-        # vllm/utils/argparse_utils.py:EnableDisableAction: every switch has a --no-X form and
-        # --enable-X pairs with --disable-X.
-        negated = False
-        known = _FLAGS.get(flag)
-        if known is None and flag.startswith("--no-") and f"--{flag[5:]}" in _FLAGS:
-            candidate = _FLAGS[f"--{flag[5:]}"]
-            if candidate[1] == "bool":
-                known, negated = candidate, True
-        if known is None and flag.startswith("--disable-"):
-            enabling = _FLAGS.get("--enable-" + flag[len("--disable-") :])
-            if enabling is not None and enabling[1] == "bool":
-                known, negated = enabling, True
+def _read_json(state: _Parse, flag: str, field_name: str, value_text: str) -> None:
+    """A whole JSON flag (`--speculative-config '{...}'`); a later one replaces the earlier."""
+    parsed = _parse_json_value(flag, value_text)
+    if parsed is None and field_name == "speculative_config":
+        state.json_values.pop(field_name, None)
+        return
+    if not isinstance(parsed, dict):
+        raise InputError(f"{flag} expects a JSON object, got {value_text!r}.")
+    if field_name == "speculative_config":
+        # EngineArgs.create_speculative_config: keys' '-' become '_'
+        parsed = {str(k).replace("-", "_"): v for k, v in parsed.items()}
+    elif field_name == "compilation_config":
+        # CompilationConfig is validated strictly (pydantic): no key has a '-'
+        dashed = [k for k in parsed if "-" in str(k)]
+        if dashed:
+            raise InputError(
+                f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
+                f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
+            )
+    elif field_name == "custom_histogram_buckets":
+        unknown = sorted(set(parsed) - buckets.FAMILIES)
+        if unknown:
+            raise InputError(
+                f"{flag} names unknown bucket family {unknown[0]!r}; vLLM's families: "
+                f"{', '.join(sorted(buckets.FAMILIES))}."
+            )
+    state.json_values[field_name] = parsed  # argparse: a later value replaces the earlier
+    state.json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
 
-        if known is None:
-            # not modelled: keep verbatim
-            extra.append(token)
-            arity = _PASSTHROUGH.get(flag)
-            if arity is None:
-                unrecognised.append(flag)
-                arity = 1 if (inline_value is None and j < len(rest)) else 0
-                if arity and not _is_value_token(rest[j]):
-                    arity = 0
-            if inline_value is None:
-                for _ in range(arity):
-                    if j >= len(rest):
-                        break
-                    extra.append(rest[j])
-                    j += 1
-            continue
 
-        field_name, kind = known
-        if kind == "bool":
-            if inline_value is not None:
-                # argparse: "ignored explicit argument" (vLLM's switches take no value)
-                raise InputError(
-                    f"{flag} is a switch and takes no value (got {token!r}); vLLM rejects "
-                    f"{flag}=VALUE: write {flag} or its negative form."
-                )
-            values[field_name] = not negated
-            continue
-
-        if kind == "sizes":
-            sizes_words: list[str] = []
-            if inline_value is not None:
-                sizes_words = [w for w in re.split(r"[,\s]+", inline_value) if w]
-            else:
-                while j < len(rest) and re.fullmatch(r"\d+", rest[j]):
-                    sizes_words.append(rest[j])
-                    j += 1
-            if not sizes_words:
-                raise InputError(f"{flag} expects one or more whole numbers, e.g. {flag} 1 2 4 8.")
-            sizes_given = [_to_int(flag, w) for w in sizes_words]
-            json_flags["compilation_config", "cudagraph_capture_sizes"] = flag
-            continue
-
-        if inline_value is None:
-            if j >= len(rest):
-                raise InputError(f"{flag} expects a value.")
-            if kind != "json" and kind != "optlevel" and not _is_value_token(rest[j]):
-                raise InputError(f"{flag} expects a value, got the flag {rest[j]!r}.")
-            inline_value = rest[j]
-            j += 1
-        value_text = inline_value
-        if kind in ("str", "int", "float", "maxlen"):
-            given[field_name] = (flag, value_text)
-
-        if kind == "str":
-            if field_name == "model":
-                model = value_text
-            else:
-                values[field_name] = value_text
-        elif kind == "int":
-            values[field_name] = _to_int(flag, value_text)
-        elif kind == "float":
-            values[field_name] = _to_float(flag, value_text)
-        elif kind == "maxlen":
-            values[field_name] = parse_max_model_len(value_text, flag=flag)
-        elif kind == "apikey":
-            env[ENV_VAR] = value_text
-        elif kind == "optlevel":
-            if not re.fullmatch(r"\d+", value_text):
-                raise InputError(
-                    f"{flag} expects an optimization level 0-3, got {value_text!r} (vLLM 0.33 "
-                    "has no -O JSON form; use --compilation-config)."
-                )
-            values["optimization_level"] = int(value_text)
-            given["optimization_level"] = (flag, value_text)
-        elif kind == "json":
-            parsed = _parse_json_value(flag, value_text)
-            if parsed is None and field_name == "speculative_config":
-                json_is_none.add(field_name)
-                json_values.pop(field_name, None)
-                continue
-            if not isinstance(parsed, dict):
-                raise InputError(f"{flag} expects a JSON object, got {value_text!r}.")
-            json_is_none.discard(field_name)
-            if field_name == "speculative_config":
-                # EngineArgs.create_speculative_config: keys' '-' become '_'
-                parsed = {str(k).replace("-", "_"): v for k, v in parsed.items()}
-            elif field_name == "compilation_config":
-                # CompilationConfig is validated strictly (pydantic): no key has a '-'
-                dashed = [k for k in parsed if "-" in str(k)]
-                if dashed:
-                    raise InputError(
-                        f"{flag} has the key {dashed[0]!r}, which vLLM's CompilationConfig "
-                        f"does not have (did you mean {dashed[0].replace('-', '_')!r}?)."
-                    )
-            elif field_name == "custom_histogram_buckets":
-                unknown = sorted(set(parsed) - buckets.FAMILIES)
-                if unknown:
-                    raise InputError(
-                        f"{flag} names unknown bucket family {unknown[0]!r}; vLLM's families: "
-                        f"{', '.join(sorted(buckets.FAMILIES))}."
-                    )
-            json_values[field_name] = parsed  # argparse: a later value replaces the earlier
-            json_flags.update({(field_name, k): f"{flag}.{k}" for k in parsed})
-
+def _finish(state: _Parse) -> ParseResult:
+    """The spec the words give, every value checked against its field."""
+    json_values = state.json_values
     # vllm/utils/argparse_utils.py:FlexibleArgumentParser.parse_args collects the dotted forms of
     # each spelling (-cc.x, --compilation-config.x) into one JSON appended AFTER all other words,
     # so for argparse the last such JSON replaces every full JSON of that flag.
-    for field_name, by_spelling in dotted.items():
-        json_is_none.discard(field_name)
+    for field_name, by_spelling in state.dotted.items():
         json_values[field_name] = list(by_spelling.values())[-1]
-    if sizes_given is not None:
-        json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = sizes_given
-    if not model:
+    if state.sizes_given is not None:
+        json_values.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = (
+            state.sizes_given
+        )
+    if not state.model:
         raise InputError("The command names no model: write `vllm serve MODEL ...`.")
-    for field_name, (flag, value_text) in given.items():
+    values = state.values
+    for field_name, (flag, value_text) in state.given.items():
         if field_name != "model":
             values[field_name] = _checked(field_name, values[field_name], flag, repr(value_text))
     for field_name, obj in json_values.items():
         for key, value in obj.items():
             # JSON null: vLLM's default; additional_config: judged by the rules (see FIELD_CHECKS)
             if value is not None and field_name != "additional_config":
-                where = json_flags.get((field_name, key), f"{JSON_FLAG_NAME[field_name]}.{key}")
+                where = state.json_flags.get(
+                    (field_name, key), f"{JSON_FLAG_NAME[field_name]}.{key}"
+                )
                 obj[key] = _checked(f"{field_name}.{key}", value, where, dump_json(value))
         values[field_name] = obj
-    spec = DeploymentSpec(model=model, env=env, extra_args=extra, **values)
-    return ParseResult(spec=spec, unrecognised=unrecognised)
+    spec = DeploymentSpec(model=state.model, env=state.env, extra_args=state.extra, **values)
+    return ParseResult(spec=spec, unrecognised=state.unrecognised)
 
 
 def _checked(name: str, value: Any, where: str, shown: str) -> Any:
