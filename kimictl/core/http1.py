@@ -20,6 +20,7 @@ import orjson
 
 from kimictl.core.apikeys import bearer_headers
 from kimictl.core.errors import InputError
+from kimictl.core.urls import server_root
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -321,8 +322,7 @@ class Endpoint:
         self.host = parts.hostname
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
-        base = parts.path.rstrip("/")
-        self.prefix = base[:-3] if base.endswith("/v1") else base
+        self.prefix = server_root(parts.path)
         self.api_key = api_key
         self.idle: list[_Conn] = []
         self.host_header = f"{self.host}:{self.port}".encode()

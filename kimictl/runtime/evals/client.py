@@ -13,6 +13,7 @@ from typing import Any
 from kimictl.core.apikeys import env_api_key
 from kimictl.core.errors import EndpointError, InputError
 from kimictl.core.http1 import BlockingClient
+from kimictl.core.urls import server_root
 
 __all__ = ["Endpoint", "token_id"]
 
@@ -36,9 +37,7 @@ class Endpoint:
         api_key: str | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        base = url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
+        base = server_root(url)
         if not base.startswith(("http://", "https://")):
             raise InputError(
                 f"endpoint URL {url!r} must start with http:// or https://",

@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 from kimictl.core.apikeys import env_api_key
 from kimictl.core.errors import EndpointError, InputError
 from kimictl.core.http1 import Endpoint
+from kimictl.core.urls import server_root
 from kimictl.runtime.observe.names import SAMPLE_NAMES
 from kimictl.runtime.observe.snapshot import MetricsSnapshot, snapshot_from_text
 
@@ -65,7 +66,7 @@ def scrape_timeout(interval: float) -> float:
 
 
 def metrics_url(base_url: str) -> str:
-    base = base_url.rstrip("/").removesuffix("/v1")
+    base = server_root(base_url)
     return base if base.endswith("/metrics") else base + "/metrics"
 
 

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from kimictl.core.errors import InputError
 from kimictl.core.outputs import atomic_write
 from kimictl.core.paths import runs_dir
+from kimictl.core.urls import server_root
 
 __all__ = [
     "RECORD_FILE",
@@ -401,7 +402,7 @@ def _check_url(url: str, text: str) -> str:
             f"'{text}' is not a target: expected a URL (http://HOST:PORT), NAME=URL or a run id.",
             hint="`kimictl ps` lists run ids.",
         )
-    return url.rstrip("/").removesuffix("/v1")
+    return server_root(url)
 
 
 def _target_of(record: RunRecord, name: str | None = None) -> Target:
