@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from rich.console import Console
+
+from kimictl.core.jsondoc import dumps
 
 __all__ = ["console", "err_console", "emit_json", "fits"]
 
@@ -25,5 +26,5 @@ def fits(table: Any) -> bool:
 
 def emit_json(obj: Any) -> None:
     """Write one JSON document to stdout (nothing else may go to stdout under --json)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.write(dumps(obj).decode())
     sys.stdout.flush()

@@ -303,23 +303,20 @@ def _write(
     plot: Path | None,
     save_result: Path | None,
 ) -> None:
-    import orjson
-
     from kimictl.commands._output import err_console
+    from kimictl.core.jsondoc import dumps
     from kimictl.core.outputs import atomic_write
     from kimictl.runtime.load.exports import write_csv, write_plots
 
     if json_out or output:
-        data = orjson.dumps(
-            outcome.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
-        )
+        data = dumps(outcome.to_json())
         if output:
-            written = atomic_write(output, data + b"\n")
+            written = atomic_write(output, data)
             err_console.print(f"wrote {written}")
         if json_out:
             import sys
 
-            sys.stdout.write(data.decode() + "\n")
+            sys.stdout.write(data.decode())
     if csv_out:
         err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")
     if plot:

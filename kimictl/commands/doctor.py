@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,6 +10,7 @@ import typer
 
 from kimictl.commands._options import JsonOpt
 from kimictl.core.errors import CheckFailed, InputError
+from kimictl.core.jsondoc import dumps
 
 if TYPE_CHECKING:
     from kimictl.deployment.spec import DeploymentSpec
@@ -150,7 +150,7 @@ def doctor(
         # Same document emit_json writes, without importing rich (its import is ~15% of the
         # command's start-up; --json is what scripts and the startup benchmark call).
         payload: dict[str, Any] = diagnosis.to_json()
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        sys.stdout.write(dumps(payload).decode())
     else:
         _render(diagnosis)
     if diagnosis.verdict != "ready":

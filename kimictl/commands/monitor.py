@@ -212,9 +212,9 @@ def _headless(session: MonitorSession) -> None:
             append_jsonl(request.record, doc)
         if request.no_tui and not request.once:
             if request.json:
-                import orjson
+                from kimictl.core.jsondoc import dumps
 
-                typer.echo(orjson.dumps(doc).decode())
+                typer.echo(dumps(doc, indent=False).decode(), nl=False)
             else:
                 typer.echo(_line(doc))
 

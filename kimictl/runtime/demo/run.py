@@ -616,9 +616,6 @@ def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | No
 
 
 def _write_json(result: DemoResult, path: Path) -> Path:
-    import orjson
+    from kimictl.core.jsondoc import dumps
 
-    data = orjson.dumps(
-        result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY, default=str
-    )
-    return atomic_write(path, data + b"\n")
+    return atomic_write(path, dumps(result.to_json()))

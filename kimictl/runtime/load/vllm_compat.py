@@ -22,13 +22,13 @@ but `latencies` and `queue_times`): what tools reading `vllm bench serve --save-
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.core.errors import InputError
+from kimictl.core.jsondoc import dumps
 from kimictl.core.outputs import atomic_write
 
 if TYPE_CHECKING:
@@ -125,4 +125,4 @@ def save_result(summary: Mapping[str, Any], path: str | Path, *, force: bool = F
     if not target.parent.is_dir():
         raise InputError(f"--save-result {target}: folder {target.parent} does not exist.")
     flat = {k: v for k, v in summary.items() if k != "kimictl"}
-    return atomic_write(target, json.dumps(flat))
+    return atomic_write(target, dumps(flat, indent=False))

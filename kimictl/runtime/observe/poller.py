@@ -288,10 +288,10 @@ def check_record_target(path: str | os.PathLike[str]) -> None:
 
 def append_jsonl(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """Append one JSON line (the `--record` time series)."""
-    import orjson
+    from kimictl.core.jsondoc import dumps
 
     with open(path, "ab") as fh:
-        fh.write(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+        fh.write(dumps(doc, indent=False))
 
 
 def ab_pair_of(names: Sequence[str]) -> tuple[str, str] | None:

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kimictl.core.errors import InputError
+from kimictl.core.jsondoc import dumps
 from kimictl.core.outputs import atomic_write
 from kimictl.core.paths import runs_dir
 from kimictl.core.urls import server_root
@@ -158,7 +159,7 @@ def run_dir_for(run_id: str) -> Path:
 def write_record(record: RunRecord) -> Path:
     """Write `run.json` atomically (temp file in the same folder, fsync, rename)."""
     target = Path(record.run_dir) / RECORD_FILE
-    return atomic_write(target, json.dumps(record.to_json(), indent=2), mode=0o600)
+    return atomic_write(target, dumps(record.to_json()), mode=0o600)
 
 
 def update_record(record: RunRecord, **changes: Any) -> RunRecord:

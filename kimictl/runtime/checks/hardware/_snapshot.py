@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kimictl.core.errors import InputError
+from kimictl.core.jsondoc import dumps
 from kimictl.core.outputs import atomic_write
 from kimictl.runtime.checks.hardware._types import HardwareReport, Source
 
@@ -33,7 +34,7 @@ def save_snapshot(report: HardwareReport, path: str | Path, *, overwrite: bool =
     """Write atomically (temp file + rename). A live report is stored as "recorded"."""
     target = check_snapshot_target(path, overwrite=overwrite)
     source: Source = "recorded" if report.source == "live" else report.source
-    text = json.dumps(report.with_source(source).to_json(), indent=2) + "\n"
+    text = dumps(report.with_source(source).to_json())
     try:
         return atomic_write(target, text, mode=0o600)
     except OSError as error:
