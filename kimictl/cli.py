@@ -17,6 +17,8 @@ from typing import Any
 from kimictl import __version__
 from kimictl.core.errors import KimictlError
 
+__all__ = ["COMMANDS", "main", "root_help"]
+
 ABOUT = "kimictl: deploy, tune and prove Kimi K3's latency-specialized decode path on vLLM."
 ROOT_OPTIONS = [
     ("--debug", "Show tracebacks for unexpected errors."),

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from kimictl.runtime.load.bench import BenchOutcome
-    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.records import LoadPoint, LoadTarget
     from kimictl.runtime.serving.launcher import Launch
     from kimictl.runtime.serving.plan import LaunchPlan
     from kimictl.runtime.serving.workflow import Prepared

@@ -15,7 +15,7 @@ from kimictl.core.errors import InputError
 
 T = TypeVar("T")
 
-__all__ = ["atomic_write", "check_new_file", "read_json_object"]
+__all__ = ["atomic_write", "check_new_file", "read_json_input", "read_json_object"]
 
 
 def check_new_file(

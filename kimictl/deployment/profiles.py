@@ -75,6 +75,7 @@ __all__ = [
     "profile_dirs",
     "scan_profiles",
     "shipped_profiles_dir",
+    "RUNTIMES",
 ]
 
 

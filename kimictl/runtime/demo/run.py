@@ -361,7 +361,7 @@ def _bench(
 ) -> Any:
     """One run_bench over `targets` (one at a time), watching the signal flag."""
     from kimictl.runtime.load.bench import BenchConfig, resolve_models, run_bench
-    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.records import LoadPoint, LoadTarget
     from kimictl.runtime.load.workloads import AGENTIC_PRESETS, AgenticWorkload
 
     request = plan.request

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "run_load",
+    "default_warmup",
 ]
 
 

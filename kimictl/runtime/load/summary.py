@@ -39,6 +39,8 @@ __all__ = [
     "slo_stats",
     "summarize",
     "summarize_run",
+    "interactivity_of",
+    "request_values",
 ]
 
 PERCENTILES = (90, 99)  # p{P}_..._ms keys written besides mean/median/std

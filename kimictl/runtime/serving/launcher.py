@@ -62,6 +62,7 @@ __all__ = [
     "stop_signals",
     "supervise",
     "wait_ready",
+    "ProgressFn",
 ]
 
 STOP_GRACE_S = 20.0

@@ -25,6 +25,9 @@ __all__ = [
     "plan_launch",
     "require_tcp_port",
     "run_tmp_dir",
+    "is_loopback",
+    "leads_other_nodes",
+    "redact_argv",
 ]
 
 DEFAULT_PORT = 8000

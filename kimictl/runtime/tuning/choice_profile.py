@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kimictl.core.errors import CheckFailed, InputError
-from kimictl.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec, k3
+from kimictl.deployment import k3
+from kimictl.deployment.spec import PREBUILT_DEFAULT, DeploymentSpec
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.tuning.model import MODEL_VERSION, Config, fitted_parameters
 from kimictl.runtime.tuning.search import SearchResult

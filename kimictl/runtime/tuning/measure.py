@@ -142,7 +142,7 @@ def measure(
 ) -> MeasureResult:
     """Sweep concurrency on a live endpoint (URL, NAME=URL or run id) and find the SLO's limit."""
     from kimictl.runtime.load.bench import BenchConfig, resolve_models, run_bench
-    from kimictl.runtime.load.loadgen import LoadPoint, LoadTarget
+    from kimictl.runtime.load.records import LoadPoint, LoadTarget
     from kimictl.runtime.load.slo import parse_slo
     from kimictl.runtime.load.workloads import LengthDist, RandomWorkload
     from kimictl.runtime.serving.runs import resolve_target

@@ -52,6 +52,10 @@ __all__ = [
     "kv_read_us",
     "layer_time_us",
     "predict",
+    "N_LAYERS",
+    "PathName",
+    "default_acceptance_rate",
+    "with_path",
 ]
 
 

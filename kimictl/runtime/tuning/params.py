@@ -7,6 +7,7 @@ from dataclasses import dataclass
 __all__ = [
     "PARAMS",
     "Param",
+    "param",
 ]
 
 

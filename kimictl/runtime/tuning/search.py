@@ -39,6 +39,7 @@ __all__ = [
     "model_stats",
     "pareto_front",
     "search",
+    "allowed_paths",
 ]
 
 # max-num-seqs values tried (requests per replica at full load)

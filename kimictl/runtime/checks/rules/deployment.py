@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.core.outputs import read_json_object
-from kimictl.deployment.spec import DeploymentSpec, k3
+from kimictl.deployment import k3
+from kimictl.deployment.spec import DeploymentSpec
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 from kimictl.runtime.checks.rules.effective import Effective, effective_config
 
