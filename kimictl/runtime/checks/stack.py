@@ -155,10 +155,6 @@ class StackReport:
     def package(self, name: str) -> PackageCheck | None:
         return next((p for p in self.packages if p.name == name), None)
 
-    @property
-    def mismatches(self) -> list[PackageCheck]:
-        return [p for p in self.packages if p.status != "ok"]
-
     def versions(self) -> dict[str, str | None]:
         return {p.name: p.installed for p in self.packages}
 

@@ -36,10 +36,6 @@ class VllmVerdict:
     reason: str | None = None  # the gate's reason (not_ready)
     message: str = ""  # vLLM's own words (error text or the gate's ValueError)
 
-    @property
-    def ready(self) -> bool:
-        return self.outcome == "ready"
-
 
 def vllm_available() -> str | None:
     """None when vLLM 0.33 and its K3 gate can be imported here, else why not (one phrase)."""

@@ -96,16 +96,9 @@ _DRAW_BUDGET = 2_000_000  # resampled values per metric group and point, bounds 
 _MAX_SPLITS = 5000  # permutations over repeats: exact below this count, sampled above
 
 
-def _stat(values: Sequence[float], how: Any) -> float | None:
-    if not values:
-        return None
-    if how == "mean":
-        return statistics.fmean(values)
-    return percentile(values, float(how))
-
-
 def _sorted_stat(xs: Sequence[float], how: Any) -> float:
-    """_stat on an already sorted, non-empty list (the bootstrap's inner loop)."""
+    """The mean or percentile `how` of an already sorted, non-empty list (the bootstrap's inner
+    loop)."""
     if how == "mean":
         return math.fsum(xs) / len(xs)
     k = (len(xs) - 1) * float(how) / 100.0
