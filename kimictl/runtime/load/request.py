@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kimictl.core.errors import InputError
 from kimictl.runtime.load.records import LoadPoint, LoadTarget, Schedule
+from kimictl.runtime.observe.session import NamedEndpoint
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.bench import BenchConfig
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Arrivals",
+    "BenchEndpoint",
     "BenchRequest",
     "Endpoint",
-    "NamedEndpoint",
     "WorkloadKind",
     "check_save_result",
 ]
@@ -48,15 +49,9 @@ class Arrivals(StrEnum):
     constant = "constant"
 
 
-class NamedEndpoint(Protocol):
-    """A resolved target (serving.runs.Target reads so): a name, a URL, and what its run knows."""
+class BenchEndpoint(NamedEndpoint, Protocol):
+    """A resolved target (serving.runs.Target reads so), with its GPUs when its run knows them."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def url(self) -> str: ...
-    @property
-    def model(self) -> str | None: ...
     @property
     def gpus(self) -> int | None: ...
 
@@ -94,7 +89,7 @@ class BenchRequest:
     interleave: bool = False
     api_key: str | None = None
 
-    def config(self, targets: Sequence[NamedEndpoint]) -> BenchConfig:
+    def config(self, targets: Sequence[BenchEndpoint]) -> BenchConfig:
         """The bench to run against `targets` (resolved, names unique); InputError on a bad mix."""
         from kimictl.runtime.load.bench import BenchConfig
         from kimictl.runtime.load.loadgen import default_warmup
