@@ -118,7 +118,11 @@ SaveResultOpt = Annotated[
 ]
 
 
-@app.command()
+@app.command(
+    help="Send a workload to one or more endpoints and report throughput, latency and "
+    "interactivity.\n\nTwo targets make an A/B: the same requests go to both in turn; ratios A/B "
+    "with 95% CIs."
+)
 def bench(
     stray: StrayArgs = None,
     target: TargetOpt = None,
@@ -157,12 +161,8 @@ def bench(
     plot: PlotOpt = None,
     save_result: SaveResultOpt = None,
 ) -> None:
-    """Send a workload to one or more endpoints and report throughput, latency and interactivity.
-
-    Two targets make an A/B: the same requests go to both in turn; ratios A/B with 95% CIs.
-    """
     from kimictl.core.apikeys import read_api_key
-    from kimictl.runtime.load.request import BenchRequest, check_save_result
+    from kimictl.runtime.load.request import BenchRequest
 
     _reject_stray(stray)
     request = BenchRequest(
@@ -194,10 +194,9 @@ def bench(
         schedule=schedule,
         interleave=interleave,
         api_key=read_api_key(api_key_file),
+        save_result=save_result,
     )
     cfg = request.config(_targets(target or [], ab=ab))
-    if save_result is not None:
-        check_save_result(save_result, len(cfg.targets), len(cfg.points), cfg.repeat)
     outcome = _run(cfg, quiet=json_out)
     _write(outcome, json_out, output, csv_out, plot, save_result)
     if not json_out:

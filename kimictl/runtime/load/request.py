@@ -88,6 +88,7 @@ class BenchRequest:
     schedule: Schedule = Schedule.abba
     interleave: bool = False
     api_key: str | None = None
+    save_result: Path | None = None  # --save-result FILE: one (target, point, repeat) in it
 
     def config(self, targets: Sequence[BenchEndpoint]) -> BenchConfig:
         """The bench to run against `targets` (resolved, names unique); InputError on a bad mix."""
@@ -116,6 +117,8 @@ class BenchRequest:
         warmup = self.warmup
         if warmup is None:
             warmup = default_warmup(len(loaded), points)
+        if self.save_result is not None:
+            check_save_result(self.save_result, len(loaded), len(points), self.repeat)
         no_end = self.num_prompts is None and self.duration is None
         return BenchConfig(
             targets=loaded,
