@@ -303,7 +303,11 @@ def test_once_json_says_which_source_each_figure_has(
             span = vllm_span(
                 start=time.time() - 0.5, ttft=0.2, e2e=0.5, queue=0, decode=0.25, prompt=4, out=11
             )
-            body = export([span], instance=f"127.0.0.1:{scrape.port}").SerializeToString()
+            # and one a broken sender ends: a negative latency, refused, never a percentile
+            wrong = vllm_span(
+                start=time.time() - 0.5, ttft=0.2, e2e=-0.5, queue=0, decode=0.01, prompt=4, out=11
+            )
+            body = export([span, wrong], instance=f"127.0.0.1:{scrape.port}").SerializeToString()
             try:
                 httpx.post(url, content=body, headers={"Content-Type": "application/x-protobuf"})
             except httpx.HTTPError:
@@ -328,6 +332,9 @@ def test_once_json_says_which_source_each_figure_has(
     assert ep["sources"]["ttft_p50_ms"] == "traces" and ep["ttft_p50_ms"] == pytest.approx(200)
     assert doc["traces"]["listening"] is True
     assert doc["traces"]["servers"] == [f"127.0.0.1:{scrape.port}"]
+    refused = doc["traces"]["spans_refused"]  # one per POST, as the sane spans (one may be mid-add)
+    assert set(refused) == {"e2e"} and abs(refused["e2e"] - doc["traces"]["spans"]) <= 1
+    assert ep["e2e_p50_ms"] == pytest.approx(500)  # the percentile holds no refused span
     # the port is free again once the command returned
     with OtlpReceiver(port=port):
         pass
@@ -349,6 +356,18 @@ def test_once_table_shows_histograms_as_the_source_without_traces(
     row = next(line for line in out.splitlines() if "per-request source" in line)
     assert "histograms (" in row
     assert "traces: http://127.0.0.1:" in out and "0 spans from none yet" in out
+
+
+def test_traces_line_counts_refused_bodies_and_spans_by_figure() -> None:
+    from kimictl.tui.rows import traces_line
+
+    status = {"listening": True, "url": "http://127.0.0.1:14318/v1/traces", "spans": 7}
+    status |= {"servers": ["a:1"], "rejected": 2, "spans_refused": {"ttft": 1, "e2e": 3}}
+    line = traces_line(status)
+    assert line == (
+        "traces: http://127.0.0.1:14318/v1/traces · 7 spans from a:1, 2 bodies refused, "
+        "4 spans refused (e2e 3, ttft 1)"
+    )
 
 
 def test_bad_traces_port_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,4 +87,8 @@ def traces_line(status: Mapping[str, Any] | None) -> str | None:
         return f"traces: not received ({status.get('reason') or 'off'}); figures from histograms"
     servers = ", ".join(status.get("servers") or ()) or "none yet"
     rejected = f", {status['rejected']} bodies refused" if status.get("rejected") else ""
+    refused = status.get("spans_refused") or {}
+    if refused:  # spans with a figure out of range (or past the store's cap), by figure
+        by = ", ".join(f"{figure} {n}" for figure, n in sorted(refused.items()))
+        rejected += f", {sum(refused.values())} spans refused ({by})"
     return f"traces: {status['url']} · {status['spans']} spans from {servers}{rejected}"
