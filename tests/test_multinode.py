@@ -160,7 +160,17 @@ def test_ray_on_the_cpu_runtime_needs_kimictls_fixups(capsys, monkeypatch):
 def test_render_with_nnodes_asks_for_no_master_and_adds_the_node_flags_once(capsys, tmp_path):
     out = tmp_path / "job.sbatch"
     code, _, err = run_cli(
-        capsys, "serve", "k3-tp8-latency", "--render", "slurm", "--nnodes", "2", "-o", str(out)
+        capsys,
+        "serve",
+        "k3-tp8-latency",
+        "--render",
+        "slurm",
+        "--nnodes",
+        "2",
+        "-o",
+        str(out),
+        "--weights-path",
+        "/lustre/models",
     )
     assert code == 0, err
     script = out.read_text()

@@ -8,6 +8,7 @@ slurm: bash parses the script and evaluates its arrays and exports; the node fla
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -42,6 +43,9 @@ def _prepared(profile: str, fmt: str = "k8s", **request: Any) -> workflow.Prepar
     )
     assert prepared.blocking == [], [c.message for c in prepared.blocking]
     return prepared
+
+
+SHARED = "/lustre/models"  # a path every node mounts: what a multi-node render needs for weights
 
 
 def _plan(profile: str, fmt: str = "k8s", **request: Any) -> LaunchPlan:
@@ -190,9 +194,9 @@ def test_api_key_comes_from_a_rendered_or_named_secret_and_never_sits_in_argv():
 def test_no_key_is_refused_unless_insecure():
     plan = _plan("k3-tp8-latency")
     with pytest.raises(InputError, match="bind 0.0.0.0") as refused:
-        render.render(plan, "k8s")
+        render.render(plan, "k8s", weights_path=SHARED)
     assert "--api-key-secret" in (refused.value.hint or "")
-    objs = _objects(render.render(plan, "k8s", insecure=True))
+    objs = _objects(render.render(plan, "k8s", insecure=True, weights_path=SHARED))
     assert "Secret" not in objs
     (ctr,) = _pods(objs)[0]["containers"]
     assert all(e["name"] != "VLLM_API_KEY" for e in ctr["env"])
@@ -337,20 +341,21 @@ def test_cluster_table_is_checked_by_line(tmp_path, capsys):
 @pytest.mark.parametrize(("profile", "nodes"), [("k3-tp8-latency", 2), ("k3-tp16-latency", 4)])
 def test_slurm_script_parses_and_carries_the_launch(tmp_path, profile, nodes):
     plan = _plan(profile, "slurm")
-    script = render.render(plan, "slurm")
+    script = render.render(plan, "slurm", weights_path=SHARED)
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert _bash_array(script, "VLLM_ARGV") == _bound_all(plan.argv)
     expected_env = {k: v for k, v in plan.env.items() if k != "TMPDIR"}
-    assert _exports(script, {"VLLM_API_KEY": KEY}) == {**expected_env, "VLLM_API_KEY": KEY}
+    expected_env |= {"HF_HOME": f"{SHARED}/hf", "HF_HUB_OFFLINE": "1", "VLLM_API_KEY": KEY}
+    assert _exports(script, {"VLLM_API_KEY": KEY}) == expected_env
     assert f"#SBATCH --nodes={nodes}" in script
     assert f"#SBATCH --gpus-per-node={plan.gpus // nodes}" in script
     assert script.count("--nnodes") == 1 and f"--nnodes {nodes}" in script
 
 
 def test_slurm_binds_where_it_says_the_api_is_and_needs_the_key_at_submit():
-    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm")
+    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm", weights_path=SHARED)
     argv = _bash_array(script, "VLLM_ARGV")
     assert argv[argv.index("--host") + 1] == "0.0.0.0"  # was 127.0.0.1 on rank 0
     assert 'echo "API: http://$MASTER_ADDR:8000' in script
@@ -360,7 +365,7 @@ def test_slurm_binds_where_it_says_the_api_is_and_needs_the_key_at_submit():
 
 
 def test_slurm_takes_whole_nodes_ends_on_one_failure_and_checks_imex():
-    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm")
+    script = render.render(_plan("k3-tp16-latency", "slurm"), "slurm", weights_path=SHARED)
     assert "#SBATCH --mem=0" in script.splitlines()
     steps = [line for line in script.splitlines() if line.startswith("srun ")]
     assert steps and all("--kill-on-bad-exit=1" in line for line in steps)
@@ -421,20 +426,55 @@ def test_slurm_master_is_the_first_nodes_address_not_its_name(tmp_path):
     assert out == "API: http://10.77.0.1:8100 (model tiny-k2)\n"  # was http://kmh-a:8100
 
 
-def test_slurm_reads_weights_from_the_shared_path(tmp_path):
-    plan = _plan("k3-tp16-latency", "slurm")
+@pytest.mark.parametrize("profile", ["k3-tp8-latency", "k3-tp16-latency", "k3-tp8-long-context"])
+def test_multi_node_slurm_never_lets_every_node_download_the_model(profile, capsys, monkeypatch):
+    """The GB300 profiles name a PVC (k8s): under Slurm each of 2-4 nodes would fetch 1.5 TB
+    itself; the render is refused until a shared path is given, then reads it offline."""
+    plan = _plan(profile, "slurm")
+    with pytest.raises(InputError, match="every node download moonshotai/Kimi-K3") as refused:
+        render.render(plan, "slurm")  # the profile's [cluster]: weights_pvc only
+    assert "[cluster] weights_path" in refused.value.message
+    assert "--weights-path" in (refused.value.hint or "")
     script = render.render(plan, "slurm", cluster=ClusterSettings(weights_path="/lustre/models"))
     env = _exports(script, {"VLLM_API_KEY": KEY})
     assert env["HF_HOME"] == "/lustre/models/hf" and env["HF_HUB_OFFLINE"] == "1"
-    # a PVC means nothing to Slurm: no HF_HOME pointing into a mount that is not there
-    pvc = render.render(plan, "slurm", cluster=ClusterSettings(weights_pvc="kimi-k3-weights"))
-    assert "HF_HOME" not in _exports(pvc, {"VLLM_API_KEY": KEY})
+    # the flag replaces the profile's PVC for this render
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    argv = ["serve", profile, "--render", "slurm", "--weights-path", "/gpfs/k3"]
+    assert main(argv) == 0
+    assert "export HF_HOME=/gpfs/k3/hf" in capsys.readouterr().out
+    assert main(["serve", profile, "--render", "slurm", "--weights-path", "gpfs/k3"]) == 2
+    assert "error: --weights-path 'gpfs/k3' is not allowed; it must be an absolute path" in (
+        capsys.readouterr().err
+    )
+    assert main(["serve", profile, "--weights-path", "/gpfs/k3", "--dry-run"]) == 2
+    assert "--weights-path goes with --render" in capsys.readouterr().err
+
+
+def test_one_node_or_a_model_path_renders_without_a_shared_volume():
+    single = render.render(_plan("k3-tp8-latency", "slurm"), "slurm", gpus_per_node=8)
+    assert "the node fills its own Hugging Face cache" in single
+    assert "HF_HUB_OFFLINE" not in _exports(single, {"VLLM_API_KEY": KEY})
+    # a model path (`serve --model /lustre/k3`) is read on every node: offline, never the hub
+    from dataclasses import replace
+
+    hub = _plan("k3-tp8-latency", "slurm")
+    plan = replace(hub, argv=[*hub.argv[:2], "/lustre/k3", *hub.argv[3:]])
+    script = render.render(plan, "slurm")
+    assert "# The model is read from /lustre/k3 on every node" in script
+    assert _exports(script, {"VLLM_API_KEY": KEY})["HF_HUB_OFFLINE"] == "1"
+    k8s = _objects(render.render(plan, "k8s", insecure=True))
+    (ctr,) = _pods(k8s)[1]["containers"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in ctr["env"]
+    # a k8s render of a hub model over two pods needs the PVC or a path, as Slurm does
+    with pytest.raises(InputError, match="weights_pvc or weights_path"):
+        render.render(_plan("k3-tp8-latency"), "k8s", insecure=True, cluster=ClusterSettings())
 
 
 def test_slurm_ray_runs_one_server_on_a_ray_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # the rendering machine's own cluster
     plan = _plan("k3-tp16-latency", "slurm", ray=True)
-    script = render.render(plan, "slurm")
+    script = render.render(plan, "slurm", weights_path=SHARED)
     assert "127.0.0.1:6379" not in script
     # vLLM joins the job's cluster by address, whatever temp folder its node gives it
     assert 'export RAY_ADDRESS="$MASTER_ADDR:6379"' in script
@@ -477,7 +517,7 @@ def test_slurm_ray_on_cpu_nodes_uses_the_runtimes_ray_one_cpu_a_node(tmp_path):
     assert f"\n{bindir}/python -c " in "\n" + script
     assert "#SBATCH --nodes=2" in script and "--gpus-per-node" not in script
     # a GPU render keeps the node's own Ray and lets it count the node's GPUs
-    gpu = render.render(_plan("k3-tp16-latency", "slurm", ray=True), "slurm")
+    gpu = render.render(_plan("k3-tp16-latency", "slurm", ray=True), "slurm", weights_path=SHARED)
     assert "--num-cpus" not in gpu and " ray start --head" in gpu
 
 
@@ -540,6 +580,112 @@ def test_traces_to_the_nodes_own_loopback_are_refused(fmt):
     plan = _plan("k3-tp8-latency", fmt, traces="kimictl")
     assert "--otlp-traces-endpoint" in plan.argv
     with pytest.raises(InputError, match="no monitor listens"):
-        render.render(plan, fmt, insecure=True)
+        render.render(plan, fmt, insecure=True, weights_path=SHARED)
     remote = _plan("k3-tp8-latency", fmt, traces="http://collector.obs:4318/v1/traces")
-    assert "collector.obs:4318" in render.render(remote, fmt, insecure=True)
+    assert "collector.obs:4318" in render.render(remote, fmt, insecure=True, weights_path=SHARED)
+
+
+# ---------------------------------------------------------------- values with units and rules
+
+
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (
+            ["--render", "k8s", "--api-key-secret", "My_Secret!"],
+            "error: --api-key-secret 'My_Secret!' is not allowed; it must be a Kubernetes "
+            "object name: lowercase letters, digits, '-' and '.'",
+        ),
+        (
+            ["--render", "k8s", "--api-key-secret", ""],
+            "error: --api-key-secret '' is not allowed; it must be a Kubernetes object name",
+        ),
+        (
+            ["--render", "k8s", "--api-key-secret", "a" * 254],
+            "error: --api-key-secret 'aaaa",
+        ),
+        (
+            ["--render", "k8s", "--traces", "https://user:pw@collector.obs:4318/v1/traces"],
+            "error: --traces 'https://***@collector.obs:4318/v1/traces' is not allowed; use a "
+            "URL without user:password@",
+        ),
+        (
+            ["--render", "slurm", "--traces", "http://:pw@collector.obs/v1/traces"],
+            "error: --traces 'http://***@collector.obs/v1/traces' is not allowed",
+        ),
+        (
+            ["--render", "slurm", "--weights-path", "models"],
+            "error: --weights-path 'models' is not allowed; it must be an absolute path",
+        ),
+    ],
+)
+def test_render_options_follow_their_cluster_rules(args, sentence, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    assert main(["serve", "k3-tp8-latency", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(sentence), captured.err
+    assert captured.out == "" and "Traceback" not in captured.err and "pw@" not in captured.err
+
+
+@pytest.mark.parametrize(
+    ("line", "sentence"),
+    [
+        (
+            "memory = 512",
+            "[cluster] memory = 512 is not allowed; it must be a size with its "
+            'unit, e.g. "512Gi": Kubernetes reads a bare number as bytes.',
+        ),
+        (
+            'memory = "512"',
+            '[cluster] memory = "512" is not allowed; it must be a size with its '
+            'unit, e.g. "512Gi": Kubernetes reads a bare number as bytes.',
+        ),
+        ('shm_size = "64m"', '[cluster] shm_size = "64m" is not allowed'),  # milli-bytes
+        ('shm_size = "lots"', '[cluster] shm_size = "lots" is not allowed; it must be a size'),
+        (
+            'api_key_secret = "My_Secret!"',
+            '[cluster] api_key_secret = "My_Secret!" is not '
+            "allowed; it must be a Kubernetes object name",
+        ),
+        ('api_key_secret = ""', '[cluster] api_key_secret = "" is not allowed'),
+    ],
+)
+def test_profiles_validate_checks_the_same_cluster_rules(tmp_path, capsys, line, sentence):
+    path = _profile_copy(tmp_path, "k3-bad", f'weights_pvc = "w"\n{line}\n')
+    assert main(["profiles", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and sentence in err, err
+
+
+def test_profile_traces_url_with_credentials_is_refused_and_not_echoed(tmp_path, capsys):
+    text = (ROOT / "profiles" / "k3-tp8-latency.toml").read_text()
+    url = "https://user:s3cret@collector.obs:4318/v1/traces"
+    path = tmp_path / "k3-cred.toml"
+    path.write_text(text.replace("[metrics]\n", f'[metrics]\ntraces = "{url}"\n', 1))
+    assert "[metrics]\n" in text
+    assert main(["profiles", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert '[metrics] traces = "https://***@collector.obs:4318/v1/traces" is not allowed' in err
+    assert "without user:password@" in err and "s3cret" not in err
+
+
+def test_units_and_names_that_follow_the_rules_render_and_validate(tmp_path):
+    cluster = ClusterSettings(weights_path="/raid/models", memory="1.5Ti", shm_size="64G")
+    objs = _k8s("k3-tp8-latency", key=None, api_key_secret="team.vllm-key", cluster=cluster)
+    for obj in objs.values():
+        assert k8s_schemas.errors(obj) == [], (obj["kind"], k8s_schemas.errors(obj))
+    leader, _ = _pods(objs)
+    assert leader["containers"][0]["resources"]["limits"]["memory"] == "1.5Ti"
+    (dshm,) = [v for v in leader["volumes"] if v["name"] == "dshm"]
+    assert dshm["emptyDir"]["sizeLimit"] == "64G"
+
+
+def test_profiles_validate_says_which_render_would_download_per_node(capsys):
+    assert main(["profiles", "validate", "k3-tp16-latency", "--json"]) == 0
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    slurm, k8s = checks["render.slurm.weights"], checks["render.k8s.weights"]
+    assert slurm["status"] == "warn" and "4 nodes would each download" in slurm["message"]
+    assert slurm["remedy"] == "kimictl serve k3-tp16-latency --render slurm --weights-path PATH"
+    assert k8s["status"] == "pass" and "PVC kimi-k3-weights" in k8s["message"]
+    assert main(["profiles", "validate", "cpu-demo-tp2", "--json"]) == 0  # a model on each host
+    assert json.loads(capsys.readouterr().out)["checks"] == []

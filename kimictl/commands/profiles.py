@@ -175,10 +175,12 @@ def validate(
     from kimictl.commands._output import console, emit_json
     from kimictl.deployment.profiles import load_profile
     from kimictl.runtime.checks.rules.base import verdict
+    from kimictl.runtime.serving.render import render_checks
 
     profile = load_profile(file)
     cpu = profile.runtime == "cpu"
     checks = [] if cpu else _validate_checks(profile, from_snapshot or [])
+    checks += render_checks(profile)  # the rules `serve --render` refuses by
     result = verdict(checks)
     if json_out:
         payload: dict[str, Any] = {

@@ -91,6 +91,13 @@ ApiKeySecretOpt = Annotated[
     str | None,
     typer.Option(help="--render k8s: read the key from this existing Secret (key 'key')."),
 ]
+WeightsPathOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="--render: the weights on a path every node mounts (HF_HOME PATH/hf, read offline), "
+        "instead of the profile's [cluster] volume."
+    ),
+]
 InsecureOpt = Annotated[
     bool, typer.Option("--insecure", help="Allow a non-loopback bind without an API key.")
 ]
@@ -126,6 +133,7 @@ def serve(
     ab: AbOpt = False,
     api_key_file: ApiKeyFileOpt = None,
     api_key_secret: ApiKeySecretOpt = None,
+    weights_path: WeightsPathOpt = None,
     insecure: InsecureOpt = False,
     timeout: TimeoutOpt = 900.0,
     json_out: JsonOpt = False,
@@ -150,6 +158,7 @@ def serve(
         traces=traces,
         render_output=output,
         api_key_secret=api_key_secret,
+        weights_path=weights_path,
         timeout=timeout,
     )
     prepared = workflow.prepare_serve(request)
@@ -177,6 +186,7 @@ def _render(prepared: Prepared, request: ServeRequest, json_out: bool) -> None:
         nnodes=request.nnodes if request.nnodes > 1 else None,
         cluster=prepared.cluster,
         api_key_secret=request.api_key_secret,
+        weights_path=request.weights_path,
         insecure=request.insecure,
     )
     holds_key = plan.api_key is not None and plan.api_key in text

@@ -1,5 +1,11 @@
 """A profile's `[cluster]` table: what a rendered cluster job needs beyond the vLLM launch line
-(where the weights live, what each pod or node asks for, which Secret holds the API key)."""
+(where the weights live, what each pod or node asks for, which Secret holds the API key).
+
+One helper per rule, used wherever the value enters: the profile schema (`CLUSTER_KEYS`, so
+`profiles validate` and every load) and the render's own options (`serve --render
+--api-key-secret / --weights-path`). Memory sizes need a unit: Kubernetes reads a bare number as
+bytes (`memory = 512` is 512 bytes), so one is refused rather than guessed.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,13 @@ __all__ = [
     "DEFAULT_WEIGHTS_MOUNT",
     "ClusterSettings",
     "JobFormat",
+    "check_abs_path",
+    "check_byte_quantity",
     "check_dns_label",
+    "check_object_name",
     "cluster_settings",
+    "is_local_model",
+    "weights_problem",
 ]
 
 
@@ -40,6 +51,8 @@ _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # resource.Quantity: <signed number><suffix>, suffix binary (Ki..Ei), decimal (m, k, M..E) or exp.
 _QUANTITY = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?")
+# A size in bytes with its unit: binary (Ki..Ei) or decimal (k, M..E); no bare number, no milli.
+_BYTES = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPE])")
 
 
 def check_dns_label(value: str, *, max_len: int = 63) -> str | None:
@@ -51,16 +64,35 @@ def check_dns_label(value: str, *, max_len: int = 63) -> str | None:
     return None
 
 
-def _subdomain(value: Any) -> str:
+def check_object_name(value: Any) -> str:
+    """A Kubernetes object name (a Secret's, a PVC's): a DNS-1123 subdomain, at most 253
+    characters; ValueError says what is allowed (an empty name is none)."""
     if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
-        raise ValueError("a Kubernetes object name (lowercase letters, digits, '-' and '.')")
+        raise ValueError(
+            "a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and "
+            "ending alphanumeric, at most 253 characters"
+        )
     return value
 
 
-def _abs_path(value: Any) -> str:
+def check_abs_path(value: Any) -> str:
+    """A path every node has (weights): absolute, one line."""
     if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
         raise ValueError('an absolute path, e.g. "/shared/models"')
     return value
+
+
+def check_byte_quantity(value: Any) -> str:
+    """memory, shm_size: a Kubernetes quantity with a byte unit ("512Gi", "64G")."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError('a size with its unit, e.g. "512Gi" or "64G"')
+    if not _BYTES.fullmatch(str(value)):
+        raise ValueError(
+            f'a size with its unit, e.g. "{value}Gi": Kubernetes reads a bare number as bytes'
+            if isinstance(value, int | float) or _QUANTITY.fullmatch(str(value))
+            else 'a size with its unit, e.g. "512Gi" or "64G" (Ki, Mi, Gi, Ti or k, M, G, T)'
+        )
+    return str(value)
 
 
 def _quantity(value: Any) -> str:
@@ -73,13 +105,13 @@ def _quantity(value: Any) -> str:
 
 
 CLUSTER_KEYS = {
-    "weights_pvc": _subdomain,
-    "weights_path": _abs_path,
-    "weights_mount": _abs_path,
-    "cpu": _quantity,
-    "memory": _quantity,
-    "shm_size": _quantity,
-    "api_key_secret": _subdomain,
+    "weights_pvc": check_object_name,
+    "weights_path": check_abs_path,
+    "weights_mount": check_abs_path,
+    "cpu": _quantity,  # a bare number is cores
+    "memory": check_byte_quantity,
+    "shm_size": check_byte_quantity,
+    "api_key_secret": check_object_name,
 }
 
 
@@ -120,3 +152,20 @@ def cluster_settings(table: dict[str, Any]) -> ClusterSettings:
     if table.get("weights_pvc") and table.get("weights_path"):
         raise ValueError("one weights volume: weights_pvc or weights_path, not both")
     return ClusterSettings(**table)
+
+
+def is_local_model(model: str) -> bool:
+    """A model every node reads from a path (or kimictl's own, made on each host), not the hub."""
+    return model.startswith(("/", "@"))
+
+
+def weights_problem(cluster: ClusterSettings, *, fmt: str, nodes: int, model: str) -> str | None:
+    """Why a `fmt` render over `nodes` nodes would have every node download `model` itself (the
+    key it lacks), or None: one node, a model path, or a weights volume that format mounts."""
+    if nodes < 2 or is_local_model(model):
+        return None
+    if fmt == "slurm" and not cluster.weights_path:
+        return "[cluster] weights_path (a path every node mounts; a PVC means nothing to Slurm)"
+    if fmt == "k8s" and not (cluster.weights_pvc or cluster.weights_path):
+        return "[cluster] weights_pvc or weights_path"
+    return None

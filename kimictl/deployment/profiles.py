@@ -385,7 +385,7 @@ def _checked(check: ValueCheck, value: Any, where: str) -> Any:
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
-        return f'"{value}"'
+        return f'"{traces.shown(value)}"'  # a URL's user:password@ is never echoed
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)

@@ -18,6 +18,7 @@ __all__ = [
     "TRACES_PATH",
     "check_traces",
     "is_otlp_http",
+    "shown",
     "kimictl_endpoint",
     "resolve_traces",
     "tracing_env",
@@ -59,7 +60,25 @@ def check_traces(value: object) -> str:
         raise ValueError(allowed) from None
     if not parts.hostname or not is_otlp_http(value):
         raise ValueError(allowed)
+    if parts.username is not None or parts.password is not None:
+        # the URL is written into argv, renders, run records and `ps`: no place for a secret
+        raise ValueError(
+            "a URL without user:password@ (it would be written into every launch line, render "
+            "and log); give the collector's credentials another way, e.g. OTEL_EXPORTER_OTLP_"
+            "TRACES_HEADERS in the server's environment"
+        )
     return value
+
+
+def shown(url: str) -> str:
+    """`url` fit to print: a user:password@ part replaced by ***@."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed [IPv6 bracket: no user part to find
+        return url
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
 def is_otlp_http(endpoint: str | None) -> bool:

@@ -17,17 +17,28 @@ import json
 import math
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kimictl.core.apikeys import ENV_VAR
 from kimictl.core.errors import InputError
-from kimictl.deployment.cluster import ClusterSettings, JobFormat
+from kimictl.deployment.cluster import (
+    ClusterSettings,
+    JobFormat,
+    check_abs_path,
+    check_object_name,
+    is_local_model,
+    weights_problem,
+)
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.serving.plan import LaunchPlan, is_loopback, redact_argv
 from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV, RAY_PORT, wait_for_nodes_code
+
+if TYPE_CHECKING:
+    from kimictl.deployment.profiles import Profile
+    from kimictl.runtime.checks.rules.base import Check
 
 __all__ = [
     "BIND_ALL",
@@ -39,6 +50,7 @@ __all__ = [
     "NodeKind",
     "job_for",
     "render",
+    "render_checks",
     "to_yaml",
     "write_private",
 ]
@@ -99,10 +111,16 @@ class Job:
         return _bind_all(redact_argv(self.plan.argv))
 
     @property
+    def model(self) -> str:
+        return _model(self.plan)
+
+    @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in self.plan.env.items() if k not in _LOCAL_ENV and k != ENV_VAR}
         if self.hf_home:  # the volume holds the checkpoints: read them, never download
             env |= {"HF_HOME": self.hf_home, "HF_HUB_OFFLINE": "1"}
+        elif self.nodes > 1:  # a model path on every node (job_for refused the rest): no hub
+            env["HF_HUB_OFFLINE"] = "1"
         return env
 
     @property
@@ -118,6 +136,11 @@ class Job:
     def needs_imex(self) -> bool:
         """TP ranks on several GPU nodes: cross-node NVLink (IMEX) is what the fast path runs on."""
         return self.nodes > 1 and self.kind.imex
+
+
+def _model(plan: LaunchPlan) -> str:
+    """The model `vllm serve` loads: a hub id, or a path on the nodes."""
+    return plan.argv[2] if len(plan.argv) > 2 else plan.model
 
 
 def _bind_all(argv: list[str]) -> list[str]:
@@ -143,6 +166,13 @@ def _nodes(plan: LaunchPlan, nnodes: int | None, kind: NodeKind) -> int:
     return nodes
 
 
+def _checked(flag: str, value: str, check: Any) -> str:
+    try:
+        return str(check(value))
+    except ValueError as exc:
+        raise InputError(f"{flag} {value!r} is not allowed; it must be {exc}.") from None
+
+
 def job_for(
     plan: LaunchPlan,
     fmt: str,
@@ -151,13 +181,20 @@ def job_for(
     gpus_per_node: int = GPUS_PER_NODE,
     cluster: ClusterSettings | None = None,
     api_key_secret: str | None = None,
+    weights_path: str | None = None,
     insecure: bool = False,
     image: str = VLLM_IMAGE,
 ) -> Job:
-    """Check what the cluster needs that a local launch does not, and fix node count and key."""
+    """Check what the cluster needs that a local launch does not, and fix node count and key.
+    `api_key_secret` and `weights_path` go through the rules of their `[cluster]` keys."""
     if fmt not in FORMATS:
         raise InputError(f"--render {fmt!r} is not a format; allowed: {', '.join(FORMATS)}.")
     cluster = cluster or ClusterSettings()
+    if api_key_secret is not None:
+        api_key_secret = _checked("--api-key-secret", api_key_secret, check_object_name)
+    if weights_path is not None:  # this render's weights: the path, instead of the profile's
+        weights_path = _checked("--weights-path", weights_path, check_abs_path)
+        cluster = replace(cluster, weights_path=weights_path, weights_pvc=None)
     if "--otlp-traces-endpoint" in plan.argv:
         endpoint = plan.argv[plan.argv.index("--otlp-traces-endpoint") + 1]
         if is_loopback(urlsplit(endpoint).hostname or ""):
@@ -169,7 +206,17 @@ def job_for(
             )
     kind = node_kind(plan, gpus_per_node)
     nodes = _nodes(plan, nnodes, kind)
-    secret = api_key_secret or cluster.api_key_secret
+    model = _model(plan)
+    missing = weights_problem(cluster, fmt=fmt, nodes=nodes, model=model)
+    if missing:
+        raise InputError(
+            f"a {fmt} job on {nodes} nodes would have every node download {model} itself; "
+            f"it needs {missing}.",
+            hint="pass --weights-path PATH (a folder every node mounts, holding hf/ as "
+            "HF_HOME) or set it in a copy of the profile; fill it once with "
+            f"`HF_HOME=PATH/hf hf download {model}`.",
+        )
+    secret = api_key_secret if api_key_secret is not None else cluster.api_key_secret
     if secret is not None:
         if fmt != "k8s":
             raise InputError(
@@ -205,6 +252,7 @@ def render(
     gpus_per_node: int = GPUS_PER_NODE,
     cluster: ClusterSettings | None = None,
     api_key_secret: str | None = None,
+    weights_path: str | None = None,
     insecure: bool = False,
     image: str = VLLM_IMAGE,
 ) -> str:
@@ -216,6 +264,7 @@ def render(
         gpus_per_node=gpus_per_node,
         cluster=cluster,
         api_key_secret=api_key_secret,
+        weights_path=weights_path,
         insecure=insecure,
         image=image,
     )
@@ -224,6 +273,32 @@ def render(
     from kimictl.runtime.serving.render_k8s import k8s_objects
 
     return "---\n".join(to_yaml(obj) for obj in k8s_objects(job))
+
+
+def render_checks(profile: Profile) -> list[Check]:
+    """`profiles validate`: would a render of `profile` over its default nodes have every node
+    download the model? One check per format (the rule `job_for` refuses by), multi-node only."""
+    from kimictl.runtime.checks.rules.base import Check, Section, Status
+
+    ranks = max(profile.spec.gpus_needed, 1)
+    nodes = ranks if profile.runtime == "cpu" else math.ceil(ranks / GPUS_PER_NODE)
+    model = profile.spec.model
+    if nodes < 2 or is_local_model(model):
+        return []
+    checks = []
+    for fmt in FORMATS:
+        missing = weights_problem(profile.cluster, fmt=fmt, nodes=nodes, model=model)
+        cid = f"render.{fmt}.weights"
+        if missing:
+            message = f"--render {fmt}: {nodes} nodes would each download {model}; needs {missing}"
+            remedy = f"kimictl serve {profile.name} --render {fmt} --weights-path PATH"
+            checks.append(Check(cid, Section.DEPLOYMENT, Status.WARN, message, remedy))
+        else:
+            pvc = profile.cluster.weights_pvc
+            where = f"PVC {pvc}" if fmt == "k8s" and pvc else profile.cluster.weights_path
+            message = f"--render {fmt}: {nodes} nodes read {model} from {where}, offline"
+            checks.append(Check(cid, Section.DEPLOYMENT, Status.PASS, message))
+    return checks
 
 
 def write_private(path: Path, text: str, *, private: bool) -> None:
@@ -274,8 +349,10 @@ def _slurm(job: Job) -> str:
         lines.append(f"export {key}={shlex.quote(value)}")
     if job.key == "env":
         lines.append(f'export {ENV_VAR}="${{{ENV_VAR}:?set {ENV_VAR} before sbatch}}"')
-    if not job.hf_home:
-        lines.append("# No [cluster] weights_path: each node fills its own Hugging Face cache.")
+    if not job.hf_home and is_local_model(job.model):
+        lines.append(f"# The model is read from {job.model} on every node (the same path on each).")
+    elif not job.hf_home:  # one node (job_for refuses more without a shared path)
+        lines.append("# No [cluster] weights_path: the node fills its own Hugging Face cache.")
     lines += [
         "",
         "VLLM_ARGV=(",

@@ -79,6 +79,7 @@ class ServeRequest:
     traces: str | None = None  # "kimictl" | "off" | URL: overrides the profile's [metrics] traces
     render_output: Path | None = None  # --render: the job file (None: stdout)
     api_key_secret: str | None = None  # --render k8s: an existing Secret holding the key
+    weights_path: str | None = None  # --render: the weights on a path every node mounts
     timeout: float = 900.0  # seconds to wait for readiness
 
     def __post_init__(self) -> None:
@@ -95,6 +96,8 @@ class ServeRequest:
             raise InputError(
                 "--api-key-secret names a Kubernetes Secret; it goes with --render k8s."
             )
+        if self.weights_path is not None and not self.for_render:
+            raise InputError("--weights-path goes with --render (a path on the cluster's nodes).")
 
 
 @dataclass
@@ -204,12 +207,12 @@ def _probe_node() -> tuple[Any, Any]:
 
 
 def _traces_endpoint(value: str) -> str | None:
-    from kimictl.deployment.traces import check_traces, resolve_traces
+    from kimictl.deployment.traces import check_traces, resolve_traces, shown
 
     try:
         return resolve_traces(check_traces(value))
     except ValueError as exc:
-        raise InputError(f"--traces {value!r} is not allowed; use {exc}.") from None
+        raise InputError(f"--traces {shown(value)!r} is not allowed; use {exc}.") from None
 
 
 def _gate(
