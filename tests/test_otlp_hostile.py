@@ -401,6 +401,7 @@ def test_a_thousand_clients_at_once_are_answered_within_seconds(child: Child) ->
                     sel.unregister(sock)
                     sock.close()
     took = time.monotonic() - start
+    print(f"{n} clients at once: {answered.count(200)} answered 200 in {took:.2f} s")
     for sock in socks:
         sock.close()
     assert answered.count(200) == n, (len(answered), set(answered))
