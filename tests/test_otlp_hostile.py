@@ -32,10 +32,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from test_otlp import export as otlp_export
+from test_otlp import vllm_span
 
 from kimictl.runtime.observe.otlp import MAX_BODY_BYTES, MAX_DECODED_BYTES, MAX_KEPT
 
@@ -94,42 +93,14 @@ def child() -> Iterator[Child]:
 # ---- bodies
 
 
-def kv(key: str, value: float | int | str) -> KeyValue:
-    if isinstance(value, str):
-        return KeyValue(key=key, value=AnyValue(string_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(double_value=value))
-
-
-def span(**figures: float | int) -> Span:
-    """A vLLM request span (vllm/v1/engine/output_processor.py `do_tracing`), now."""
+def span(**figures: float) -> Span:
+    """A vLLM request span (tests/test_otlp.py `vllm_span`) that ended a second ago."""
     values = {"ttft": 0.1, "e2e": 0.5, "queue": 0.01, "decode": 0.3, "prompt": 12, "out": 20}
-    values |= figures
-    start = time.time() - 1
-    return Span(
-        trace_id=bytes(range(16)),
-        span_id=bytes(range(8)),
-        name="llm_request",
-        start_time_unix_nano=int(start * 1e9),
-        end_time_unix_nano=int((start + 0.5) * 1e9),
-        attributes=[
-            kv("gen_ai.latency.time_to_first_token", values["ttft"]),
-            kv("gen_ai.latency.e2e", values["e2e"]),
-            kv("gen_ai.latency.time_in_queue", values["queue"]),
-            kv("gen_ai.latency.time_in_model_decode", values["decode"]),
-            kv("gen_ai.usage.prompt_tokens", values["prompt"]),
-            kv("gen_ai.usage.completion_tokens", values["out"]),
-            kv("gen_ai.request.id", "cmpl-0123456789abcdef0123456789abcdef"),
-        ],
-    )
+    return vllm_span(start=time.time() - 1.5, **(values | figures))  # type: ignore[arg-type]
 
 
 def export(spans: list[Span], instance: str = "10.0.0.1:8000") -> bytes:
-    resource = Resource(attributes=[kv("service.instance.id", instance)])
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])]
-    ).SerializeToString()
+    return otlp_export(spans, instance).SerializeToString()
 
 
 def json_export(n: int) -> bytes:
@@ -249,11 +220,14 @@ def test_hostile_inputs_are_answered_counted_and_bounded(child: Child) -> None:
     assert stream(port, head(Transfer_Encoding="chunked"), chunked(mib), 300 << 20) == 413
     assert stream(port, head(Content_Length=str(300 << 20)), mib, 300 << 20) == 413
     assert post(port, good, Content_Length="12abc") == 400
+    assert post(port, good, Content_Length="9" * 5000) == 413  # past int()'s digit limit too
+    assert post(port, b"f" * 1000 + b"\r\n", Transfer_Encoding="chunked", Content_Length="") == 413
     assert post(port, b"", Transfer_Encoding="gzip, chunked") == 501
     assert post(port, b"x", Content_Encoding="br") == 415
     body = chunked(good[:10]) + chunked(good[10:]) + b"0\r\nX-Trailer: 1\r\n\r\n"
     assert post(port, body, Transfer_Encoding="chunked", Content_Length="") == 200
     assert post(port, b"zz\r\n", Transfer_Encoding="chunked", Content_Length="") == 400
+    assert post(port, b"1" * 4096, Transfer_Encoding="chunked", Content_Length="") == 400
 
     # bodies just under the cap, many at once: the budget answers 503 (the SDK retries)
     big = export([], instance="a" * (MAX_BODY_BYTES - 1024))  # valid, and holds no request
@@ -278,7 +252,7 @@ def test_hostile_inputs_are_answered_counted_and_bounded(child: Child) -> None:
     # spans out of range: refused and counted by figure, never in a percentile
     bad = [
         span(e2e=-1.0),
-        span(e2e=1e12),
+        span(e2e=1e7),  # 116 days
         span(ttft=float("nan")),
         span(ttft=50.0, e2e=0.5),
         span(queue=-0.5),

@@ -479,33 +479,40 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Hangup
         return data
 
+    def _hold(self, held: list[int], size: int, more: int) -> bool:
+        """Room for `more` bytes of a body already `size` long: under the cap and within the
+        budget (`held` counts what was taken); False when refused (the reply is sent)."""
+        if size + more > MAX_BODY_BYTES:
+            self._refuse(413, f"body over {MAX_BODY_BYTES} bytes")
+            return False
+        if not self.server.budget.take(more):
+            self._refuse(503, "busy with other bodies; retry")
+            return False
+        held[0] += more
+        return True
+
     def _read_body(self, held: list[int]) -> bytes | None:
-        """The body, whatever its framing, within MAX_BODY_BYTES and the receiver's budget
-        (`held` gets what it takes); None when refused (the reply is sent)."""
-        budget = self.server.budget
+        """The body, whatever its framing, within MAX_BODY_BYTES and the receiver's budget;
+        None when refused (the reply is sent)."""
         framing = (self.headers.get("Transfer-Encoding") or "").strip().lower()
         if framing and framing != "chunked":
             self._refuse(501, f"Transfer-Encoding {framing} is not received; send chunked or none")
             return None
         if not framing:
             text = (self.headers.get("Content-Length") or "0").strip()
-            if not text.isdigit():  # also "-1", which would read to the end of the stream
-                self._refuse(400, f"Content-Length {text!r} is not a number of bytes")
+            if not (text.isascii() and text.isdigit()):  # also "-1": read to the stream's end
+                self._refuse(400, f"Content-Length {text[:32]!r} is not a number of bytes")
                 return None
-            length = int(text)
-            if length > MAX_BODY_BYTES:
-                self._refuse(413, f"body over {MAX_BODY_BYTES} bytes")
-                return None
-            if not budget.take(length):
-                self._refuse(503, "busy with other bodies; retry")
-                return None
-            held[0] += length
-            return self._read(length)
+            length = int(text) if len(text) < 12 else MAX_BODY_BYTES + 1
+            return self._read(length) if self._hold(held, 0, length) else None
         body = bytearray()
         while True:  # chunked: hex size line, data, CRLF ... a zero size, trailers, a blank line
             line = self.rfile.readline(1026)
             if not line.endswith(b"\n"):
-                raise _Hangup
+                if len(line) < 1026:
+                    raise _Hangup
+                self._refuse(400, "a chunk size line over 1 KiB")
+                return None
             size_text = line.split(b";", 1)[0].strip()
             if not size_text or any(c not in b"0123456789abcdefABCDEF" for c in size_text):
                 self._refuse(400, "a chunk size is not hex")
@@ -517,13 +524,8 @@ class _Handler(BaseHTTPRequestHandler):
                         return bytes(body)
                 self._refuse(400, "too many trailer fields")
                 return None
-            if len(body) + size > MAX_BODY_BYTES:
-                self._refuse(413, f"body over {MAX_BODY_BYTES} bytes")
+            if not self._hold(held, len(body), size):
                 return None
-            if not budget.take(size):
-                self._refuse(503, "busy with other bodies; retry")
-                return None
-            held[0] += size
             body += self._read(size)
             if self._read(2) != b"\r\n":
                 self._refuse(400, "a chunk does not end in CRLF")
