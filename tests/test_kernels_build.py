@@ -213,3 +213,25 @@ def test_build_layer_writes_its_own_manifest_on_hopper_only(
     monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(kbuild, "default_build_dir", lambda: tmp_path)
     assert kbuild.find_layer_build("sm_90a") == result.out_dir
+
+
+def test_default_build_goes_to_the_cache_not_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Without `--out`, a build lands in the user's cache folder (KIMICTL_CACHE_DIR here), where
+    `find_build` looks after the installed builds; nothing is written inside the package."""
+    import kimictl
+    from kimictl.kernels.toolchain.harness import find_build
+
+    monkeypatch.setenv("KIMICTL_CACHE_DIR", str(tmp_path))
+    default = kbuild.default_build_dir()
+    assert default == tmp_path / "kernels-build"
+    assert not default.is_relative_to(Path(kimictl.__file__).resolve().parent)
+    assert find_build("sm_90a") is None
+    (default / "sm_90a").mkdir(parents=True)
+    (default / "sm_90a" / kbuild.MANIFEST).write_text("{}")
+    assert find_build("sm_90a") == default / "sm_90a"
+    installed = tmp_path / "kernels" / "sm_90a"  # an installed build wins
+    installed.mkdir(parents=True)
+    (installed / kbuild.MANIFEST).write_text("{}")
+    assert find_build("sm_90a") == installed

@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 
 ARCH_HELP = "sm_90a (H100/H200), sm_100a (B200), sm_103a (GB300)."
-OUT_HELP = "Output folder (default: kimictl/kernels/toolchain/_build)."
+OUT_HELP = "Output folder (default: kernels-build in kimictl's cache folder, ~/.cache/kimictl)."
 STACK_HELP = "Check/install vLLM 0.33.0's pinned kernel stack instead of the kernels."
 DRY_HELP = "With --stack: report what would be installed, install nothing."
 FROM_HELP = "Folder holding a `kimictl kernels build` output."

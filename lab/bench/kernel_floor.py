@@ -1,8 +1,8 @@
 """The per-kernel floor on the lent H200: how long one decode GEMM takes in a back-to-back graph
 when it moves (almost) no bytes, with and without programmatic dependent launch (PDL).
 
-Run on the device after `kimictl kernels build --arch sm_90a` here, carrying
-kimictl/kernels/toolchain/_build:
+Run on the device after `kimictl kernels build --arch sm_90a --out lab/_build` here, carrying
+lab/_build:
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 lab/bench/kernel_floor.py
 
@@ -41,15 +41,15 @@ def main() -> int:
     import torch.nn.functional as F
 
     from kimictl.kernels.toolchain.bench import MIN_LAUNCHES, time_graph
-    from kimictl.kernels.toolchain.build import default_build_dir
     from kimictl.kernels.toolchain.dispatch import geomean
     from kimictl.kernels.toolchain.harness import open_library
     from kimictl.runtime.tuning.calibration import least_squares
 
-    lib = open_library(default_build_dir() / "sm_90a")
+    lib = open_library(ROOT / "lab" / "_build" / "sm_90a")
     missing = [v for v in VARIANTS.values() if v not in lib.names]
     if missing:
-        print(f"the build lacks {missing}: rebuild with `kimictl kernels build --arch sm_90a`")
+        rebuild = "kimictl kernels build --arch sm_90a --out lab/_build"
+        print(f"the build lacks {missing}: rebuild with `{rebuild}`")
         return 1
     dev = torch.device("cuda")
     x = torch.randn((1, 7168), device=dev).to(torch.bfloat16)

@@ -1,7 +1,7 @@
 """One device call: link, verify and time kimictl's decode kernels against cuBLAS on the lent H200.
 
-Run on the device, after `kimictl kernels build --arch sm_90a`
-here, carrying kimictl/kernels/toolchain/_build:
+Run on the device, after `kimictl kernels build --arch sm_90a --out lab/_build`
+here, carrying lab/_build:
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 \
         python3 lab/bench/kernels_h200.py --out $OUT
@@ -31,7 +31,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    build = ROOT / "kimictl" / "kernels" / "toolchain" / "_build"
+    build = ROOT / "lab" / "_build"
     ap.add_argument("--build-dir", type=Path, default=build)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--quick", action="store_true", help="verify only 2 shapes, bench 3 shapes")

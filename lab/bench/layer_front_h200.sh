@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 35 on the H200, one device call, from the checkout root; results under $OUT.
-# 0. `kimictl kernels install --no-bench --json` into an empty KIMICTL_CACHE_DIR: the GEMM build
-#    and the layer build taken from the tree, verified, copied; then the tree's layer build is
-#    moved away, so every later step finds the layer where a node keeps it (SKIP_INSTALL=1 skips).
-# 1. `kimictl kernels verify --json`: the GEMM build and the layer build, segment f included
-#    (kimictl/kernels/toolchain/_build/{sm_90a,layer/sm_90a}: `kimictl kernels build --arch sm_90a`).
+# 0. `kimictl kernels install --no-bench --from lab/_build --json` into an empty KIMICTL_CACHE_DIR:
+#    the GEMM build and the layer build (lab/_build/{sm_90a,layer/sm_90a}: `kimictl kernels build
+#    --arch sm_90a --out lab/_build` on the CPU box) verified and copied, so every later step finds
+#    them where a node keeps them (SKIP_INSTALL=1 skips it, for a KIMICTL_CACHE_DIR installed before).
+# 1. `kimictl kernels verify --json`: the installed GEMM build and layer build, segment f included.
 # 2. lab/bench/layer_front_h200.py: segment f routed by the plugin inside vLLM 0.33.0's own K3
 #    attention code, beside vLLM's SM90 plan and kimictl's GEMM routes, M = 1, 2, 4.
 # 3. issue 35's decode-step table, lab/bench/layer_h200.py --chain-shipped: torch.compile stock,
@@ -19,7 +19,7 @@
 # kimictl's pure-Python CLI deps and einops in .devdeps/whl (the image lacks them).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 KIMICTL_CACHE_DIR=/tmp/kimictl-cache  # nothing installed: tree builds
+export PYTHONUNBUFFERED=1 KIMICTL_CACHE_DIR=${KIMICTL_CACHE_DIR:-/tmp/kimictl-cache}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 PYTHONPATH=$PWD
@@ -32,9 +32,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 date -u +%FT%TZ
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
     rm -rf "$KIMICTL_CACHE_DIR"
-    timeout 150 python3 -m kimictl kernels install --no-bench --json >"$OUT/install.json"
+    timeout 150 python3 -m kimictl kernels install --no-bench --from lab/_build --json >"$OUT/install.json"
     echo "install rc=$? layer: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layer"])' "$OUT/install.json")"
-    mv kimictl/kernels/toolchain/_build/layer /tmp/tree-layer-build
     python3 -c 'from kimictl.kernels.toolchain.build import find_layer_build as f; print("layer build used:", f("sm_90a"))'
 fi
 timeout 150 python3 -m kimictl kernels verify --json >"$OUT/verify.json"

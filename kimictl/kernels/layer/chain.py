@@ -20,7 +20,7 @@ The stand-ins run between the segments as benchmark-owned PDL copies (layer_elem
 
 Two forms of the math, chosen per variant (`math`), both fp32-accumulating, bf16 in and out:
 - "simt": wstream's SIMT weight stream, M = 1 and 2 only: at M = 2 its FMAs already cost the
-  segments 10-25 % of their M = 1 rate (lab/results/layer_h200_chain_run5.json).
+  segments part of their M = 1 rate (docs/results.md, row "chain SIMT form at M = 2").
   A CTA holds 4 groups of 128 threads; a group owns a block of weight rows at a time (as many as
   one ring slot holds) and splits K over its threads. Two partial sums per output halve the FMA
   chain.
@@ -88,8 +88,8 @@ TILE = 16  # mma: weight rows per tile (the MMA's M)
 KGROUP = 32  # mma: k per thread quad and MMA pair (four 16-byte vectors)
 COUNTER = 8  # bf16 elements after the weights: the barrier word (16 bytes, aligned)
 # shared memory one CTA may hold on the H200. One CTA per SM, on purpose: with two (256 threads,
-# <= 113 KB each) the next segment's CTAs became resident early, but the layer ran 1.2-24 us
-# slower (lab/results/layer_h200_chain_run3.json), the tail of a segment could then place
+# <= 113 KB each) the next segment's CTAs became resident early, but the layer ran slower
+# (docs/results.md, row "chain with two CTAs per SM"), the tail of a segment could then place
 # two of the next segment's CTAs on one SM, and the grid barrier waits for the slowest SM
 SMEM = 227 * 1024
 
@@ -272,8 +272,8 @@ def segment(layer: str, seg: str, m: int) -> tuple[tuple[ChainStage, ...], dict[
 # segment: deeper rings keep more bytes in flight; a smaller slot leaves room for them where the
 # widest stage needs fewer vectors per row (segment c: K = 4352, 5 vectors). The SIMT picks of
 # the recorded runs were all ring 2 or 4 with 56-120 KB in flight per CTA; the mma shapes span
-# 64-128 KB. At M = 1 and 2 every mma segment was 7-23 % slower than the SIMT one
-# (lab/results/layer_h200_chain_run12.json), so mma is built for M = 4 only
+# 64-128 KB. At M = 1 and 2 every mma segment was slower than the SIMT one
+# (docs/results.md, row "chain mma form at M = 1, 2"), so mma is built for M = 4 only
 RINGS = {
     "simt": ((3, 7), (2, 10), (4, 5), (5, 4), (2, 7)),
     "mma": ((2, 8), (3, 4), (3, 6), (4, 4), (5, 4)),

@@ -108,12 +108,16 @@ LAYER_DIR = "layer"  # the layer family builds into <build folder>/layer/<arch>,
 
 
 def default_build_dir() -> Path:
-    """In-tree folder (git-ignored) so the device call can `carry` it."""
-    return Path(__file__).resolve().parent / "_build"
+    """Where `kimictl kernels build` writes without `--out`: the user's cache folder
+    (kimictl.core.paths), beside the installed builds, never the installed package."""
+    from kimictl.core.paths import cache_dir
+
+    return cache_dir() / "kernels-build"
 
 
 def find_layer_build(arch: str) -> Path | None:
-    """The layer family's build for `arch`: installed cache first, then the tree (None: none)."""
+    """The layer family's build for `arch`: installed first, then the last `kimictl kernels build`
+    without `--out` (None: none)."""
     from kimictl.core.paths import cache_dir
     from kimictl.kernels.toolchain.harness import find_build
 

@@ -145,7 +145,8 @@ class KernelLibrary:
 
 
 def find_build(arch: str, search: list[Path] | None = None) -> Path | None:
-    """The first folder holding a manifest for `arch`: installed cache first, then the tree."""
+    """The first folder holding a manifest for `arch`: installed first, then the last
+    `kimictl kernels build` without `--out` (both in the user's cache folder)."""
     from kimictl.core.paths import cache_dir
     from kimictl.kernels.toolchain.build import default_build_dir
 

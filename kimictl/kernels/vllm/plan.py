@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,10 +303,6 @@ def plan_units(
     plan.units = list(units.values())
     _skinny_family(plan, arch)
     return plan
-
-
-def family_totals(plan: KernelPlan) -> Counter[str]:
-    return Counter(u.family for u in plan.units)
 
 
 TIMES_FILE = package_path("data", "kernel_compile_times.json")
