@@ -62,6 +62,7 @@ def start_cpu_server(
 ) -> Server:
     """Start a real vLLM CPU server and wait until it answers a one-token completion; `env` is
     added to the server's environment."""
+    from kimictl.core.http1 import own_request_headers
     from kimictl.runtime.serving import cpu_runtime, launcher, tinymodel
     from kimictl.runtime.serving.plan import run_tmp_dir
 
@@ -95,9 +96,10 @@ def start_cpu_server(
                 f"vLLM exited with {proc.returncode}: {log_path.read_text()[-2000:]}"
             )
         try:
-            reply = httpx.post(
+            reply = httpx.post(  # kimictl's own request: never captured or judged
                 f"{server.url}/v1/completions",
                 json={"model": server.model, "prompt": "hi", "max_tokens": 1},
+                headers=own_request_headers("probe"),
                 timeout=10,
             )
             if reply.status_code == 200:

@@ -106,7 +106,34 @@ InterleaveOpt = Annotated[
     bool, typer.Option("--interleave", help="A/B: the same as --schedule interleave.")
 ]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Write one row per request.")]
-PlotOpt = Annotated[Path | None, typer.Option(help="Write PNG plots into DIR.")]
+PlotOpt = Annotated[
+    Path | None, typer.Option(help="Write PNG plots into DIR (--paired: one PNG file).")
+]
+PairedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--paired",
+        help="Replay --trace to both targets, row by row on its clock; one paired verdict from "
+        "the servers' spans (--traces-port).",
+    ),
+]
+AaOpt = Annotated[
+    bool, typer.Option("--aa", help="--paired: an A/A run (identical arms): the noise floor.")
+]
+AaReportOpt = Annotated[
+    Path | None,
+    typer.Option(help="--paired: the JSON of an A/A run; its noise floor raises --floor."),
+]
+FloorOpt = Annotated[
+    float,
+    typer.Option(
+        min=0, max=0.99, help="--paired: smaller differences are no practical difference."
+    ),
+]
+MaxLagOpt = Annotated[
+    float,
+    typer.Option(min=0.001, help="--paired: p99 send lateness (ms) above which no figures."),
+]
 SaveResultOpt = Annotated[
     Path | None,
     typer.Option(
@@ -160,11 +187,38 @@ def bench(
     csv_out: CsvOpt = None,
     plot: PlotOpt = None,
     save_result: SaveResultOpt = None,
+    paired: PairedOpt = False,
+    aa: AaOpt = False,
+    aa_report: AaReportOpt = None,
+    floor: FloorOpt = 0.05,
+    max_lag_ms: MaxLagOpt = 100.0,
 ) -> None:
     from kimictl.core.apikeys import read_api_key
     from kimictl.runtime.load.request import BenchRequest
 
     _reject_stray(stray)
+    if paired:
+        from kimictl.commands._paired import load_targets, run_paired_cli
+
+        run_paired_cli(
+            targets=load_targets(_targets(target or [], ab=ab), model, read_api_key(api_key_file)),
+            trace=trace,
+            traces_port=traces_port,
+            speed=replay_speed,
+            limit=num_prompts,
+            timeout=timeout,
+            chat=endpoint == Endpoint.chat,
+            floor=floor,
+            aa=aa,
+            aa_report=aa_report,
+            max_lag_ms=max_lag_ms,
+            seed=seed,
+            json_out=json_out,
+            output=output,
+            csv_out=csv_out,
+            plot=plot,
+        )
+        return
     request = BenchRequest(
         model=model,
         workload=workload,

@@ -45,6 +45,13 @@ TracesPortOpt = Annotated[
         'servers send them with a profile\'s [metrics] traces = "kimictl".',
     ),
 ]
+CaptureOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write what the traced servers served as a Mooncake JSONL trace (new files only, "
+        "rolling: FILE, FILE.001.jsonl, ...; no text; kimictl's own requests left out)."
+    ),
+]
 TracesOpt = Annotated[
     bool,
     typer.Option(
@@ -166,6 +173,7 @@ def monitor(
     slo_interactivity: SloOpt = None,
     traces_port: TracesPortOpt = DEFAULT_TRACES_PORT,
     traces: TracesOpt = True,
+    capture: CaptureOpt = None,
 ) -> None:
     from kimictl.runtime.observe.session import MonitorRequest
 
@@ -180,8 +188,10 @@ def monitor(
         record=record,
         traces=traces,
         traces_port=traces_port,
+        capture=capture,
     )
     with request.open(_targets(targets or [])) as session:
+        session.on_close = _capture_said
         if request.headless:
             _headless(session)
             return
@@ -195,6 +205,12 @@ def monitor(
             record=record,
             traces_status=session.traces_status,
         ).run()
+
+
+def _capture_said(text: str) -> None:
+    from kimictl.commands._output import err_console
+
+    err_console.print(text)
 
 
 def _headless(session: MonitorSession) -> None:

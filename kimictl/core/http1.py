@@ -24,13 +24,41 @@ from kimictl.core.urls import server_root
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "OWN_REQUEST_PREFIX",
     "BlockingClient",
     "Endpoint",
     "StreamRecord",
     "fetch_text",
+    "is_own_request",
+    "own_request_headers",
 ]
 
 MAX_ERROR_BODY = 2048
+
+# kimictl's own requests to a server (readiness probe, multi-node heartbeat, validate, bench's
+# warm-up) carry `X-Request-Id: OWN_REQUEST_PREFIX<kind>-<hex>`. vLLM makes the header the base of
+# its request id (`cmpl-<id>-0`, `chatcmpl-<id>`), so a capture or a verdict reading the spans
+# leaves them out (`is_own_request`).
+OWN_REQUEST_PREFIX = "kimictl-own-"
+_SPAN_ID_HEADS = ("chatcmpl-", "cmpl-")
+
+
+def own_request_headers(kind: str) -> dict[str, str]:
+    """The X-Request-Id of one of kimictl's own requests of `kind` (probe, heartbeat, ...)."""
+    import secrets
+
+    return {"X-Request-Id": f"{OWN_REQUEST_PREFIX}{kind}-{secrets.token_hex(6)}"}
+
+
+def is_own_request(request_id: str | None) -> bool:
+    """Is a request id (as sent, or as vLLM's span names it) one of kimictl's own requests?"""
+    if not request_id:
+        return False
+    for head in _SPAN_ID_HEADS:
+        if request_id.startswith(head):
+            request_id = request_id[len(head) :]
+            break
+    return request_id.startswith(OWN_REQUEST_PREFIX)
 
 
 class StreamRecord(Protocol):
@@ -333,7 +361,13 @@ class Endpoint:
         _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=ctx)
         return conn
 
-    def build(self, method: str, path: str, body: bytes | None) -> bytes:
+    def build(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
         lines = [
             f"{method} {self.prefix}{path} HTTP/1.1".encode(),
             b"Host: " + self.host_header,
@@ -341,6 +375,7 @@ class Endpoint:
             b"Accept: */*",
         ]
         lines += [f"{k}: {v}".encode() for k, v in bearer_headers(self.api_key).items()]
+        lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
         if body is not None:
             lines.append(b"Content-Type: application/json")
             lines.append(b"Content-Length: " + str(len(body)).encode())
@@ -433,6 +468,7 @@ class BlockingClient:
         body: bytes | None = None,
         api_key: str | None = None,
         timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         """(status, body) of one request. OSError when it cannot connect or the connection
         breaks, TimeoutError when the whole response does not arrive within `timeout`."""
@@ -440,7 +476,7 @@ class BlockingClient:
         if endpoint is None:
             endpoint = self._endpoints[(url, api_key)] = Endpoint(url, api_key)
         response = self._loop.run_until_complete(
-            endpoint.request(endpoint.build(method, path, body), None, timeout)
+            endpoint.request(endpoint.build(method, path, body, headers), None, timeout)
         )
         if not response.status:
             raise OSError(response.error or "the connection closed before a response")

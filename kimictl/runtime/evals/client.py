@@ -12,7 +12,7 @@ from typing import Any
 
 from kimictl.core.apikeys import env_api_key
 from kimictl.core.errors import EndpointError, InputError
-from kimictl.core.http1 import BlockingClient
+from kimictl.core.http1 import BlockingClient, own_request_headers
 from kimictl.core.urls import server_root
 
 __all__ = ["Endpoint", "token_id"]
@@ -66,7 +66,13 @@ class Endpoint:
         data = json.dumps(body).encode() if body is not None else None
         try:
             status, raw = self._client.request(
-                self.base, method, path, body=data, api_key=self._api_key, timeout=self._timeout_s
+                self.base,
+                method,
+                path,
+                body=data,
+                api_key=self._api_key,
+                timeout=self._timeout_s,
+                headers=own_request_headers("validate") if body is not None else None,
             )
         except TimeoutError as exc:
             raise EndpointError(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from kimictl.core.errors import InputError
-from kimictl.core.http1 import MAX_ERROR_BODY, Endpoint
+from kimictl.core.http1 import MAX_ERROR_BODY, Endpoint, own_request_headers
 from kimictl.core.http1 import fetch_text as fetch_text
 from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
@@ -177,6 +177,7 @@ class _PointRun:
             "POST",
             "/v1/chat/completions" if self.chat else "/v1/completions",
             _payload(self.target, spec, self.chat, self.ignore_eos),
+            own_request_headers("warmup") if self.warmup else None,
         )
         t0 = time.perf_counter()
         rec.start = t0 - self.t_run

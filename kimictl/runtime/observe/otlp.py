@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -103,6 +103,10 @@ class TracedRequest:
     prompt_tokens: int | None
     output_tokens: int | None
     request_id: str | None = None
+    arrived_at: float | None = None  # the span's start: vLLM's arrival time
+    # the W3C trace id the client sent in `traceparent` (vLLM's span continues that trace), or
+    # None when the span opened its own trace
+    session_id: str | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -177,6 +181,8 @@ def _request(span: Any, server: str, now: float) -> TracedRequest | None:
         prompt_tokens=_count(attrs, SPAN_PROMPT_TOKENS, "prompt_tokens"),
         output_tokens=_count(attrs, SPAN_OUTPUT_TOKENS, "output_tokens"),
         request_id=None if rid is None else str(rid)[:256],
+        arrived_at=start if start > 0 else None,
+        session_id=span.trace_id.hex() if span.parent_span_id else None,
     )
 
 
@@ -284,6 +290,8 @@ class TraceStore:
     _kept: int = 0
     received: int = 0  # spans taken, all senders, since the start
     rejected: int = 0  # bodies refused (undecodable, too large, wrong type)
+    # called with each batch after it is stored (a capture: observe.capture), receiver's thread
+    listeners: list[Callable[[Sequence[TracedRequest]], None]] = field(default_factory=list)
     refused: dict[str, int] = field(default_factory=dict)  # spans left out, by figure
     hangups: int = 0  # connections the client ended or stalled mid-request
 
@@ -328,6 +336,8 @@ class TraceStore:
                     kept.append(r)  # the usual case: batches arrive in finish order
                 else:
                     bisect.insort(kept, r, key=_finished)
+        for listener in self.listeners:
+            listener(requests)
 
     def requests(
         self, *, url: str, name: str, start: float, end: float | None = None

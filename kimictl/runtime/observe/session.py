@@ -18,6 +18,7 @@ from kimictl.core.errors import InputError
 from kimictl.deployment.traces import DEFAULT_TRACES_PORT
 
 if TYPE_CHECKING:
+    from kimictl.runtime.observe.capture import CaptureWriter
     from kimictl.runtime.observe.otlp import OtlpReceiver
     from kimictl.runtime.observe.poller import EndpointPoller
 
@@ -58,6 +59,7 @@ class MonitorRequest:
     record: Path | None = None
     traces: bool = True
     traces_port: int = DEFAULT_TRACES_PORT
+    capture: Path | None = None  # --capture FILE (observe.capture)
     window_s: float = field(init=False)  # --window in seconds
 
     def __post_init__(self) -> None:
@@ -84,6 +86,12 @@ class MonitorRequest:
             raise InputError("--json needs --once or --no-tui (the TUI is a screen, not JSON).")
         if self.record is not None:
             check_record_target(self.record)
+        if self.capture is not None:
+            from kimictl.runtime.observe.capture import check_capture_target
+
+            if not self.traces:
+                raise InputError("--capture reads the servers' trace spans: drop --no-traces.")
+            check_capture_target(self.capture)
         return window_s
 
     def open(self, targets: Sequence[NamedEndpoint]) -> MonitorSession:
@@ -98,7 +106,9 @@ class MonitorRequest:
             from kimictl.runtime.observe.otlp import OtlpReceiver, TraceStore
 
             receiver = OtlpReceiver(port=self.traces_port, store=TraceStore(keep_s=keep_s))
-            receiver.try_start()
+            if self.capture is None:
+                receiver.try_start()
+        writer = None
         try:
             pollers = [
                 EndpointPoller(
@@ -110,11 +120,30 @@ class MonitorRequest:
                 )
                 for t in targets
             ]
+            if self.capture is not None and receiver is not None:
+                writer = _capture(self.capture, targets, receiver)
+                receiver.start()  # a capture without its receiver records nothing: fail now
         except BaseException:
             if receiver is not None:
                 receiver.close()
             raise
-        return MonitorSession(self, pollers, receiver)
+        return MonitorSession(self, pollers, receiver, writer)
+
+
+def _capture(path: Path, targets: Sequence[NamedEndpoint], receiver: OtlpReceiver) -> CaptureWriter:
+    """A CaptureWriter on the receiver's store, naming each server by its monitor target."""
+    from kimictl.runtime.observe.capture import CaptureWriter
+    from kimictl.runtime.observe.otlp import server_key_matches
+
+    def arm_of(server: str) -> str | None:
+        for t in targets:
+            if server_key_matches(server, url=t.url, name=t.name):
+                return t.name
+        return None
+
+    writer = CaptureWriter(path, arm_of=arm_of)
+    receiver.store.listeners.append(writer.take)
+    return writer
 
 
 @dataclass
@@ -124,10 +153,17 @@ class MonitorSession:
     request: MonitorRequest
     pollers: list[EndpointPoller]
     receiver: OtlpReceiver | None
+    capture: CaptureWriter | None = None
+    on_close: Callable[[str], None] | None = None  # told what the capture wrote
 
     @property
     def traces_status(self) -> Callable[[], Mapping[str, Any]] | None:
-        return self.receiver.status if self.receiver is not None else None
+        receiver, writer = self.receiver, self.capture
+        if receiver is None:
+            return None
+        if writer is None:
+            return receiver.status
+        return lambda: dict(receiver.status()) | {"capture": writer.status()}
 
     @property
     def run_for(self) -> float | None:
@@ -140,6 +176,16 @@ class MonitorSession:
     def close(self) -> None:
         if self.receiver is not None:
             self.receiver.close()
+        writer = self.capture
+        if writer is not None:
+            self.capture = None
+            writer.close()
+            if self.on_close is not None:
+                files = ", ".join(map(str, writer.files)) or "no file"
+                self.on_close(
+                    f"capture: {writer.rows} rows in {files} ({writer.own} of kimictl's own "
+                    f"requests and {writer.late} late spans left out)"
+                )
 
     def __enter__(self) -> MonitorSession:
         return self

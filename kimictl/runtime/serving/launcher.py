@@ -38,7 +38,7 @@ from typing import Any
 
 from kimictl.core.apikeys import env_api_key
 from kimictl.core.errors import EndpointError, InputError, LaunchError
-from kimictl.core.http1 import BlockingClient
+from kimictl.core.http1 import BlockingClient, own_request_headers
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import LaunchPlan, check_port_free, leads_other_nodes
@@ -262,7 +262,12 @@ def probe(record: RunRecord, *, timeout: float = 1.0) -> Probed:
     if status == 200 and record.state is RunState.READY and leads_other_nodes(record.argv_redacted):
         with BlockingClient() as client:
             ok, why = _complete_one(
-                record.url, record.model, env_api_key(), PS_PEER_PROBE_TIMEOUT_S, client
+                record.url,
+                record.model,
+                env_api_key(),
+                PS_PEER_PROBE_TIMEOUT_S,
+                client,
+                kind="heartbeat",
             )
         if not ok and not why.startswith(("no answer", "HTTP 401", "HTTP 403")):
             lost = f"a one-token completion failed ({why}): a rank on another node may be gone"
@@ -274,13 +279,23 @@ def _client() -> BlockingClient:
     return BlockingClient()
 
 
-def _one_token(plan: LaunchPlan, timeout: float, client: BlockingClient) -> tuple[bool, str]:
-    return _complete_one(plan.url, plan.model, plan.api_key, timeout, client)
+def _one_token(
+    plan: LaunchPlan, timeout: float, client: BlockingClient, *, kind: str = "probe"
+) -> tuple[bool, str]:
+    return _complete_one(plan.url, plan.model, plan.api_key, timeout, client, kind=kind)
 
 
 def _complete_one(
-    url: str, model: str, api_key: str | None, timeout: float, client: BlockingClient
+    url: str,
+    model: str,
+    api_key: str | None,
+    timeout: float,
+    client: BlockingClient,
+    *,
+    kind: str = "probe",
 ) -> tuple[bool, str]:
+    """One one-token completion, marked as kimictl's own (`http1.own_request_headers`): the
+    readiness probe and the multi-node heartbeat are never captured or judged."""
     body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
     try:
         status, text = client.request(
@@ -290,6 +305,7 @@ def _complete_one(
             body=json.dumps(body).encode(),
             api_key=api_key,
             timeout=timeout,
+            headers=own_request_headers(kind),
         )
     except TimeoutError:
         return False, f"no answer within {timeout:g} s"
@@ -532,7 +548,7 @@ def _probe_peers(launch: Launch, probed: dict[str, float], client: BlockingClien
     if now - probed.setdefault(launch.plan.run_id, now) < PEER_PROBE_S:
         return None
     probed[launch.plan.run_id] = now
-    ok, why = _one_token(launch.plan, PEER_PROBE_TIMEOUT_S, client)
+    ok, why = _one_token(launch.plan, PEER_PROBE_TIMEOUT_S, client, kind="heartbeat")
     if ok or why.startswith("no answer"):  # a slow answer is a busy server, not a lost rank
         return None
     return f"a one-token completion failed ({why}): a rank on another node is gone"

@@ -1,0 +1,194 @@
+"""`kimictl bench --paired`: replay a trace to two targets, paired, and print one verdict."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from kimictl.core.errors import CheckFailed, InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kimictl.runtime.load.paired import PairedOutcome
+    from kimictl.runtime.load.records import LoadTarget
+    from kimictl.runtime.serving.runs import Target
+
+__all__ = ["load_targets", "run_paired_cli"]
+
+
+def load_targets(targets: Sequence[Target], model: str | None, key: str | None) -> list[LoadTarget]:
+    """The resolved targets as the replay sends to them (model: --model, the run's, or asked)."""
+    from kimictl.runtime.load.records import LoadTarget
+
+    return [LoadTarget(t.name, t.url, model or t.model or "", key) for t in targets]
+
+
+def _aa_noise(path: Path) -> float:
+    """The measured noise floor of an A/A paired replay's JSON report (`bench --paired --aa`)."""
+    from kimictl.core.outputs import read_json_input
+
+    def parse(doc: Any) -> float:
+        verdict = doc["verdict"]
+        if not verdict["aa"]:
+            raise ValueError("not an A/A run")
+        value = float(verdict["noise_floor"])
+        if not 0 <= value < 1:
+            raise ValueError(value)
+        return value
+
+    return read_json_input(path, "the JSON report of `kimictl bench --paired --aa`", parse)
+
+
+def run_paired_cli(
+    *,
+    targets: list[LoadTarget],
+    trace: Path | None,
+    traces_port: int | None,
+    speed: float,
+    limit: int | None,
+    timeout: float,
+    chat: bool,
+    floor: float,
+    aa: bool,
+    aa_report: Path | None,
+    max_lag_ms: float,
+    seed: int,
+    json_out: bool,
+    output: Path | None,
+    csv_out: Path | None,
+    plot: Path | None,
+) -> None:
+    """Check the inputs, run the replay, write the report files, print the verdict."""
+    import asyncio
+    import signal
+    from dataclasses import replace
+
+    from kimictl.core.outputs import check_new_file
+    from kimictl.deployment.traces import DEFAULT_TRACES_PORT
+    from kimictl.runtime.load.bench import resolve_models
+    from kimictl.runtime.load.paired import PairedConfig, run_paired
+    from kimictl.runtime.verdict.paired import effective_floor
+
+    if trace is None:
+        raise InputError("--paired replays a trace: give --trace FILE.jsonl.")
+    if len(targets) != 2:
+        raise InputError(f"--paired needs two targets (A and B); got {len(targets)}.")
+    if not 0 <= floor < 1:
+        raise InputError(f"--floor {floor:g} must be a fraction in [0, 1), e.g. 0.05 for 5%.")
+    if not 0 < max_lag_ms < math.inf:
+        raise InputError(f"--max-lag-ms {max_lag_ms:g} must be a number of ms > 0.")
+    if aa and aa_report is not None:
+        raise InputError("--aa measures the noise floor; --aa-report uses one: give one of them.")
+    for flag, path, suffix in (("--output", output, ".json"), ("--csv", csv_out, ".csv")):
+        if path is not None:
+            check_new_file(path, flag=flag, suffix=suffix)
+    if plot is not None:
+        check_new_file(plot, flag="--plot", suffix=".png")
+    noise = _aa_noise(aa_report) if aa_report is not None else None
+    from kimictl.runtime.load.mooncake import scan_trace
+
+    scan = scan_trace(trace)  # a bad trace is refused before any server is asked anything
+    cfg = PairedConfig(
+        trace=trace,
+        targets=(targets[0], targets[1]),
+        traces_port=traces_port or DEFAULT_TRACES_PORT,
+        speed=speed,
+        limit=limit,
+        timeout=timeout,
+        chat=chat,
+        floor=effective_floor(floor, noise),
+        aa=aa,
+        max_lag_ms=max_lag_ms,
+        seed=seed,
+    )
+
+    async def main() -> PairedOutcome:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        resolved = await resolve_models(cfg.targets)
+        paired = replace(cfg, targets=(resolved[0], resolved[1]))
+        return await run_paired(paired, stop=stop, scan=scan)
+
+    outcome = asyncio.run(main())
+    _write(outcome, json_out, output, csv_out, plot)
+    if not json_out:
+        _render(outcome, noise)
+    if outcome.stop_reason == "interrupted":
+        raise typer.Exit(130)
+    if outcome.verdict is None:
+        raise CheckFailed(f"no verdict: {outcome.withheld}")
+
+
+def _write(
+    outcome: PairedOutcome,
+    json_out: bool,
+    output: Path | None,
+    csv_out: Path | None,
+    plot: Path | None,
+) -> None:
+    import orjson
+
+    from kimictl.commands._output import err_console
+    from kimictl.core.outputs import atomic_write
+    from kimictl.runtime.load.paired import write_ratio_plot, write_rows_csv
+
+    data = orjson.dumps(outcome.to_json(), option=orjson.OPT_INDENT_2)
+    if output is not None:
+        written = atomic_write(output, data + b"\n")
+        err_console.print(f"wrote {written}")
+    if json_out:
+        typer.echo(data.decode())
+    if csv_out is not None:
+        err_console.print(f"wrote {write_rows_csv(outcome, csv_out)}")
+    if plot is not None:
+        err_console.print(f"wrote {write_ratio_plot(outcome, plot)}")
+
+
+def _render(outcome: PairedOutcome, noise: float | None) -> None:
+    from rich.table import Table
+
+    from kimictl.commands._output import console
+
+    a, b = outcome.arms
+    doc = outcome.to_json()
+    table = Table(title=f"paired replay: {len(outcome.rows)} rows, A={a}, B={b}")
+    table.add_column("figure")
+    for arm in (a, b):
+        table.add_column(arm, justify="right")
+    keys = ["span_interactivity_p10", "span_interactivity_p50", "span_ttft_p50_ms",
+            "client_ttft_p50_ms", "span_tpot_p50_ms", "client_tpot_p50_ms",
+            "span_queue_p50_ms"]  # fmt: skip
+    for key in keys:
+        cells = [doc["per_arm"][arm].get(key) for arm in (a, b)]
+        table.add_row(key, *("-" if c is None else f"{c:.2f}" for c in cells))
+    console.print(table)
+    f = outcome.fidelity
+    j = outcome.joins
+    if f["late_p50_ms"] is not None:
+        console.print(
+            f"schedule: late p50 {f['late_p50_ms']:.1f} ms, p99 {f['late_p99_ms']:.1f} ms "
+            f"(limit {f['limit_p99_ms']:g}); spans joined {a} {j[f'{a}_joined']}/{j['rows']}, "
+            f"{b} {j[f'{b}_joined']}/{j['rows']}"
+        )
+    for note in outcome.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    v = outcome.verdict
+    if v is None:
+        return
+    for name, e in v.figures.items():
+        console.print(f"  {name} B/A {e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]")
+    if noise is not None:
+        console.print(f"floor raised to the A/A noise floor {noise:.1%}" if noise > 0 else "")
+    style = {"B better": "green", "B worse": "red"}.get(v.decision, "bold")
+    console.print(f"[{style}]{v.sentence()}[/]")
+    if v.aa and v.decision in ("B better", "B worse"):
+        console.print("[yellow]A/A: this decision is a false alarm (the arms are identical).[/]")

@@ -1,0 +1,207 @@
+"""Capture (observe.capture), the trace check (load.mooncake) and `bench --paired`'s refusals, fast:
+no server. The capture is fed the spans the OTLP decoder makes of a real protobuf export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from kimictl.core.errors import InputError
+from kimictl.core.http1 import OWN_REQUEST_PREFIX, is_own_request, own_request_headers
+from kimictl.runtime.load.mooncake import iter_trace, scan_trace
+from kimictl.runtime.load.paired import span_key
+from kimictl.runtime.observe.capture import CaptureWriter, check_capture_target, rolled_name
+from kimictl.runtime.observe.otlp import TracedRequest, TraceStore, decode_export
+
+T0 = 1_700_000_000.0
+
+
+def span(rid: str, arrived: float, e2e: float, n_in: int = 10, n_out: int = 5) -> TracedRequest:
+    return TracedRequest(
+        server="127.0.0.1:8000",
+        finished_at=T0 + arrived + e2e,
+        ttft_s=0.01,
+        e2e_s=e2e,
+        queue_s=0.0,
+        decode_s=e2e - 0.01,
+        prompt_tokens=n_in,
+        output_tokens=n_out,
+        request_id=rid,
+        arrived_at=T0 + arrived,
+    )
+
+
+def export(trace_id: bytes, parent: bytes) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    msg = ExportTraceServiceRequest()
+    s = msg.resource_spans.add().scope_spans.add().spans.add()
+    s.name, s.trace_id, s.parent_span_id = "llm_request", trace_id, parent
+    s.start_time_unix_nano, s.end_time_unix_nano = int(T0 * 1e9), int((T0 + 1) * 1e9)
+    attrs = {"gen_ai.latency.e2e": AnyValue(double_value=1.0),
+             "gen_ai.usage.prompt_tokens": AnyValue(int_value=7),
+             "gen_ai.usage.completion_tokens": AnyValue(int_value=3),
+             "gen_ai.request.id": AnyValue(string_value="cmpl-x-0")}  # fmt: skip
+    s.attributes.extend(KeyValue(key=k, value=v) for k, v in attrs.items())
+    return bytes(msg.SerializeToString())
+
+
+def test_a_spans_session_is_the_clients_trace_id_only_when_it_sent_one() -> None:
+    tid = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736")
+    [with_parent] = decode_export(export(tid, b"\x01" * 8), "application/x-protobuf")
+    [own_trace] = decode_export(export(tid, b""), "application/x-protobuf")
+    assert with_parent.session_id == tid.hex() and with_parent.arrived_at == T0
+    assert own_trace.session_id is None
+
+
+def test_own_requests_are_recognised_as_sent_and_as_vllm_names_them() -> None:
+    rid = own_request_headers("probe")["X-Request-Id"]
+    assert rid.startswith(OWN_REQUEST_PREFIX + "probe-")
+    assert (
+        is_own_request(rid)
+        and is_own_request(f"cmpl-{rid}-0")
+        and is_own_request(f"chatcmpl-{rid}")
+    )
+    assert not is_own_request("cmpl-3-a-0") and not is_own_request(None)
+    assert span_key("cmpl-3-a-0") == "3-a" and span_key("chatcmpl-3-b") == "3-b"
+    assert span_key("cmpl-3-a") is None and span_key("other") is None
+
+
+def test_capture_writes_arrival_order_leaves_out_own_and_late(tmp_path: Path) -> None:
+    out = check_capture_target(tmp_path / "cap.jsonl")
+    w = CaptureWriter(out, arm_of=lambda s: "tuned", hold_s=5.0, clock=lambda: T0 + 1.0)
+    store = TraceStore(keep_s=1e9)
+    store.listeners.append(w.take)
+    # finish order: the long request that arrived first ends last
+    store.add([span("cmpl-b-0", 0.2, 0.1), span("cmpl-kimictl-own-probe-1-0", 0.25, 0.01)])
+    store.add([span("cmpl-a-0", 0.0, 0.9), span("chatcmpl-c", 0.5, 0.1)])
+    w.flush(now=T0 + 5.3)  # rows that arrived before T0 + 0.3 are safe
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["request_id"] for r in rows] == ["cmpl-a-0", "cmpl-b-0"]
+    store.add([span("cmpl-late-0", 0.1, 5.5)])  # arrived before a written row: not out of order
+    w.close()
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["request_id"] for r in rows] == ["cmpl-a-0", "cmpl-b-0", "chatcmpl-c"]
+    assert [r["timestamp"] for r in rows] == [0, 200, 500]
+    first = {"timestamp": 0, "input_length": 10, "output_length": 5, "request_id": "cmpl-a-0"}
+    assert rows[0] == first | {"server": "127.0.0.1:8000", "arm": "tuned"}
+    assert (w.own, w.late, w.rows) == (1, 1, 3)
+    assert not any(k in r for r in rows for k in ("prompt", "text", "text_input"))
+
+
+def test_capture_rolls_bounded_and_never_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "cap.jsonl"
+    (tmp_path / "cap.002.jsonl").write_text("mine\n")  # someone's file in the way
+    w = CaptureWriter(out, hold_s=0.0, max_rows=2, max_files=3)
+    w.take([span(f"cmpl-{i}-0", i * 0.1, 0.01) for i in range(9)])
+    w.close()
+    assert w.files == [out, rolled_name(out, 1)]
+    assert (tmp_path / "cap.002.jsonl").read_text() == "mine\n"
+    assert w.rows == 4 and w.stopped and "cap.002.jsonl" in w.stopped
+    # each file is a trace on the one clock; the first file's rows come first
+    second = [json.loads(x)["timestamp"] for x in rolled_name(out, 1).read_text().splitlines()]
+    assert second == [200, 300]
+
+
+@pytest.mark.parametrize("name", ["cap.jsonl", "cap.001.jsonl"])
+def test_a_capture_target_that_exists_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_text("x\n")
+    with pytest.raises(InputError, match="never overwrites"):
+        check_capture_target(tmp_path / "cap.jsonl")
+    assert (tmp_path / name).read_text() == "x\n"
+
+
+def test_monitor_capture_target_that_exists_exits_2_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "cap.jsonl"
+    target.write_text("kept\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "monitor", "http://127.0.0.1:9", "--once",
+         "--traces-port", "0", "--capture", str(target)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr
+    assert target.read_text() == "kept\n"
+
+
+ROW = '{"timestamp": %s, "input_length": %s, "output_length": %s}\n'
+BAD = {
+    "malformed": (ROW % (0, 5, 2) + "{oops\n", ":2: not a JSON object"),
+    "order": (ROW % (50, 5, 2) + ROW % (10, 5, 2), ":2: timestamp 10 ms is before"),
+    "zero": (ROW % (0, 0, 2), ":1: `input_length` must be a whole number >= 1, got 0"),
+    "negative": (ROW % (0, 5, -3), ":1: `output_length` must be"),
+    "text only": (
+        '{"timestamp": 0, "text_input": "hi", "output_length": 2}\n',
+        "no `input_length`",
+    ),
+    "empty": ("\n\n", "the trace has no rows"),
+    "no timestamp": ('{"input_length": 5, "output_length": 2}\n', ":1: `timestamp`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bench_paired_refuses_a_bad_trace_in_one_sentence(tmp_path: Path, case: str) -> None:
+    text, expected = BAD[case]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "bench", "--paired", "--trace", str(trace),
+         "--target", "a=http://127.0.0.1:9", "--target", "b=http://127.0.0.1:9",
+         "-o", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr
+    assert expected in " ".join(done.stderr.split()), done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_lengths_over_the_context_and_text_fields(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 5, "output_length": 2, "text_input": "x"}\n'
+        '{"timestamp": 3, "input_length": 500, "output_length": 20, "prompt": "y"}\n'
+    )
+    scan = scan_trace(trace, max_context=1000)
+    assert scan.rows == 2 and len(scan.notes) == 1 and "ignored" in scan.notes[0]
+    with pytest.raises(InputError, match=r":2: input_length \+ output_length = 520 tokens"):
+        scan_trace(trace, max_context=512)
+    assert [r.at_s for r in iter_trace(trace)] == [0.0, 0.003]
+
+
+def test_a_long_trace_is_checked_in_bounded_memory(tmp_path: Path) -> None:
+    trace = tmp_path / "long.jsonl"
+    with trace.open("w") as fh:
+        for i in range(100_000):
+            fh.write(f'{{"timestamp": {i}, "input_length": 9, "output_length": 4}}\n')
+    tracemalloc.start()
+    scan = scan_trace(trace)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert scan.rows == 100_000
+    assert peak < 2 * 2**20  # a few rows at a time, not 100k
+
+
+def test_paired_refuses_a_present_output_and_one_target(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+    (tmp_path / "r.json").write_text("{}")
+    for extra, needle in (
+        (["--target", "b=http://127.0.0.1:9", "-o", str(tmp_path / "r.json")], "already exists"),
+        ([], "needs two targets"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "kimictl", "bench", "--paired", "--trace", str(trace),
+             "--target", "a=http://127.0.0.1:9", *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert (tmp_path / "r.json").read_text() == "{}"
