@@ -58,6 +58,8 @@ __all__ = [
     "PairedRow",
     "run_paired",
     "span_key",
+    "write_ratio_plot",
+    "write_rows_csv",
 ]
 
 MAX_LAG_MS = 100.0  # p99 of (send - due) above this: the replay was not on the trace's clock

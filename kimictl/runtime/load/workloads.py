@@ -41,6 +41,8 @@ __all__ = [
     "RandomWorkload",
     "ReplayWorkload",
     "RequestSpec",
+    "TOKEN_HI",
+    "TOKEN_LO",
     "Session",
     "Workload",
     "load_agentic_config",

@@ -28,7 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "BETTER",
     "DECISIONS",
+    "DEFAULT_FLOOR",
+    "INCONCLUSIVE",
+    "SAME",
+    "WORSE",
     "Estimate",
     "Verdict",
     "decide",
@@ -40,12 +45,10 @@ __all__ = [
     "wilson",
 ]
 
-BETTER, WORSE, SAME, INCONCLUSIVE = (
-    "B better",
-    "B worse",
-    "no practical difference",
-    "inconclusive",
-)
+BETTER = "B better"
+WORSE = "B worse"
+SAME = "no practical difference"
+INCONCLUSIVE = "inconclusive"
 DECISIONS = (BETTER, WORSE, SAME, INCONCLUSIVE)
 DEFAULT_FLOOR = 0.05
 N_BOOT = 2000
