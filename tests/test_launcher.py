@@ -322,8 +322,13 @@ def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     record = runs.get_run(plan.run_id)
     assert record.state is RunState.DIED and victim in (record.reason or "")
     assert record.extra["last_log_lines"]  # the cause's evidence is in the record
+    # the run's own exit: SIGKILL of the API server; none while it lived (our SIGTERM after
+    # its engine died is not the run's end)
+    own = -signal.SIGKILL if victim == "API server" else None
+    assert record.exit_code == own
     launcher.stop_run(record, process=launch.process, grace=1)
-    assert runs.get_run(plan.run_id).state is RunState.DIED  # a stop keeps the cause
+    stopped = runs.get_run(plan.run_id)
+    assert stopped.state is RunState.DIED and stopped.exit_code == own  # a stop keeps the cause
 
 
 @pytest.mark.parametrize(

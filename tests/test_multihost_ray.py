@@ -170,9 +170,16 @@ def test_serve_ray_on_two_hosts_answers_benches_and_stops(cluster, tmp_path):
     proc = _ready(a, b, log)
     run = bench(a, PORT, tmp_path / "bench.json", prompts=4, output_len=16)
     assert (run["completed"], run["failed"]) == (4, 0)
+    ps = subprocess.run(a.cmd(sys.executable, "-m", "kimictl", "ps", "--json"),
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    (record,) = json.loads(ps.stdout)
+    assert record["extra"]["ray"] == {"address": ADDRESS}, record["extra"]
     proc.send_signal(signal.SIGTERM)  # the operator's Ctrl-C
     assert _wait_exit(proc, STOP_S) == 0, log.read_text()[-3000:]
     _nothing_of_vllm_left(a, b)  # both ranks' actors gone; Ray's own daemons stay
+    # the stop ended this deployment only: the operator's Ray cluster still has both nodes
+    alive = _python(a, wait_for_nodes_code(2, timeout_s=30))
+    assert alive.returncode == 0, alive.stderr[-2000:]
 
 
 def test_sigkill_of_the_rank_on_host_b_brings_the_deployment_down(cluster, tmp_path):

@@ -7,6 +7,12 @@ and the other host benches it; `scancel` leaves no vLLM process on either host; 
 rank on the second node ends the whole job (`srun --kill-on-bad-exit=1`), never a half-alive
 server.
 
+The same job as a kimictl run (`kimictl serve --slurm` on the first host): `ps` shows Slurm's
+state (from scontrol) beside /health (from the server), `monitor --once`, `bench -t RUN` and
+`logs` take the run id, `stop` leaves nothing on either host within 15 s; a rank's SIGKILL is
+`died` in `ps` within 10 s with srun's own line; a job cancelled from outside while starting ends
+`serve` with Slurm's state; a bad partition is one `error:`, exit 2, no run recorded.
+
 Needs root (ip netns) and the CPU runtime; skipped with the reason otherwise. Needs slurm-wlm
 and munge too: skipped without them, except under KIMICTL_TEST_NEEDS_SLURM=1 (.ci/run installs
 them and sets it), where their absence fails the test.
@@ -273,20 +279,137 @@ def test_sbatch_serves_on_the_first_node_and_scancel_leaves_nothing(cluster, scr
     assert _ask(c, "/health") == 0
 
 
-def test_sigkill_of_the_second_nodes_rank_ends_the_whole_job(cluster, script):
+def test_sigkill_of_the_second_nodes_rank_ends_the_whole_job(cluster):
     c = cluster
-    job = _submit(c, script, "kill")
-    _wait_ready(c, job, "kill")
+    record = _serve_slurm(c)  # the same job, submitted by kimictl: ps must say why it ended
+    run_id, job = record["id"], record["extra"]["slurm"]["job_id"]
     (victim,) = [
         pid for pid in set(c.b.pids()) - c.daemons
         if b"--headless" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     ]  # fmt: skip
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
+    died = _until(lambda: _ps(c).get(run_id) if _ps(c)[run_id]["state"] == "died" else None, 10)
+    took = time.monotonic() - t0
+    assert died and took <= 10, (took, _ps(c, "--all"))
+    print(f"SIGKILL of rank 1 (pid {victim}): ps after {took:.1f} s: "
+          f"{died['state']}: {died['reason']}")  # fmt: skip
+    # srun's own line names the rank; Slurm's final word may still be on its way (COMPLETING)
+    assert f"Slurm job {job} " in died["reason"] and "kmh-b: task 1: Killed" in died["reason"]
     _wait_gone(c, job)
+    print("$ kimictl ps\n" + _kimictl(c, "ps").stdout)
+    assert f"Slurm job {job} FAILED (NonZeroExitCode" in _ps(c)[run_id]["reason"]
     state = _job_state(c, job)
-    print(f"SIGKILL of rank 1 (pid {victim}): job {job} {state}, no process left on either "
-          f"host after {time.monotonic() - t0:.1f} s")  # fmt: skip
-    _print_job_lines(c, "kill", job)
-    assert state == "FAILED", _job_log(c, "kill", job)[-3000:]
+    print(f"job {job} {state}, no process left on either host after "
+          f"{time.monotonic() - t0:.1f} s")  # fmt: skip
+    assert state == "FAILED", Path(record["log_path"]).read_text()[-3000:]
     assert _ask(c, "/health") == 0
+    # a death nobody acknowledged stays in plain ps until `kimictl stop` records it
+    assert _ps(c)[run_id]["state"] == "died"
+    assert _kimictl(c, "stop", run_id).returncode == 0 and run_id not in _ps(c)
+
+
+# ---------------------------------------------------------------- the same job as a kimictl run
+
+
+def _kimictl(c: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return c.run(c.a, sys.executable, "-m", "kimictl", *args, env={"VLLM_API_KEY": KEY},
+                 timeout=timeout)  # fmt: skip
+
+
+def _ps(c: Cluster, *args: str) -> dict[str, dict]:
+    out = _kimictl(c, "ps", "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return {r["id"]: r for r in json.loads(out.stdout)}
+
+
+def _serve_slurm(c: Cluster) -> dict:
+    """`kimictl serve PROFILE --slurm` on the first host: ready, and the one run ps lists."""
+    t0 = time.monotonic()
+    out = _kimictl(c, "serve", PROFILE, "--slurm", timeout=STARTUP_S + 60)
+    assert out.returncode == 0, out.stderr[-3000:] + c.logs()
+    print(f"$ kimictl serve {PROFILE} --slurm   ({time.monotonic() - t0:.1f} s)\n{out.stdout}")
+    (record,) = [r for r in _ps(c).values() if r["state"] == "ready"]
+    assert f"ready {record['id']}: {record['url']}" in out.stdout
+    return record
+
+
+def _until(what, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while (got := what()) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return got
+
+
+def test_serve_slurm_is_a_run_ps_monitor_logs_and_stop_see_it(cluster):
+    c = cluster
+    record = _serve_slurm(c)
+    run_id, job = record["id"], record["extra"]["slurm"]["job_id"]
+    assert record["url"] == f"http://{MASTER}:{PORT}"
+    assert record["extra"]["slurm"]["nodes"] == list(NODES)
+    # the file kimictl submitted holds no key: sbatch's environment carried it
+    assert KEY not in Path(record["extra"]["slurm"]["script"]).read_text()
+    print("$ kimictl ps\n" + _kimictl(c, "ps").stdout)
+    ps = _ps(c)[run_id]  # Slurm's state and /health, each from its own source
+    assert (ps["state"], ps["health"], ps["extra"]["slurm"]["state"]) == ("ready", 200, "RUNNING")
+    assert _job_state(c, job) == "RUNNING"
+    assert _ask(c, "/v1/completions", {"model": "tiny-k2", "prompt": "Hi", "max_tokens": 2}) == 200
+    mon = _kimictl(c, "monitor", run_id, "--once", "--json", timeout=120)
+    assert mon.returncode == 0, mon.stderr[-2000:]
+    print("monitor --once --json:", mon.stdout[:300].replace("\n", " "))
+    assert run_id in mon.stdout
+    report = c.root / f"bench-{run_id}.json"
+    bench = _kimictl(c, "bench", "-t", run_id, "--num-prompts", "2", "--input-len", "32",
+                     "--output-len", "8", "-o", str(report), timeout=300)  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    (run,) = json.loads(report.read_text())["runs"]
+    assert (run["completed"], run["failed"]) == (2, 0)
+    logs = _kimictl(c, "logs", run_id, "--tail", "0")
+    assert f"API: http://{MASTER}:{PORT} (model tiny-k2)" in logs.stdout, logs.stdout[-2000:]
+    t0 = time.monotonic()
+    stop = _kimictl(c, "stop", run_id, timeout=DOWN_S)
+    took = time.monotonic() - t0
+    assert stop.returncode == 0, stop.stderr
+    print(f"kimictl stop: {stop.stdout.strip()} in {took:.1f} s; job {_job_state(c, job)}, "
+          f"left: {_strays(c)}")  # fmt: skip
+    assert took < 15 and not _strays(c) and _job_state(c, job) in ("CANCELLED", "GONE")
+    assert run_id not in _ps(c) and _ps(c, "--all")[run_id]["state"] == "stopped"
+
+
+def test_serve_slurm_bad_partition_is_one_error_and_nothing_recorded(cluster):
+    c = cluster
+    before = _ps(c, "--all")
+    out = _kimictl(c, "serve", PROFILE, "--slurm", "--partition", "nosuch")
+    print("bad partition:", out.stderr.strip())
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: sbatch refused the job: Batch job submission failed: "
+                                 "Invalid partition name specified."), out.stderr  # fmt: skip
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 2  # error, hint
+    assert _ps(c, "--all").keys() == before.keys()
+
+
+def test_serve_slurm_scancel_from_outside_is_reported_with_slurms_state(cluster):
+    """Cancelled by someone else while it starts: serve says so, and so does ps."""
+    c = cluster
+    before = _ps(c, "--all")
+    proc = subprocess.Popen(
+        c.a.cmd(sys.executable, "-m", "kimictl", "serve", PROFILE, "--slurm",
+                env={**c.env, "VLLM_API_KEY": KEY}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def running() -> str | None:  # this test's job, once Slurm runs it
+        return next((r["extra"]["slurm"]["job_id"] for i, r in _ps(c).items() if i not in before
+                     and r["extra"]["slurm"].get("state") == "RUNNING"), None)  # fmt: skip
+
+    job = _until(running, 60)
+    assert job, _ps(c, "--all")
+    assert c.run(c.a, "scancel", job).returncode == 0
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=DOWN_S)
+    print(f"serve after an outside scancel (exit {proc.returncode}, "
+          f"{time.monotonic() - t0:.1f} s): {err.strip().splitlines()[-2:]}")  # fmt: skip
+    assert proc.returncode == 1 and f"Slurm job {job} CANCELLED" in err, err
+    (run,) = [r for i, r in _ps(c, "--all").items() if i not in before]
+    assert run["state"] == "failed" and "cancelled outside kimictl" in run["reason"], run
+    _wait_gone(c, job)

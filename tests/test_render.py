@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -395,6 +396,20 @@ def test_slurm_cpu_profile_takes_one_cpu_node_per_rank_and_no_gpu(tmp_path):
     assert "#SBATCH --nodes=1" in render.render(_plan("cpu-demo", "slurm"), "slurm")
 
 
+def test_slurm_cpu_caches_are_node_local_and_vllm_runs_at_the_cpu_launchs_nice():
+    plan = _plan("cpu-demo-tp2", "slurm")
+    assert "VLLM_CACHE_ROOT" in plan.env  # the local launch keeps them in its run folder
+    script = render.render(plan, "slurm")
+    env = _exports(script, {"VLLM_API_KEY": KEY, "SLURM_JOB_ID": "7", "TMPDIR": "/scratch"})
+    assert env["VLLM_CACHE_ROOT"] == "/scratch/kimictl-job-7/vllm-cache"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/kimictl-job-7/inductor"
+    # nothing of the rendering host's run folder (a path on the submit host) reaches the job
+    assert str(plan.run_dir) not in script and plan.run_id not in script
+    assert f'exec nice -n {plan.nice} "$0" "$@"' in script and plan.nice == 10
+    gpu = render.render(_plan("k3-tp8-latency", "slurm"), "slurm", weights_path=SHARED)
+    assert "nice" not in gpu and "VLLM_CACHE_ROOT" not in gpu
+
+
 def test_slurm_master_is_the_first_nodes_address_not_its_name(tmp_path):
     """Slurm reaches a node at its NodeAddr; its name may resolve nowhere on the other nodes
     (the real run's node names do not: vLLM's rendezvous on rank 1 then retried forever)."""
@@ -689,3 +704,31 @@ def test_profiles_validate_says_which_render_would_download_per_node(capsys):
     assert k8s["status"] == "pass" and "PVC kimi-k3-weights" in k8s["message"]
     assert main(["profiles", "validate", "cpu-demo-tp2", "--json"]) == 0  # a model on each host
     assert json.loads(capsys.readouterr().out)["checks"] == []
+
+
+def test_apply_without_kubectl_or_a_cluster_is_one_sentence(tmp_path, capsys, monkeypatch):
+    """--apply needs kubectl and a cluster that answers; here neither is faked: an empty PATH
+    has no kubectl, and a kubeconfig naming a closed local port has no cluster."""
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    argv = ["serve", "k3-tp8-latency", "--render", "k8s", "--apply"]
+    kubectl = shutil.which("kubectl")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: kubectl is not installed here") and len(err.splitlines()) == 2
+    if kubectl is None:
+        return
+    (tmp_path / "kubectl").symlink_to(kubectl)
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no Kubernetes cluster is reachable from here (kubectl: ")
+    assert "nothing was applied" in err and len(err.splitlines()) == 2
+    assert main([*argv[:-1], "-o", str(tmp_path / "x.yaml"), "--apply"]) == 2
+    assert "--apply goes with --render k8s" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.core.errors import InputError
-from kimictl.runtime.serving import runs
+from kimictl.runtime.serving import launcher, runs
 from kimictl.runtime.serving.runs import RunRecord, RunState
 
 
@@ -85,12 +85,16 @@ def test_dead_ready_run_is_reported_died(sleeper):
     runs.write_record(record)
     os.killpg(sleeper.pid, signal.SIGKILL)
     sleeper.wait()
-    assert runs.list_runs() == []  # finished runs are hidden by default
-    (seen,) = runs.list_runs(include_finished=True)
+    # a death nobody saw stays listed (marked) until `kimictl stop` acknowledges it
+    (seen,) = runs.list_runs()
     assert seen.state is RunState.DIED
     assert "engine died after ready" in (seen.reason or "")
     with pytest.raises(InputError, match="has no live endpoint"):
         runs.resolve_target(record.id)
+    (stopped,) = launcher.stop_records([seen], grace=0)
+    assert stopped.state is RunState.DIED
+    assert runs.list_runs() == []
+    assert [r.id for r in runs.list_runs(include_finished=True)] == [record.id]
 
 
 def test_recycled_pid_is_not_taken_for_the_server(sleeper):

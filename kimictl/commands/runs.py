@@ -80,7 +80,7 @@ def ps(
             r.id,
             f"[{_STATE_STYLE.get(p.state, '')}]{p.state}[/]",
             "-" if p.health is None else str(p.health),
-            r.url,
+            r.url or "-",
             r.model,
             r.role or "-",
             _age(now - r.started_at),
@@ -90,6 +90,18 @@ def ps(
         r = p.record
         if r.reason:
             console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
+        if "ray" in r.extra:
+            console.print(
+                f"[dim]{r.id}: on the Ray cluster at {r.extra['ray']['address']} (`kimictl stop` "
+                "ends this deployment, not the cluster)[/]",
+                highlight=False,
+            )
+        if p.state == "died" and not all_runs:
+            console.print(
+                f"[bold red]{r.id}: died; `kimictl logs {r.id}` shows why, `kimictl stop {r.id}` "
+                "acknowledges it (then only `ps --all` lists it)[/]",
+                highlight=False,
+            )
         if p.peer_lost:
             console.print(
                 f"[bold red]{r.id}: {p.peer_lost}; `kimictl stop {r.id}` ends it[/]",

@@ -98,6 +98,23 @@ WeightsPathOpt = Annotated[
         "instead of the profile's [cluster] volume."
     ),
 ]
+SlurmOpt = Annotated[
+    bool,
+    typer.Option(
+        "--slurm",
+        help="Submit the --render slurm job through sbatch and follow it as a run (ps, stop, "
+        "logs, monitor); the key travels in sbatch's environment.",
+    ),
+]
+PartitionOpt = Annotated[
+    str | None, typer.Option(help="--slurm: the Slurm partition (default: Slurm's).")
+]
+ApplyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--apply", help="--render k8s: hand the objects to `kubectl apply` (needs a cluster)."
+    ),
+]
 InsecureOpt = Annotated[
     bool, typer.Option("--insecure", help="Allow a non-loopback bind without an API key.")
 ]
@@ -129,6 +146,9 @@ def serve(
     master_addr: MasterAddrOpt = None,
     ray: RayOpt = False,
     render: RenderOpt = None,
+    slurm: SlurmOpt = False,
+    partition: PartitionOpt = None,
+    apply: ApplyOpt = False,
     output: OutputOpt = None,
     ab: AbOpt = False,
     api_key_file: ApiKeyFileOpt = None,
@@ -139,8 +159,14 @@ def serve(
     json_out: JsonOpt = False,
     traces: TracesOpt = None,
 ) -> None:
+    from kimictl.core.errors import InputError
     from kimictl.runtime.serving import workflow
 
+    if slurm and (render is not None or dry_run):
+        raise InputError(
+            "--slurm submits the job; drop --render and --dry-run "
+            "(`--render slurm` prints the same job without submitting it)."
+        )
     request = workflow.ServeRequest(
         profile=profile,
         model=model,
@@ -154,15 +180,20 @@ def serve(
         ray=ray,
         api_key_file=api_key_file,
         insecure=insecure,
-        for_render=render.value if render is not None else False,
+        for_render=render.value if render is not None else ("slurm" if slurm else False),
         traces=traces,
         render_output=output,
         api_key_secret=api_key_secret,
         weights_path=weights_path,
         timeout=timeout,
+        slurm=slurm,
+        partition=partition,
+        apply=apply,
     )
     prepared = workflow.prepare_serve(request)
-    if render is not None:
+    if slurm:
+        _submit_slurm(prepared, request, json_out)
+    elif render is not None:
         _render(prepared, request, json_out)
     elif dry_run:
         _dry_run(prepared, json_out)
@@ -190,6 +221,12 @@ def _render(prepared: Prepared, request: ServeRequest, json_out: bool) -> None:
         insecure=request.insecure,
     )
     holds_key = plan.api_key is not None and plan.api_key in text
+    if request.apply:
+        from kimictl.runtime.serving.k8s_apply import apply as kubectl_apply
+
+        for line in kubectl_apply(text):
+            console.print(line, highlight=False)
+        return
     if output is None:
         sys.stdout.write(text)
     else:
@@ -204,6 +241,33 @@ def _render(prepared: Prepared, request: ServeRequest, json_out: bool) -> None:
         )
     if json_out and output is not None:
         emit_json({"render": render, "path": str(output), "profile": prepared.profile})
+
+
+def _submit_slurm(prepared: Prepared, request: ServeRequest, json_out: bool) -> None:
+    """--slurm: sbatch the rendered job, follow it until it serves, print the run."""
+    from kimictl.commands._output import console, emit_json
+    from kimictl.commands._render import print_notes
+    from kimictl.runtime.serving import workflow
+
+    if not json_out:
+        print_notes(prepared)
+
+    def say(line: str) -> None:
+        if not json_out:
+            console.print(line, highlight=False, soft_wrap=True)
+
+    record = workflow.submit_slurm(prepared, request, say=say)
+    if json_out:
+        emit_json({**prepared.to_json(), "records": [record.to_json()]})
+        return
+    took = (record.ready_at or time.time()) - record.started_at
+    job = record.extra["slurm"]
+    say(
+        f"[bold green]ready[/] {record.id}: {record.url}  model {record.model}  Slurm job "
+        f"{job['job_id']} on {','.join(job['nodes'] or [])}  ({took:.1f} s)"
+    )
+    say(f"monitor: kimictl monitor {record.id}")
+    say(f"stop:    kimictl stop {record.id}   logs: kimictl logs {record.id}")
 
 
 def _dry_run(prepared: Prepared, json_out: bool) -> None:

@@ -42,6 +42,7 @@ from kimictl.core.http1 import BlockingClient, own_request_headers
 from kimictl.runtime.checks.stack import VLLM_VERSION
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import LaunchPlan, check_port_free, leads_other_nodes
+from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV
 from kimictl.runtime.serving.runs import RunRecord, RunState
 from kimictl.runtime.serving.startup import likely_cause, log_tail, read_phases
 
@@ -184,6 +185,8 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
         supervisor_pid=os.getpid(),
         extra={"env": plan.redacted_env(), "detach": detach, "tmp_dir": plan.env.get("TMPDIR")},
     )
+    if plan.ray:  # the cluster it runs on; `stop` ends this deployment only, never the cluster
+        record.extra["ray"] = {"address": plan.env.get(ADDRESS_ENV, "auto")}
     runs.write_record(record)
     return Launch(plan=plan, record=record, process=process)
 
@@ -257,7 +260,7 @@ def probe(record: RunRecord, *, timeout: float = 1.0) -> Probed:
     keeps /health at 200 after a rank on another node is gone (a detached run has no supervisor
     to notice); only a failed answer counts, not a slow one or a refused key."""
     alive = runs.is_alive(record)
-    status = health(record.url, timeout=timeout) if alive else None
+    status = health(record.url, timeout=timeout) if alive and record.url else None
     lost = None
     if status == 200 and record.state is RunState.READY and leads_other_nodes(record.argv_redacted):
         with BlockingClient() as client:
@@ -558,14 +561,15 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     """Take the rest of the deployment down, record it as died with the cause, and raise."""
     record = launch.record
     tail = log_tail(launch.plan.log_path)
-    cause = likely_cause(tail, launch.returncode())
+    own = launch.returncode()  # the run's own exit, before our SIGTERM gives it a clean one
+    cause = likely_cause(tail, own)
     if runs.is_alive(record):
         _end_group(record, grace)
     left = len(runs.group_members(record))
     launch.record = _mark(
         record,
         RunState.DIED,
-        exit_code=launch.returncode(),
+        exit_code=own,
         reason=f"died after ready: {what}",
         extra={**record.extra, "last_log_lines": tail[-10:]},
     )
@@ -624,6 +628,8 @@ def stop_run(
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait()
+    if final is not RunState.STOPPED:  # keep the run's own end, not our stop's
+        code = record.exit_code
     _clean_run_dir(Path(record.run_dir), record.extra.get("tmp_dir"))
     changes: dict[str, Any] = {"exit_code": code, "supervisor_pid": None}
     if reason:
@@ -632,11 +638,18 @@ def stop_run(
 
 
 def stop_records(records: list[RunRecord], *, grace: float = STOP_GRACE_S) -> list[RunRecord]:
-    """Stop several runs: SIGTERM them all first, so their grace periods overlap."""
-    for record in records:
+    """Stop several runs: SIGTERM them all first, so their grace periods overlap. A Slurm run
+    is cancelled through Slurm (slurm.cancel)."""
+    from kimictl.runtime.serving import slurm
+
+    local = [r for r in records if not slurm.is_slurm(r)]
+    for record in local:
         if runs.is_alive(record):
             _signal_group(record.pgid, signal.SIGTERM)
-    return [stop_run(record, grace=grace) for record in records]
+    return [
+        slurm.cancel(record) if slurm.is_slurm(record) else stop_run(record, grace=grace)
+        for record in records
+    ]
 
 
 def stop_launches(launches: list[Launch], *, grace: float = STOP_GRACE_S) -> None:

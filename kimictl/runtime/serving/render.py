@@ -64,6 +64,9 @@ BIND_ALL = "0.0.0.0"
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 # Local to the machine that renders: meaningless on the cluster.
 _LOCAL_ENV = ("TMPDIR", ADDRESS_ENV)
+# Paths under the rendering host's run folder (the CPU runtime's compile caches): a Slurm job
+# puts them on each node's own disk instead, under the job's id (folder name per variable).
+_NODE_LOCAL = {"VLLM_CACHE_ROOT": "vllm-cache", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,18 @@ def _slurm(job: Job) -> str:
         "",
     ]
     for key, value in job.env.items():
+        if key in _NODE_LOCAL:  # the rendering host's run folder means nothing on the nodes
+            continue
         lines.append(f"export {key}={shlex.quote(value)}")
+    local = [key for key in _NODE_LOCAL if key in job.env]
+    if local:
+        lines.append(
+            "# Compile caches on each node's own disk, one folder per job (docs/serve.md)."
+        )
+        lines += [
+            f'export {key}="${{TMPDIR:-/tmp}}/kimictl-job-$SLURM_JOB_ID/{_NODE_LOCAL[key]}"'
+            for key in local
+        ]
     if job.key == "env":
         lines.append(f'export {ENV_VAR}="${{{ENV_VAR}:?set {ENV_VAR} before sbatch}}"')
     if not job.hf_home and is_local_model(job.model):
@@ -379,6 +393,8 @@ def _slurm(job: Job) -> str:
             "start nvidia-imex on every node of the NVLink domain\" >&2; exit 1; }'",
             "",
         ]
+    # the CPU runtime's server runs at kimictl's own launch niceness (cpu_runtime.SERVER_NICE)
+    nice = f"nice -n {plan.nice} " if plan.nice else ""
     if job.ray:
         lines += _slurm_ray(job, step)
     else:
@@ -388,7 +404,7 @@ def _slurm(job: Job) -> str:
             '  rank="$SLURM_NODEID"',
             '  extra=(--node-rank "$rank")',
             '  if [ "$rank" -gt 0 ]; then extra+=(--headless); fi',
-            f'  exec "$0" "$@" --nnodes {nodes} --master-addr "$MASTER_ADDR" "${{extra[@]}}"',
+            f'  exec {nice}"$0" "$@" --nnodes {nodes} --master-addr "$MASTER_ADDR" "${{extra[@]}}"',
             '\' "${VLLM_ARGV[@]}"',
             "",
         ]
@@ -406,6 +422,7 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     # more would take the other nodes' ranks.
     bindir = "" if job.kind.gpus else f"{Path(job.plan.argv[0]).parent}/"
     python = "python3" if job.kind.gpus else f"{bindir}python"
+    nice = f"nice -n {job.plan.nice} " if job.plan.nice else ""
     cpus = "" if job.kind.gpus else f" --num-cpus={job.kind.ranks}"
     lines = [
         f'{one} -w "$MASTER_NODE" {bindir}ray start --head --node-ip-address="$MASTER_ADDR" '
@@ -421,7 +438,7 @@ def _slurm_ray(job: Job, step: str) -> list[str]:
     lines += [
         f"{python} -c {shlex.quote(wait)}",
         f'export {ADDRESS_ENV}="$MASTER_ADDR:{RAY_PORT}"  # the cluster vLLM joins',
-        f'{one} -w "$MASTER_NODE" --overlap "${{VLLM_ARGV[@]}}" &',
+        f'{one} -w "$MASTER_NODE" --overlap {nice}"${{VLLM_ARGV[@]}}" &',
         "wait -n  # the server or a Ray node ended: end the job (its other steps with it)",
         "exit 1",
         "",

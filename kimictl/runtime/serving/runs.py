@@ -281,7 +281,12 @@ def missing_members(record: RunRecord) -> list[Member]:
 
 
 def is_alive(record: RunRecord) -> bool:
-    """True while any process of the run's process group lives (a recycled PID does not count)."""
+    """True while any process of the run's process group lives (a recycled PID does not count);
+    for a Slurm run, while its job holds or waits for nodes."""
+    if "slurm" in record.extra:
+        from kimictl.runtime.serving import slurm
+
+        return slurm.job_info(record.extra["slurm"]["job_id"]).active
     if record.start_ticks is not None:
         ticks = process_start_ticks(record.leader_pid)
         if ticks is not None and ticks == record.start_ticks:
@@ -336,16 +341,37 @@ def list_runs(*, include_finished: bool = False) -> list[RunRecord]:
         record = _read_record(entry / RECORD_FILE)
         if record is None:
             continue
+        if "slurm" in record.extra:
+            found += _slurm_listed(record, include_finished)
+            continue
+        stored = record.state
         state, reason = observed_state(record)
         if state is not record.state:
             record = replace(record, state=state, reason=reason or record.reason)
         elif reason:
             record = replace(record, reason=reason)
-        live = record.state in LIVE_STATES or is_alive(record)
+        # a death nobody saw (a detached run) stays listed until `kimictl stop` records it
+        unseen = record.state is RunState.DIED and stored in LIVE_STATES
+        live = record.state in LIVE_STATES or unseen or is_alive(record)
         if live or include_finished:
             found.append(record)
     found.sort(key=lambda r: (r.started_at, r.id))
     return found
+
+
+def _slurm_listed(record: RunRecord, include_finished: bool) -> list[RunRecord]:
+    """A Slurm run as Slurm sees it now; an end found now is written down (Slurm forgets)."""
+    from kimictl.runtime.serving import slurm
+
+    stored = record.state
+    record, state, reason = slurm.observe(record)
+    record = slurm.settle(record, state, reason)
+    if state is not record.state or reason:
+        record = replace(record, state=state, reason=reason or record.reason)
+    # a death nobody saw stays listed until `kimictl stop` acknowledges it (clears "unseen")
+    unseen = state is RunState.DIED and (stored in LIVE_STATES or bool(record.extra.get("unseen")))
+    listed = state in LIVE_STATES or unseen
+    return [record] if listed or include_finished else []
 
 
 def get_run(run_id: str) -> RunRecord:
@@ -446,6 +472,11 @@ def resolve_target(text: str) -> Target:
             + (f" ({record.reason})" if record.reason else "")
             + ": it has no live endpoint.",
             hint=f"`kimictl logs {record.id}` shows why; start it again with `kimictl serve`.",
+        )
+    if not record.url:  # a Slurm job not placed yet
+        raise InputError(
+            f"run '{record.id}' has no endpoint yet ({record.reason or 'not placed'}).",
+            hint="`kimictl ps` shows when it runs.",
         )
     return _target_of(record, name)
 

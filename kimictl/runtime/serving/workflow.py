@@ -47,6 +47,7 @@ __all__ = [
     "prepare_serve",
     "refuse_if_blocked",
     "run_serve",
+    "submit_slurm",
 ]
 
 
@@ -81,6 +82,9 @@ class ServeRequest:
     api_key_secret: str | None = None  # --render k8s: an existing Secret holding the key
     weights_path: str | None = None  # --render: the weights on a path every node mounts
     timeout: float = 900.0  # seconds to wait for readiness
+    slurm: bool = False  # --slurm: submit the slurm render and follow it (for_render "slurm")
+    partition: str | None = None  # --slurm: the partition sbatch submits to
+    apply: bool = False  # --render k8s --apply: kubectl apply the objects
 
     def __post_init__(self) -> None:
         """The options that go only together, checked before any profile is read."""
@@ -88,6 +92,12 @@ class ServeRequest:
             raise InputError(
                 f"--timeout {self.timeout:g} must be more than 0 seconds (the readiness wait)."
             )
+        if self.slurm and self.ab:
+            raise InputError("--slurm submits one deployment; drop --ab.")
+        if self.partition is not None and not self.slurm:
+            raise InputError("--partition goes with --slurm (the partition sbatch submits to).")
+        if self.apply and (self.for_render != "k8s" or self.render_output is not None):
+            raise InputError("--apply goes with --render k8s and no --output (kubectl reads it).")
         if self.for_render and self.ab:
             raise InputError("--render writes one deployment; drop --ab (render each profile).")
         if self.render_output is not None and not self.for_render:
@@ -469,3 +479,35 @@ def run_serve(
             if not handed_over:
                 stop_launches(launches, grace=0.0 if flag.count > 1 else grace)
     return [launch.record for launch in launches]
+
+
+def submit_slurm(
+    prepared: Prepared, request: ServeRequest, *, say: Callable[[str], None]
+) -> RunRecord:
+    """`serve --slurm`: the `--render slurm` job, submitted with sbatch and followed as a run
+    (slurm.py) until it serves. The job binds 0.0.0.0 on its node, so it needs a key."""
+    from kimictl.runtime.serving import slurm
+    from kimictl.runtime.serving.render import BIND_ALL, job_for, render
+
+    refuse_if_blocked(prepared)
+    plan = prepared.plans[0]
+    if plan.api_key is None and not request.insecure:
+        raise InputError(
+            f"the Slurm job binds {BIND_ALL} on its first node, so the API needs a key and none "
+            "was given.",
+            hint="set VLLM_API_KEY or pass --api-key-file (sbatch's environment carries it), "
+            "or pass --insecure.",
+        )
+    options: dict[str, Any] = {
+        "nnodes": request.nnodes if request.nnodes > 1 else None,
+        "cluster": prepared.cluster,
+        "weights_path": request.weights_path,
+        "insecure": request.insecure,
+    }
+    job = job_for(plan, "slurm", **options)
+    text = render(plan, "slurm", **options)
+    with stop_signals() as flag:
+        return slurm.submit(
+            plan, text, nodes=job.nodes, partition=request.partition, timeout=request.timeout,
+            say=say, stop_flag=flag,
+        )  # fmt: skip
