@@ -732,3 +732,18 @@ def test_apply_without_kubectl_or_a_cluster_is_one_sentence(tmp_path, capsys, mo
     assert "nothing was applied" in err and len(err.splitlines()) == 2
     assert main([*argv[:-1], "-o", str(tmp_path / "x.yaml"), "--apply"]) == 2
     assert "--apply goes with --render k8s" in capsys.readouterr().err
+
+
+def test_slurm_submit_refuses_what_it_cannot_submit(capsys, monkeypatch):
+    """`serve --slurm` checks its options and the key before sbatch is ever run."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    cases = [
+        (["--partition", "x"], "--partition goes with --slurm"),
+        (["--slurm", "--ab"], "--slurm submits one deployment; drop --ab."),
+        (["--slurm", "--render", "slurm"], "--slurm submits the job; drop --render"),
+        (["--slurm"], "the Slurm job binds 0.0.0.0 on its first node, so the API needs a key"),
+    ]
+    for extra, said in cases:
+        assert main(["serve", "cpu-demo-tp2", *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {said}" in err and "Traceback" not in err, err
