@@ -489,15 +489,16 @@ def submit_slurm(
     from kimictl.runtime.serving import slurm
     from kimictl.runtime.serving.render import BIND_ALL, job_for, render
 
-    refuse_if_blocked(prepared)
-    plan = prepared.plans[0]
-    if plan.api_key is None and not request.insecure:
+    plan = prepared.plans[0] if prepared.plans else None
+    if plan is not None and plan.api_key is None and not request.insecure:
         raise InputError(
             f"the Slurm job binds {BIND_ALL} on its first node, so the API needs a key and none "
             "was given.",
             hint="set VLLM_API_KEY or pass --api-key-file (sbatch's environment carries it), "
             "or pass --insecure.",
         )
+    refuse_if_blocked(prepared)
+    plan = prepared.plans[0]
     options: dict[str, Any] = {
         "nnodes": request.nnodes if request.nnodes > 1 else None,
         "cluster": prepared.cluster,
