@@ -22,6 +22,7 @@ FIX = Path(__file__).parent / "fixtures" / "k8s"
 CRDS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("lws-crd.yaml", "v1"),
     ("resource.nvidia.com/v1beta1", "ComputeDomain"): ("computedomain-crd.yaml", "v1beta1"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("gateway-api-httproutes-crd.yaml", "v1"),
 }
 CORE = {("v1", "Service"): "Service", ("v1", "Secret"): "Secret", ("v1", "Pod"): "Pod"}
 

@@ -58,6 +58,20 @@ TracesOpt = Annotated[
         "--traces/--no-traces", help="Exact figures from traced requests (histograms else)."
     ),
 ]
+CanaryOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Judge a live canary: PCT% of requests go to tuned, the rest to stock "
+        "(sample-ratio check, length strata, a sequential interval).",
+    ),
+]
+ShadowOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Judge a live shadow: PCT% of stock's requests are copied to tuned "
+        "(paired by X-Request-Id).",
+    ),
+]
 
 
 def _targets(texts: list[str]) -> list[Target]:
@@ -72,12 +86,32 @@ def _targets(texts: list[str]) -> list[Target]:
     )
 
 
+def _edge_of_latest_pair() -> tuple[float | None, float | None]:
+    """(canary, shadow) of the edge `serve --ab --canary/--shadow` runs for the latest pair."""
+    from kimictl.runtime.serving.runs import latest_ab_pair
+
+    pair = latest_ab_pair()
+    edge = pair[0].extra.get("edge") if pair else None
+    if not edge:
+        return None, None
+    pct = float(edge["pct"])
+    return (pct, None) if edge["mode"] == "canary" else (None, pct)
+
+
 def _render_table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
     from kimictl.runtime.observe.window import HIGHER_IS_BETTER, format_window
-    from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell, traces_line
+    from kimictl.tui.rows import (
+        ROWS,
+        SOURCE_LABEL,
+        fmt_cell,
+        fmt_ratio,
+        judge_lines,
+        source_cell,
+        traces_line,
+    )
 
     endpoints = doc["endpoints"]
     ab = doc.get("ab")
@@ -103,6 +137,8 @@ def _render_table(doc: dict[str, Any]) -> None:
     sources = [source_cell(ep.get("sources"), ep.get("counts")) for ep in endpoints.values()]
     table.add_row(SOURCE_LABEL, *sources, *([""] if ab else []))
     console.print(table)
+    for text in judge_lines(doc.get("judge")):
+        console.print(text, highlight=False)
     line = traces_line(doc.get("traces"))
     if line:
         console.print(f"[dim]{line}[/dim]")
@@ -148,6 +184,10 @@ def _line(doc: dict[str, Any]) -> str:
             + f", waiting {ep.get('waiting') or 0:.0f}"
             + (f" (slow scrapes: every {ep['paced_s']:.0f} s)" if ep.get("paced_s") else "")
         )
+    if doc.get("judge"):
+        from kimictl.runtime.observe.judge import state_line
+
+        parts.append(state_line(doc["judge"]))
     gpus = doc.get("gpus")
     if gpus and gpus.get("gpus"):  # the GPU strip of the TUI, one cell per GPU
         from kimictl.runtime.observe.gpu_telemetry import GpuSample
@@ -174,9 +214,13 @@ def monitor(
     traces_port: TracesPortOpt = DEFAULT_TRACES_PORT,
     traces: TracesOpt = True,
     capture: CaptureOpt = None,
+    canary: CanaryOpt = None,
+    shadow: ShadowOpt = None,
 ) -> None:
     from kimictl.runtime.observe.session import MonitorRequest
 
+    if not targets and canary is None and shadow is None:  # the pair's own edge, if it has one
+        canary, shadow = _edge_of_latest_pair()
     request = MonitorRequest(
         window=window,
         interval=interval,
@@ -189,6 +233,8 @@ def monitor(
         traces=traces,
         traces_port=traces_port,
         capture=capture,
+        canary=canary,
+        shadow=shadow,
     )
     with request.open(_targets(targets or [])) as session:
         session.on_close = _capture_said
@@ -204,6 +250,7 @@ def monitor(
             slo_interactivity=slo_interactivity,
             record=record,
             traces_status=session.traces_status,
+            judge=session.judge_look,
         ).run()
 
 
@@ -245,6 +292,7 @@ def _headless(session: MonitorSession) -> None:
                 gpu_sampler=sample_gpus,
                 full_window=request.once,
                 traces_status=session.traces_status,
+                judge=session.judge_look,
             )
         )
     except KeyboardInterrupt:

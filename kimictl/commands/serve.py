@@ -13,13 +13,14 @@ from kimictl.commands._options import ApiKeyFileOpt, JsonOpt
 from kimictl.deployment.cluster import JobFormat
 
 if TYPE_CHECKING:
+    from kimictl.runtime.serving.proxy import EdgePlan
     from kimictl.runtime.serving.runs import RunRecord
     from kimictl.runtime.serving.workflow import Prepared, ServeRequest
 
 app = typer.Typer(add_completion=False)
 
 
-def _ready_printer(detach: bool, quiet: bool):  # type: ignore[no-untyped-def]
+def _ready_printer(detach: bool, quiet: bool, edge: EdgePlan | None = None):  # type: ignore[no-untyped-def]
     from kimictl.commands._output import console
 
     def on_ready(records: list[RunRecord]) -> None:
@@ -35,6 +36,14 @@ def _ready_printer(detach: bool, quiet: bool):  # type: ignore[no-untyped-def]
             )
         ids = " ".join(r.id for r in records)
         monitor = " ".join(r.id for r in records)
+        if edge is not None:
+            tuned, stock = records
+            console.print(
+                f"[bold green]edge[/] nginx ({edge.mode} {edge.pct:g}%): {edge.url}  "
+                "send users here",
+                highlight=False,
+            )
+            monitor = f"tuned={tuned.url} stock={stock.url} --{edge.mode} {edge.pct:g}"
         console.print(f"monitor: kimictl monitor {monitor}", highlight=False)
         if len(records) == 2 and records[0].ab_group:
             console.print("bench:   kimictl bench --ab", highlight=False)
@@ -127,6 +136,39 @@ TracesOpt = Annotated[
     ),
 ]
 
+CanaryOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="--ab behind an nginx edge: send PCT% of requests to tuned, the rest to stock "
+        "(--render k8s: an HTTPRoute with weighted backendRefs).",
+    ),
+]
+ShadowOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="--ab behind an nginx edge: stock answers; PCT% of requests are copied to tuned "
+        "and its answers discarded (--render k8s: HTTPRoute RequestMirror).",
+    ),
+]
+ProxyPortOpt = Annotated[
+    int | None, typer.Option(help="--canary/--shadow: the edge's port (default stock's + 1).")
+]
+GatewayOpt = Annotated[
+    str,
+    typer.Option(help="--render k8s with --canary/--shadow: the Gateway the route attaches to."),
+]
+
+
+def _print_edge(edge: EdgePlan | None) -> None:
+    from kimictl.commands._output import console
+
+    if edge is not None:
+        console.print(
+            f"edge nginx ({edge.mode} {edge.pct:g}%) -> {edge.url}: tuned {edge.tuned}, "
+            f"stock {edge.stock}",
+            highlight=False,
+        )
+
 
 @app.command(
     help="Launch vLLM with a profile. Runs the doctor gate first (refuses on any blocking check "
@@ -158,6 +200,10 @@ def serve(
     timeout: TimeoutOpt = 900.0,
     json_out: JsonOpt = False,
     traces: TracesOpt = None,
+    canary: CanaryOpt = None,
+    shadow: ShadowOpt = None,
+    proxy_port: ProxyPortOpt = None,
+    gateway: GatewayOpt = "inference-gateway",
 ) -> None:
     from kimictl.core.errors import InputError
     from kimictl.runtime.serving import workflow
@@ -167,6 +213,11 @@ def serve(
             "--slurm submits the job; drop --render and --dry-run "
             "(`--render slurm` prints the same job without submitting it)."
         )
+    if detach and (canary is not None or shadow is not None):
+        raise InputError(
+            "--canary/--shadow run their nginx edge with the foreground serve; drop --detach."
+        )
+
     request = workflow.ServeRequest(
         profile=profile,
         model=model,
@@ -189,37 +240,53 @@ def serve(
         slurm=slurm,
         partition=partition,
         apply=apply,
+        canary=canary,
+        shadow=shadow,
+        proxy_port=proxy_port,
     )
     prepared = workflow.prepare_serve(request)
     if slurm:
         _submit_slurm(prepared, request, json_out)
     elif render is not None:
-        _render(prepared, request, json_out)
+        _render(prepared, request, json_out, gateway)
     elif dry_run:
         _dry_run(prepared, json_out)
     else:
         _launch(prepared, request, detach=detach, json_out=json_out)
 
 
-def _render(prepared: Prepared, request: ServeRequest, json_out: bool) -> None:
+def _render(prepared: Prepared, request: ServeRequest, json_out: bool, gateway: str) -> None:
     """--render: the job file on stdout or in --output (private when it holds the key)."""
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.serving import workflow
     from kimictl.runtime.serving.render import render as render_job
-    from kimictl.runtime.serving.render import write_private
+    from kimictl.runtime.serving.render import render_ab, write_private
 
     workflow.refuse_if_blocked(prepared)
     render, output = str(request.for_render), request.render_output
     plan = prepared.plans[0]
-    text = render_job(
-        plan,
-        render,
-        nnodes=request.nnodes if request.nnodes > 1 else None,
-        cluster=prepared.cluster,
-        api_key_secret=request.api_key_secret,
-        weights_path=request.weights_path,
-        insecure=request.insecure,
-    )
+    if request.ab:  # with --canary/--shadow (ServeRequest refuses a bare --ab render)
+        text = render_ab(
+            prepared.plans,
+            render,
+            canary=request.canary,
+            shadow=request.shadow,
+            gateway=gateway,
+            cluster=prepared.cluster,
+            api_key_secret=request.api_key_secret,
+            weights_path=request.weights_path,
+            insecure=request.insecure,
+        )
+    else:
+        text = render_job(
+            plan,
+            render,
+            nnodes=request.nnodes if request.nnodes > 1 else None,
+            cluster=prepared.cluster,
+            api_key_secret=request.api_key_secret,
+            weights_path=request.weights_path,
+            insecure=request.insecure,
+        )
     holds_key = plan.api_key is not None and plan.api_key in text
     if request.apply:
         from kimictl.runtime.serving.k8s_apply import apply as kubectl_apply
@@ -283,6 +350,7 @@ def _dry_run(prepared: Prepared, json_out: bool) -> None:
         print_gate(prepared)
         for plan in prepared.plans:
             print_plan(plan)
+        _print_edge(prepared.edge)
     workflow.refuse_if_blocked(prepared, dry_run=True)
 
 
@@ -300,11 +368,12 @@ def _launch(prepared: Prepared, request: ServeRequest, *, detach: bool, json_out
         for plan in prepared.plans:
             print_plan(plan, with_env=False)  # --dry-run shows the environment too
             console.print(f"  log: {plan.log_path}", highlight=False, soft_wrap=True)
+        _print_edge(prepared.edge)
     records = workflow.run_serve(
         prepared,
         detach=detach,
         on_phase=phase_printer(json_out),
-        on_ready=_ready_printer(detach, json_out),
+        on_ready=_ready_printer(detach, json_out, prepared.edge),
         timeout=request.timeout,
     )
     if json_out:

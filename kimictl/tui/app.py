@@ -37,7 +37,7 @@ from kimictl.runtime.observe.poller import (
     poll_all,
 )
 from kimictl.runtime.observe.window import WINDOWS_S, ab_ratios, format_window
-from kimictl.tui.rows import traces_line
+from kimictl.tui.rows import judge_lines, traces_line
 from kimictl.tui.widgets import (
     SERIES_STYLES,
     ChartsPanel,
@@ -117,8 +117,11 @@ class MonitorApp(App[None]):
         export_dir: Path | None = None,
         gpu_sampler: Any = sample_gpus,
         traces_status: Callable[[], Mapping[str, Any]] | None = None,
+        judge: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
+        self.judge = judge  # the live judge's look (monitor --canary/--shadow)
+        self.judged: Mapping[str, Any] | None = None
         self.pollers = pollers
         self.set_reactive(MonitorApp.interval, interval)
         self.set_reactive(MonitorApp.window_s, window_s)
@@ -198,6 +201,7 @@ class MonitorApp(App[None]):
     def _on_metrics(self, message: MetricsUpdated) -> None:
         self.views = message.views
         self.gpus = message.gpus
+        self.judged = self.judge() if self.judge is not None else None
         self.rounds += 1
         self._render_views()
         if self.record is not None:
@@ -215,7 +219,7 @@ class MonitorApp(App[None]):
         if status is None:
             return
         traces = self.traces_status() if self.traces_status is not None else None
-        status.show(views, self.slo, traces_line(traces))
+        status.show(views, self.slo, traces_line(traces), judge_lines(self.judged))
         ratios = None
         if self.ab is not None:
             by = {v.name: v for v in views}
@@ -251,6 +255,7 @@ class MonitorApp(App[None]):
             ab=self.ab,
             gpus=self.gpus.to_json() if self.gpus is not None else None,
             traces=self.traces_status() if self.traces_status is not None else None,
+            judge=self.judged,
         )
 
     # ---- state: the watchers redraw; the keys only set it

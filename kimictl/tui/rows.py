@@ -92,3 +92,24 @@ def traces_line(status: Mapping[str, Any] | None) -> str | None:
         by = ", ".join(f"{figure} {n}" for figure, n in sorted(refused.items()))
         rejected += f", {sum(refused.values())} spans refused ({by})"
     return f"traces: {status['url']} · {status['spans']} spans from {servers}{rejected}"
+
+
+def judge_lines(doc: Mapping[str, Any] | None) -> list[str]:
+    """The live judge (monitor --canary/--shadow): one line per arm, then its state line."""
+    if doc is None:
+        return []
+    from kimictl.runtime.observe.judge import state_line
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = []
+    for name, arm in doc["arms"].items():
+        share = "" if arm["share"] is None else f"share {arm['share']:.0%}  "
+        inter = "/".join(num(arm[f"interactivity_{p}"], ".1f") for p in ("p10", "p50", "p90"))
+        lines.append(
+            f"{name:<6} {share}n {arm['n']}  interactivity p10/p50/p90 {inter} tok/s/user  "
+            f"TTFT p90 {num(arm['ttft_p90_ms'], '.0f')} ms"
+        )
+    lines.append(state_line(dict(doc)))
+    return lines

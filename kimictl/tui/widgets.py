@@ -116,13 +116,20 @@ class StatusLine(_Lines):
     """UP/DOWN lines, one per endpoint."""
 
     def show(
-        self, views: Sequence[EndpointView], slo: float | None = None, traces: str | None = None
+        self,
+        views: Sequence[EndpointView],
+        slo: float | None = None,
+        traces: str | None = None,
+        judge: Sequence[str] = (),
     ) -> None:
         texts = [
             status_text(v, SERIES_STYLES[i % len(SERIES_STYLES)], slo) for i, v in enumerate(views)
         ]
         if traces:
             texts.append(Text(traces, style="dim"))
+        texts.extend(
+            Text(line, style="bold" if i == len(judge) - 1 else "") for i, line in enumerate(judge)
+        )
         self.feed(Text("\n").join(texts), len(texts))
 
 

@@ -236,8 +236,10 @@ def monitor_snapshot(
     ab: tuple[str, str] | None = None,
     gpus: Any = None,
     traces: Mapping[str, Any] | None = None,
+    judge: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of `--once --json`, `--record` lines and the TUI's export."""
+    """The JSON document of `--once --json`, `--record` lines and the TUI's export; `judge` is
+    the live judge's look (observe.judge), when the monitor judges a canary or a shadow."""
     doc: dict[str, Any] = {
         "taken_at": time.time(),
         "window_s": window_s,
@@ -256,6 +258,8 @@ def monitor_snapshot(
         doc["gpus"] = gpus
     if traces is not None:
         doc["traces"] = dict(traces)
+    if judge is not None:
+        doc["judge"] = dict(judge)
     return doc
 
 
@@ -314,6 +318,7 @@ async def watch(
     gpu_sampler: Callable[[], Any] | None = None,
     full_window: bool = False,
     traces_status: Callable[[], Mapping[str, Any]] | None = None,
+    judge: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Headless monitor loop: poll every `interval`, call `on_tick(snapshot)` after each round,
     stop after `duration_s` (None = until cancelled). Returns the last snapshot.
@@ -330,6 +335,7 @@ async def watch(
             gpu_sampler,
             full_window,
             traces_status,
+            judge,
         )
     finally:
         for p in pollers:
@@ -345,6 +351,7 @@ async def _watch_loop(
     gpu_sampler: Callable[[], Any] | None,
     full_window: bool,
     traces_status: Callable[[], Mapping[str, Any]] | None,
+    judge: Callable[[], Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
     ab = ab_pair_of([p.name for p in pollers])
 
@@ -352,7 +359,10 @@ async def _watch_loop(
         views = [p.view(window_s, interval=interval) for p in pollers]
         gpus = gpu_sampler().to_json() if gpu_sampler is not None else None
         traces = traces_status() if traces_status is not None else None
-        return monitor_snapshot(views, window_s=window_s, ab=ab, gpus=gpus, traces=traces)
+        judged = judge() if judge is not None else None
+        return monitor_snapshot(
+            views, window_s=window_s, ab=ab, gpus=gpus, traces=traces, judge=judged
+        )
 
     start = time.monotonic()
     # a hard stop one scrape timeout past --duration: whatever an await does (a socket that

@@ -19,6 +19,7 @@ from kimictl.deployment.traces import DEFAULT_TRACES_PORT
 
 if TYPE_CHECKING:
     from kimictl.runtime.observe.capture import CaptureWriter
+    from kimictl.runtime.observe.judge import LiveJudge
     from kimictl.runtime.observe.otlp import OtlpReceiver
     from kimictl.runtime.observe.poller import EndpointPoller
 
@@ -60,6 +61,8 @@ class MonitorRequest:
     traces: bool = True
     traces_port: int = DEFAULT_TRACES_PORT
     capture: Path | None = None  # --capture FILE (observe.capture)
+    canary: float | None = None  # judge a live canary: PCT% of requests on tuned (observe.judge)
+    shadow: float | None = None  # judge a live shadow: PCT% of stock's requests copied to tuned
     window_s: float = field(init=False)  # --window in seconds
 
     def __post_init__(self) -> None:
@@ -92,6 +95,13 @@ class MonitorRequest:
             if not self.traces:
                 raise InputError("--capture reads the servers' trace spans: drop --no-traces.")
             check_capture_target(self.capture)
+        if self.canary is not None and self.shadow is not None:
+            raise InputError(
+                "--canary and --shadow judge different set-ups (a split, a copy); give one."
+            )
+        if (self.canary is not None or self.shadow is not None) and not self.traces:
+            flag = "--canary" if self.canary is not None else "--shadow"
+            raise InputError(f"{flag} judges from per-request spans; drop --no-traces.")
         return window_s
 
     def open(self, targets: Sequence[NamedEndpoint]) -> MonitorSession:
@@ -123,11 +133,33 @@ class MonitorRequest:
             if self.capture is not None and receiver is not None:
                 writer = _capture(self.capture, targets, receiver)
                 receiver.start()  # a capture without its receiver records nothing: fail now
+            judge = self._judge(targets)
         except BaseException:
             if receiver is not None:
                 receiver.close()
             raise
-        return MonitorSession(self, pollers, receiver, writer)
+        return MonitorSession(self, pollers, receiver, capture=writer, judge=judge)
+
+    def _judge(self, targets: Sequence[NamedEndpoint]) -> LiveJudge | None:
+        """The live judge of --canary/--shadow: tuned against stock (observe.judge)."""
+        if self.canary is None and self.shadow is None:
+            return None
+        from kimictl.runtime.observe.judge import CANARY, SHADOW, Arm, LiveJudge
+        from kimictl.runtime.observe.poller import ab_pair_of
+
+        by_name = {t.name: t for t in targets}
+        pair = ab_pair_of(list(by_name))
+        flag = "--canary" if self.canary is not None else "--shadow"
+        if pair is None:
+            raise InputError(
+                f"{flag} compares two endpoints, tuned and stock; got {', '.join(by_name)}.",
+                hint="name them: kimictl monitor tuned=URL stock=URL (or start `serve --ab`).",
+            )
+        tuned, stock = (Arm(n, by_name[n].url) for n in pair)
+        if self.canary is not None:
+            return LiveJudge(mode=CANARY, pct=self.canary, tuned=tuned, stock=stock)
+        assert self.shadow is not None
+        return LiveJudge(mode=SHADOW, pct=self.shadow, tuned=tuned, stock=stock)
 
 
 def _capture(path: Path, targets: Sequence[NamedEndpoint], receiver: OtlpReceiver) -> CaptureWriter:
@@ -155,6 +187,16 @@ class MonitorSession:
     receiver: OtlpReceiver | None
     capture: CaptureWriter | None = None
     on_close: Callable[[str], None] | None = None  # told what the capture wrote
+    judge: LiveJudge | None = None
+
+    @property
+    def judge_look(self) -> Callable[[], Mapping[str, Any]] | None:
+        """One look of the live judge at the received spans (None without a judge)."""
+        judge, receiver = self.judge, self.receiver
+        if judge is None or receiver is None:
+            return None
+        store = receiver.store
+        return lambda: judge.look(store)
 
     @property
     def traces_status(self) -> Callable[[], Mapping[str, Any]] | None:

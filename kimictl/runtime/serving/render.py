@@ -50,6 +50,7 @@ __all__ = [
     "NodeKind",
     "job_for",
     "render",
+    "render_ab",
     "render_checks",
     "to_yaml",
     "write_private",
@@ -302,6 +303,64 @@ def render_checks(profile: Profile) -> list[Check]:
             message = f"--render {fmt}: {nodes} nodes read {model} from {where}, offline"
             checks.append(Check(cid, Section.DEPLOYMENT, Status.PASS, message))
     return checks
+
+
+def render_ab(
+    plans: list[LaunchPlan],
+    fmt: str,
+    *,
+    canary: float | None,
+    shadow: float | None,
+    gateway: str,
+    cluster: ClusterSettings | None = None,
+    api_key_secret: str | None = None,
+    weights_path: str | None = None,
+    insecure: bool = False,
+) -> str:
+    """`serve --ab --canary PCT|--shadow PCT --render k8s`: both deployments (tuned, stock) and
+    the HTTPRoute in front of them, from the same edge plan as the local nginx edge. Each arm's
+    spans carry its role as service.instance.id (and its profile as service.name), so a collector
+    or `kimictl monitor tuned=... stock=...` tells them apart."""
+    from dataclasses import replace
+
+    from kimictl.deployment.traces import INSTANCE_ATTRIBUTE
+    from kimictl.runtime.serving.proxy import plan_edge
+    from kimictl.runtime.serving.render_k8s import http_route, leader_service
+
+    if fmt != "k8s":
+        raise InputError(
+            "--canary/--shadow render as a Kubernetes HTTPRoute (--render k8s); on this machine "
+            "`kimictl serve --ab --canary PCT` runs an nginx edge instead."
+        )
+    tuned, stock = plans
+    edge = plan_edge(
+        canary=canary,
+        shadow=shadow,
+        host="0.0.0.0",
+        port=tuned.port,
+        tuned=f"http://{leader_service(tuned.name)}:{tuned.port}",
+        stock=f"http://{leader_service(stock.name)}:{stock.port}",
+    )
+    texts = []
+    for plan in plans:
+        if "OTEL_SERVICE_NAME" in plan.env:
+            env = plan.env | {
+                "OTEL_SERVICE_NAME": plan.name,
+                "OTEL_RESOURCE_ATTRIBUTES": f"{INSTANCE_ATTRIBUTE}={plan.role}",
+            }
+            plan = replace(plan, env=env)
+        texts.append(
+            render(
+                plan,
+                fmt,
+                cluster=cluster,
+                api_key_secret=api_key_secret,
+                weights_path=weights_path,
+                insecure=insecure,
+            )
+        )
+    route = http_route(edge, name=f"{tuned.name}-{edge.mode}", gateway=gateway)
+    return "---\n".join([*texts, to_yaml(route)])
 
 
 def write_private(path: Path, text: str, *, private: bool) -> None:

@@ -10,6 +10,8 @@
   pods of the group on nodes of one NVLink clique (`nvidia.com/gpu.clique`, set by GPU feature
   discovery); the group restarts whole when one pod fails.
 - Service `<name>-leader`: the API, routed to the leader once its readiness probe passes.
+- With `--ab --canary PCT` / `--shadow PCT`: both deployments, and an HTTPRoute (Gateway API)
+  splitting or mirroring between their leader Services (`http_route`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any
 from kimictl.core.apikeys import ENV_VAR
 from kimictl.core.errors import InputError
 from kimictl.deployment.cluster import CLIQUE_LABEL, check_dns_label
+from kimictl.runtime.serving.proxy import CANARY, EdgePlan
 from kimictl.runtime.serving.ray_cluster import RAY_PORT, wait_for_nodes_code
 from kimictl.runtime.serving.render import Job
 
-__all__ = ["IMEX_CLAIM", "MAX_NAME", "k8s_objects"]
+__all__ = ["IMEX_CLAIM", "MAX_NAME", "ROUTE_API", "http_route", "k8s_objects", "leader_service"]
 
 IMEX_CLAIM = "imex-channel"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
@@ -225,4 +228,65 @@ def _lws(job: Job, secret: str | None) -> dict[str, Any]:
             "annotations": {"kimictl/profile": str(plan.profile), "kimictl/model": plan.model},
         },
         "spec": {"replicas": 1, "leaderWorkerTemplate": group},
+    }
+
+
+# --- the edge of an A/B pair: a Gateway API HTTPRoute -------------------------------------------
+ROUTE_API = "gateway.networking.k8s.io/v1"  # HTTPRoute v1, Gateway API standard channel (v1.3+)
+WEIGHT_SCALE = 100  # weights are proportions: percent x 100 keeps nginx's 0.01% steps exact
+
+
+def leader_service(name: str) -> str:
+    """The Service `k8s_objects` puts in front of a deployment's leader."""
+    return f"{name}-leader"
+
+
+def http_route(edge: EdgePlan, *, name: str, gateway: str) -> dict[str, Any]:
+    """The HTTPRoute of an edge plan whose tuned and stock are `SERVICE:PORT`.
+
+    canary: one rule, weighted backendRefs (tuned pct, stock 100 - pct; proportions, so x100);
+    shadow: stock is the backend, a RequestMirror filter copies `percent` of the requests to tuned
+    (Standard since v1.3; a fractional percentage becomes `fraction`); mirrored responses are
+    discarded by the gateway. A route cannot mint a per-request X-Request-Id (RequestHeaderModifier
+    sets fixed values): the gateway's own id is used (Envoy-based gateways add `x-request-id`
+    when a request has none), which the live judge's shadow pairing needs."""
+    for label in (name, gateway):
+        why = check_dns_label(label, max_len=63)
+        if why:
+            raise InputError(f"{label!r} cannot name a Kubernetes object ({why}).")
+
+    def ref(target: str, **extra: Any) -> dict[str, Any]:
+        service, _, port = target.rpartition(":")
+        return {"kind": "Service", "name": service, "port": int(port), **extra}
+
+    match = [{"path": {"type": "PathPrefix", "value": "/"}}]
+    if edge.mode == CANARY:
+        weight = round(edge.pct * WEIGHT_SCALE)
+        rule: dict[str, Any] = {
+            "matches": match,
+            "backendRefs": [
+                ref(edge.tuned, weight=weight),
+                ref(edge.stock, weight=100 * WEIGHT_SCALE - weight),
+            ],
+        }
+    else:
+        mirror: dict[str, Any] = {"backendRef": ref(edge.tuned)}
+        if edge.pct != int(edge.pct):
+            mirror["fraction"] = {"numerator": round(edge.pct * 100), "denominator": 10000}
+        elif edge.pct != 100:  # neither field means 100%
+            mirror["percent"] = int(edge.pct)
+        rule = {
+            "matches": match,
+            "filters": [{"type": "RequestMirror", "requestMirror": mirror}],
+            "backendRefs": [ref(edge.stock)],
+        }
+    return {
+        "apiVersion": ROUTE_API,
+        "kind": "HTTPRoute",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "kimictl"},
+            "annotations": {"kimictl/edge": f"{edge.mode} {edge.pct:g}%"},
+        },
+        "spec": {"parentRefs": [{"name": gateway}], "rules": [rule]},
     }

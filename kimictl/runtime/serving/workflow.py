@@ -32,7 +32,8 @@ from kimictl.runtime.serving.plan import (
     is_loopback,
     plan_launch,
 )
-from kimictl.runtime.serving.runs import RunRecord
+from kimictl.runtime.serving.proxy import EdgePlan, Proxy, nginx_binary, plan_edge
+from kimictl.runtime.serving.runs import RunRecord, update_record
 
 if TYPE_CHECKING:
     from kimictl.deployment.profiles import Profile
@@ -85,6 +86,9 @@ class ServeRequest:
     slurm: bool = False  # --slurm: submit the slurm render and follow it (for_render "slurm")
     partition: str | None = None  # --slurm: the partition sbatch submits to
     apply: bool = False  # --render k8s --apply: kubectl apply the objects
+    canary: float | None = None  # --ab behind an nginx edge: PCT% of requests to tuned
+    shadow: float | None = None  # --ab behind an nginx edge: PCT% of requests copied to tuned
+    proxy_port: int | None = None  # the edge's port (default: the stock port + 1)
 
     def __post_init__(self) -> None:
         """The options that go only together, checked before any profile is read."""
@@ -98,8 +102,11 @@ class ServeRequest:
             raise InputError("--partition goes with --slurm (the partition sbatch submits to).")
         if self.apply and (self.for_render != "k8s" or self.render_output is not None):
             raise InputError("--apply goes with --render k8s and no --output (kubectl reads it).")
-        if self.for_render and self.ab:
-            raise InputError("--render writes one deployment; drop --ab (render each profile).")
+        if self.for_render and self.ab and self.canary is None and self.shadow is None:
+            raise InputError(
+                "--render writes one deployment; drop --ab (render each profile), or add "
+                "--canary PCT / --shadow PCT for the route in front of both."
+            )
         if self.render_output is not None and not self.for_render:
             raise InputError("--output goes with --render; without it there is no file to write.")
         if self.api_key_secret is not None and self.for_render != "k8s":
@@ -121,6 +128,7 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     forced: bool = False
     cluster: ClusterSettings = field(default_factory=ClusterSettings)  # for --render
+    edge: EdgePlan | None = None  # the proxy in front of an A/B pair (--canary / --shadow)
 
     @property
     def blocking(self) -> list[Any]:
@@ -134,6 +142,7 @@ class Prepared:
             "forced": self.forced,
             "checks": [c.to_json() for c in self.checks],
             "runs": [p.to_json() for p in self.plans],
+            "edge": None if self.edge is None else self.edge.to_json(),
         }
 
 
@@ -403,8 +412,40 @@ def prepare_serve(request: ServeRequest) -> Prepared:
         notes=notes,
         forced=request.force,
         cluster=profile.cluster,
+        edge=_edge(request, plans, host),
     )
     return prepared
+
+
+def _edge(request: ServeRequest, plans: list[LaunchPlan], host: str) -> EdgePlan | None:
+    """The nginx edge of `--ab --canary PCT` / `--shadow PCT` (None without either)."""
+    if request.canary is None and request.shadow is None:
+        if request.proxy_port is not None:
+            raise InputError("--proxy-port goes with --canary or --shadow (the edge's port).")
+        return None
+    flag = "--canary" if request.canary is not None else "--shadow"
+    if not request.ab:
+        raise InputError(
+            f"{flag} splits traffic between a tuned server and its stock twin: add --ab."
+        )
+    if request.for_render:
+        return None  # the k8s render writes an HTTPRoute from the same values (render_k8s)
+    if len(plans) != 2:
+        return None  # the gate already refused one of the pair
+    tuned, stock = plans
+    port = request.proxy_port if request.proxy_port is not None else stock.port + 1
+    edge = plan_edge(
+        canary=request.canary,
+        shadow=request.shadow,
+        host=host,
+        port=port,
+        tuned=tuned.url,
+        stock=stock.url,
+    )
+    nginx_binary()  # missing nginx is input to fix before two servers load
+    if port in (tuned.port, stock.port):
+        raise InputError(f"--proxy-port {port} is a server's port; pick another.")
+    return edge
 
 
 def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False, forceable: bool = True) -> None:
@@ -456,6 +497,10 @@ def run_serve(
     refuse_if_blocked(prepared)
     for plan in prepared.plans:  # every port before any start: an A/B pair starts whole or not
         check_port_free(plan.host, plan.port)
+    edge = prepared.edge
+    if edge is not None:
+        check_port_free(edge.host, edge.port)
+    proxy: Proxy | None = None
     launches: list[Launch] = []
     handed_over = False
     with stop_signals() as flag:
@@ -463,6 +508,11 @@ def run_serve(
             for plan in prepared.plans:
                 launches.append(start(plan, detach=detach))
             wait_ready(launches, timeout=timeout, on_phase=on_phase, stop_flag=flag)
+            if edge is not None:
+                proxy = Proxy(edge, Path(launches[0].record.run_dir) / "edge").start()
+                for launch in launches:  # `kimictl monitor` (no targets) judges this edge
+                    extra = {**launch.record.extra, "edge": edge.to_json()}
+                    launch.record = update_record(launch.record, extra=extra)
             records = [launch.record for launch in launches]
             if detach:
                 records = [hand_over(launch) for launch in launches]
@@ -476,6 +526,8 @@ def run_serve(
         except StopRequested:
             pass
         finally:
+            if proxy is not None:
+                proxy.stop()
             if not handed_over:
                 stop_launches(launches, grace=0.0 if flag.count > 1 else grace)
     return [launch.record for launch in launches]

@@ -1,0 +1,196 @@
+"""A/A through the real edge, judged live: `kimictl serve --ab --canary PCT` (or `--shadow PCT`)
+starts the cpu-demo pair (both arms the same stock vLLM CPU path) behind nginx; each arm gets
+WARMUP requests alone first (a fresh server's first requests are slower: without it the first run
+of a 10% canary reads tuned's warm-up as "tuned worse"); each run starts a
+fresh `kimictl monitor --canary PCT --no-tui --json` (a judgement every second), sends `kimictl
+bench` through the edge for DURATION seconds, and reads the monitor's last line. A run whose state
+was ever "tuned better/worse" is a false alarm (both arms are the same build). Shadow runs also
+report pairs by request id and unpaired mirrors.
+
+    PYTHONPATH=. python lab/bench/edge_live.py --canary 50 --runs 20 --duration 40 \
+        --json lab/results/edge_aa.json     # under the vLLM lock
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lab.bench.ab_false_alarms import wilson
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def kimictl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kimictl", *args]
+
+
+def wait_edge(proc: subprocess.Popen[str], timeout: float) -> dict[str, str]:
+    """Read serve's output until the edge and monitor lines; their URLs and arms."""
+    deadline = time.monotonic() + timeout
+    found: dict[str, str] = {}
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {proc.returncode}")
+            continue
+        print("serve:", line.rstrip(), file=sys.stderr)
+        if line.startswith("edge "):
+            found["edge"] = line.split(": ", 1)[1].split()[0]
+        if line.startswith("monitor: "):
+            found["monitor"] = line.split("kimictl monitor ", 1)[1].strip()
+            return found
+    raise RuntimeError("serve did not become ready")
+
+
+def one_run(args: argparse.Namespace, edge: str, monitor: str, traces_port: int, n: int) -> dict:
+    record = Path(args.out_dir) / f"run{n}.jsonl"
+    mon = subprocess.Popen(
+        kimictl(
+            "monitor",
+            *monitor.split(),
+            "--no-tui",
+            "--json",
+            "--duration",
+            str(args.duration + 15),
+            "--traces-port",
+            str(traces_port),
+            "--record",
+            str(record),
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2)
+    bench = subprocess.run(
+        kimictl(
+            "bench",
+            "--target",
+            f"edge={edge}",
+            "--input-len",
+            "32:256",
+            "--output-len",
+            "16:64",
+            "--concurrency",
+            str(args.concurrency),
+            "--duration",
+            str(args.duration),
+            "--num-prompts",
+            "100000",
+            "--seed",
+            str(n),
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    mon.wait(timeout=args.duration + 60)
+    lines = [json.loads(x) for x in record.read_text().splitlines() if x.strip()]
+    judged = [doc["judge"] for doc in lines if doc.get("judge")]
+    states = [j["state"] for j in judged]
+    last = judged[-1]
+    alarm = next((j for j in judged if j["state"] in ("tuned better", "tuned worse")), None)
+    return {
+        "run": n,
+        "bench_rc": bench.returncode,
+        "looks": len(judged),
+        "states": sorted(set(states)),
+        "false_alarm": alarm is not None,
+        "alarm_at_s": None if alarm is None else alarm["since"] - last["started_at"],
+        "last": {
+            k: last.get(k) for k in ("state", "ratio", "ci", "srm", "pairs", "unpaired_mirrors")
+        }
+        | {"n": {a: v["n"] for a, v in last["arms"].items()}},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--canary", type=float)
+    mode.add_argument("--shadow", type=float)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--duration", type=float, default=40.0, help="seconds of load a run")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=32, help="requests to each arm first")
+    ap.add_argument("--out-dir", default="lab/results/edge_live")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    flag = (
+        ["--canary", str(args.canary)]
+        if args.canary is not None
+        else ["--shadow", str(args.shadow)]
+    )
+    traces_port, port = free_port(), free_port()
+    serve = subprocess.Popen(
+        kimictl(
+            "serve",
+            "--ab",
+            *flag,
+            "--port",
+            str(port),
+            "--proxy-port",
+            str(port + 2),
+            "--traces",
+            f"http://127.0.0.1:{traces_port}/v1/traces",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, COLUMNS="400"),  # serve's lines unwrapped
+    )
+    runs = []
+    t0 = time.time()
+    try:
+        urls = wait_edge(serve, 900)
+        for target in urls["monitor"].split()[:2]:  # tuned=URL stock=URL: warm each arm alone
+            if args.warmup:
+                warm = ["--input-len", "32:256", "--output-len", "16:64", "--concurrency", "4"]
+                subprocess.run(
+                    kimictl("bench", "--target", target, *warm, "--num-prompts", str(args.warmup)),
+                    capture_output=True,
+                    check=True,
+                )
+        for n in range(args.runs):
+            runs.append(one_run(args, urls["edge"], urls["monitor"], traces_port, n))
+            print(json.dumps(runs[-1]), file=sys.stderr)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=120)
+    k = sum(r["false_alarm"] for r in runs)
+    lo, hi = wilson(k, len(runs))
+    result = {
+        "mode": flag,
+        "runs": len(runs),
+        "duration_s": args.duration,
+        "concurrency": args.concurrency,
+        "false_alarms": k,
+        "wilson95": [round(lo, 4), round(hi, 4)],
+        "minutes": round((time.time() - t0) / 60, 1),
+        "per_run": runs,
+    }
+    print(f"false alarms {k}/{len(runs)} (95% {lo:.3f}-{hi:.3f}), {result['minutes']} min")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
