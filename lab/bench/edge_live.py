@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="lab/results/edge_live")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the pair too
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     flag = (
         ["--canary", str(args.canary)]
