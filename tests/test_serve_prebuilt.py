@@ -296,11 +296,10 @@ def _plugin_overlay(root: Path) -> Path:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     root.mkdir(parents=True)
     (root / "kimictl").symlink_to(Path(kimictl.__file__).parent)
-    info = root / f"kimictl-{project['version']}.dist-info"
+    version = kimictl.__version__  # pyproject reads it from there (dynamic)
+    info = root / f"kimictl-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: kimictl\nVersion: {project['version']}\n"
-    )
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kimictl\nVersion: {version}\n")
     groups = [
         f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in eps.items())
         for group, eps in project["entry-points"].items()
