@@ -282,7 +282,7 @@ def test_random_sweep_against_vllm(
         if k["client_warning"] is None:
             assert r["mean_tpot_ms"] > 0 and r["median_ttft_ms"] < r["median_e2el_ms"]
         else:
-            assert "starved of CPU" in out and "unreliable" in out
+            assert "client lagged" in out and "unreliable" in out
         assert r["request_goodput"] == pytest.approx(r["request_throughput"])
         sv = r["kimictl"]["server_view"]
         assert sv and sv["requests_finished"] == 4  # the server saw exactly our requests

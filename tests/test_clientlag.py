@@ -1,8 +1,10 @@
-"""The bench client's own health: loop lag and chunk batching, and the warning they raise.
+"""The bench client's own health: loop lag, start lag, CPU per token, chunk batching, and the
+verdict they give (client lagged / server bunched / ok).
 
-A starved client is made deterministically: a task blocks the event loop with time.sleep (as a
-busy neighbour on the same core would), while a streaming server in ANOTHER process keeps writing
-chunks, so they pile up in the socket and arrive in one read.
+A lagging client is made deterministically: a task blocks the event loop (time.sleep, or a busy
+spin that burns the process's CPU, as a busy neighbour on the same core would), while a streaming
+server in ANOTHER process keeps writing chunks, so they pile up in the socket and arrive in one
+read. A bunching server is the test emitter's "bunch" mode: two events in one write.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import pytest
 from test_loadgen import EMITTER_SRC, free_port
 
 from kimictl.runtime.load.bench import BenchOutcome
-from kimictl.runtime.load.clientlag import BATCHED_WARN_PCT, LAG_WARN_MS, LagProbe, client_health
+from kimictl.runtime.load.clientlag import (
+    BATCHED_WARN_PCT,
+    LAG_WARN_MS,
+    ClientTrace,
+    LagProbe,
+    client_health,
+)
 from kimictl.runtime.load.loadgen import (
     LoadPoint,
     LoadSettings,
@@ -42,13 +50,15 @@ async def test_probe_measures_how_long_the_loop_was_blocked() -> None:
     assert len(lags) >= 3
     assert max(lags) >= 200  # the ticker woke at least ~250 ms - TICK_S late
     assert sorted(lags)[len(lags) // 2] < max(lags) / 2  # one stall, not a slow loop
-    health = client_health([], probe.samples)
+    health = client_health([], [probe.trace])
     assert health["client_lag_ms_max"] == max(lags)
     assert health["client_lag_ms_p99"] > LAG_WARN_MS
     assert "event loop ran" in health["client_warning"]
     # samples outside the point's window do not count for it
     first_t = probe.samples[0][0]
-    assert client_health([], probe.samples, window=(0.0, first_t))["client_lag_samples"] == 1
+    assert client_health([], [probe.trace], window=(0.0, first_t))["client_lag_samples"] == 1
+    # the process CPU is sampled beside the lag: time.sleep burns none of it
+    assert probe.trace.cpu_in(None) is not None and probe.trace.cpu_in(None) < 0.2
 
 
 def _record(chunk_times: list[float]) -> RequestRecord:
@@ -81,8 +91,41 @@ def test_gaps_of_zero_are_counted_as_batched_chunks() -> None:
     assert health["client_collapsed_requests"] == 1
     assert health["client_lag_ms_p99"] is None
     assert "came in one socket read (1 of 3 responses entirely)" in health["client_warning"]
-    fine = client_health([steady], [(0.1, 1.0), (0.2, 2.0)])
+    fine = client_health([steady], [ClientTrace(lag=[(0.1, 1.0), (0.2, 2.0)])])
     assert fine["client_batched_gaps_pct"] == 0 and fine["client_warning"] is None
+    assert fine["client_verdict"] == "ok"
+
+
+def test_zero_gaps_are_the_clients_when_its_loop_ran_a_gap_late_else_the_servers() -> None:
+    # 20 ms tokens, every other gap 0: the same records, two clients
+    bunched = [_record([0.1 + 0.04 * (i // 2) for i in range(20)]) for _ in range(4)]
+    on_time = ClientTrace(lag=[(0.1 * i, 0.5) for i in range(100)])
+    late = ClientTrace(lag=[(0.1 * i, 0.5 if i % 10 else 45.0) for i in range(100)])
+    server = client_health(bunched, [on_time])
+    assert server["client_verdict"] == "server bunched" and server["client_warning"] is None
+    assert server["client_note"].startswith("server bunched: 53% of token gaps")
+    client = client_health(bunched, [late])
+    assert client["client_verdict"] == "client lagged" and client["client_note"] is None
+    assert client["client_warning"].startswith("client lagged: its event loop ran")
+    # no zero gap, but a loop late by half a gap at p90: the gaps are not the server's either
+    steady = [_record([0.1 + 0.002 * i for i in range(50)])]
+    slow = ClientTrace(lag=[(0.1 * i, 1.0) for i in range(100)])
+    assert client_health(steady, [slow])["client_verdict"] == "client lagged"
+    a_third = ClientTrace(lag=[(0.1 * i, 0.7) for i in range(100)])  # 0.7 ms of a 2 ms gap
+    assert client_health(steady, [a_third])["client_verdict"] == "client lagged"
+    assert client_health(steady, [ClientTrace(lag=[(0.1, 0.1)])])["client_verdict"] == "ok"
+
+
+def test_cpu_and_lags_of_several_workers_are_pooled_and_kept_per_worker() -> None:
+    recs = [_record([0.1 + 0.02 * i for i in range(11)]) for _ in range(2)]  # 22 tokens
+    a = ClientTrace(0, [(1.0, 1.0), (2.0, 1.0)], [(0.5, 1.0), (1.5, 1.2), (3.0, 1.3)], [(1, 2.0)])
+    b = ClientTrace(1, [(1.0, 3.0), (2.0, 3.0)], [(0.5, 0.0), (1.5, 0.1), (3.0, 0.2)], [(1, 4.0)])
+    h = client_health(recs, [a, b], window=(1.0, 3.0))
+    assert h["client_lag_ms_p50"] == pytest.approx(2.0) and h["client_lag_samples"] == 4
+    assert [w["lag_ms_p99"] for w in h["client_workers"]] == [1.0, 3.0]
+    assert h["client_cpu_us_per_token"] == pytest.approx(1e6 * (0.1 + 0.1) / 22)
+    assert h["client_cpu_cores"] == pytest.approx(0.2 / 2.0)
+    assert h["client_start_lag_ms_p99"] == pytest.approx(3.98)
 
 
 @pytest.fixture
@@ -104,17 +147,23 @@ def emitter_process(tmp_path: Path) -> Iterator[str]:
     proc.wait()
 
 
-async def _bench(url: str, *, hog: bool) -> BenchOutcome:
+async def _bench(url: str, *, hog: bool, spin: bool = False, model: str = "ok") -> BenchOutcome:
     async def block_the_loop() -> None:
         while True:
-            time.sleep(0.08)  # a CPU-bound neighbour on the client's only core
-            await asyncio.sleep(0.02)
+            if spin:  # burn the process's own CPU, 8 ms at a time
+                end = time.perf_counter() + 0.008
+                while time.perf_counter() < end:
+                    pass
+                await asyncio.sleep(0.002)
+            else:
+                time.sleep(0.08)  # a CPU-bound neighbour on the client's only core
+                await asyncio.sleep(0.02)
 
     hog_task = asyncio.create_task(block_the_loop()) if hog else None
     try:
         point = LoadPoint(concurrency=2)
         records = await run_load(
-            [LoadTarget("t", url, "ok")],
+            [LoadTarget("t", url, model)],
             RandomWorkload(parse_length(16), parse_length(64)),
             LoadSettings(points=(point,), num_prompts=6),
         )
@@ -136,16 +185,40 @@ async def test_a_starved_client_says_so_instead_of_timing_figures(
     assert k["client_lag_ms_p99"] >= 50  # blocked 80 ms at a time
     assert k["client_lag_samples"] > 0 and k["client_lag_ms_max"] >= k["client_lag_ms_p99"]
     assert k["client_batched_gaps_pct"] > BATCHED_WARN_PCT  # 2 ms chunks, 80 ms stalls
-    assert k["client_warning"].startswith("the bench client was starved of CPU")
+    assert k["client_verdict"] == "client lagged"
+    assert k["client_warning"].startswith("client lagged: its event loop ran")
     assert outcome.to_json()["warnings"] == [k["client_warning"]]
     from kimictl.commands._render import render_bench
 
     render_bench(outcome)
     out = capsys.readouterr().out
-    assert "unreliable" in out and "starved of CPU" in out
+    assert "unreliable" in out and "client lagged" in out
     tpot_line = next(line for line in out.splitlines() if "TPOT median ms" in line)
     assert "unreliable" in tpot_line  # not a made-up 0.00
     # the same run with the loop free batches fewer chunks
     calm = (await _bench(emitter_process, hog=False)).summaries[0]["kimictl"]
     assert calm["client_batched_gaps_pct"] < k["client_batched_gaps_pct"]
     assert calm["client_lag_ms_p99"] < k["client_lag_ms_p99"]
+
+
+async def test_a_busy_loop_in_the_client_reads_client_lagged_with_its_cost(
+    emitter_process: str,
+) -> None:
+    busy = (await _bench(emitter_process, hog=True, spin=True)).summaries[0]["kimictl"]
+    calm = (await _bench(emitter_process, hog=False)).summaries[0]["kimictl"]
+    assert busy["client_verdict"] == "client lagged" and busy["client_lag_ms_p99"] > 5
+    assert busy["client_lag_ms_p99"] > 3 * calm["client_lag_ms_p99"]
+    # the spin is the client's own CPU: it shows in CPU per token and cores, and late starts
+    assert busy["client_cpu_us_per_token"] > 3 * calm["client_cpu_us_per_token"]
+    assert busy["client_cpu_cores"] > 2 * calm["client_cpu_cores"]
+    assert busy["client_start_lag_ms_p99"] > calm["client_start_lag_ms_p99"]
+
+
+async def test_a_bunching_server_beside_a_calm_client_reads_server_bunched(
+    emitter_process: str,
+) -> None:
+    outcome = await _bench(emitter_process, hog=False, model="bunch")
+    k = outcome.summaries[0]["kimictl"]
+    assert k["client_batched_gaps_pct"] > 40  # every other gap came in the same read
+    assert k["client_verdict"] == "server bunched" and k["client_warning"] is None
+    assert "the gaps are the server's" in k["client_note"] and outcome.warnings == []

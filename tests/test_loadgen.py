@@ -75,8 +75,13 @@ async def handle(reader, writer):
                     d = (b'data: {"choices":[{"index":0,"text":"%s","finish_reason":null}],'
                          b'"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n')
                     d = d % (b" t" * step, done)
+                if mode == "bunch" and done < n:  # two events in one write, as a bunching server
+                    done += 1
+                    d += (b'data: {"choices":[{"index":0,"text":" t","finish_reason":null}],'
+                          b'"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n') % done
+                    writer.write(chunk(d))
                 # split one event over two TCP writes now and then: the parser must reassemble
-                if i % 3 == 1:
+                elif i % 3 == 1:
                     writer.write(chunk(d[:7]))
                     await writer.drain()
                     writer.write(chunk(d[7:]))

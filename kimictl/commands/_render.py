@@ -186,7 +186,10 @@ _ROWS: tuple[tuple[str, Any, int], ...] = (
     # vLLM writes the spec_decode_* keys only when the server drafted
     ("spec acceptance length", lambda s: s.get("spec_decode_acceptance_length"), 2),
     ("spec acceptance %", lambda s: s.get("spec_decode_acceptance_rate"), 1),
-    ("client: loop lag p99 ms", lambda s: s["kimictl"].get("client_lag_ms_p99"), 1),
+    ("client: loop lag p50 ms", lambda s: s["kimictl"].get("client_lag_ms_p50"), 2),
+    ("client: loop lag p99 ms", lambda s: s["kimictl"].get("client_lag_ms_p99"), 2),
+    ("client: start lag p99 ms", lambda s: s["kimictl"].get("client_start_lag_ms_p99"), 2),
+    ("client: CPU us/token", lambda s: s["kimictl"].get("client_cpu_us_per_token"), 1),
 )
 # Client-timed rows that a starved client makes up (clientlag.py): hidden when it warns.
 _CLIENT_TIMED = ("tok/s/user", "TTFT", "TPOT", "ITL")
@@ -225,6 +228,8 @@ def render_bench(outcome: BenchOutcome) -> None:
                 f"[yellow]warning[/] {k['target']} {k['point']}: {k['client_warning']}",
                 highlight=False,
             )
+        if k.get("client_note"):
+            console.print(f"note {k['target']} {k['point']}: {k['client_note']}", highlight=False)
     if outcome.ab:
         render_ab(outcome)
     console.print(

@@ -1,10 +1,12 @@
 """The one HTTP/1.1 client of bench and monitor: keep-alive connections on an asyncio Protocol.
 
-A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is parsed as it
-arrives: every TCP read is parsed in `data_received` (chunked framing -> SSE lines split at the byte
-level -> one `orjson.loads` per `data:` line) and the arrival time and token count of each chunk
-are written straight into the request's record; the awaiting coroutine is woken once per request,
-not once per chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
+A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is stamped as
+it arrives and parsed right after: `data_received` only takes the time and queues the bytes, and the
+parse (chunked framing -> SSE lines split at the byte level -> one `orjson.loads` per `data:` line)
+runs in a callback after every read the loop's poll returned has been stamped, so one read's parse
+never delays the next read's timestamp. The arrival time and token count of each chunk are written
+straight into the request's record; the awaiting coroutine is woken once per request, not once per
+chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
 aiohttp client (measured in lab/bench/client_overhead.py, figures in docs/results.md).
 """
 
@@ -92,6 +94,7 @@ class _Response:
         "seen_done",
         "last_usage",
         "error",
+        "t_last",
     )
 
     def __init__(self, record: StreamRecord | None, t0: float, done: asyncio.Future[None]):
@@ -104,6 +107,7 @@ class _Response:
         self.seen_done = False
         self.last_usage = 0
         self.error: str | None = None  # why a request without a record failed
+        self.t_last = t0  # perf_counter of the last read of this response
 
 
 class _Conn(asyncio.Protocol):
@@ -121,13 +125,18 @@ class _Conn(asyncio.Protocol):
         self._remaining = 0  # length mode: body bytes left; chunked: bytes left in this chunk
         self._cbuf = b""  # chunked framing buffer
         self._stream = False
+        self._reads: list[tuple[bytes, float]] = []  # stamped, not yet parsed
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._reads:
+            self._parse_reads()
         self.closed = True
         resp = self.resp
         if resp is None or resp.done.done():
@@ -157,10 +166,22 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()  # first: the stamp is as close to the read as Python gets
         self.got_bytes = True
+        if not self._reads:
+            assert self._loop is not None
+            self._loop.call_soon(self._parse_reads)
+        self._reads.append((data, now))
+
+    def _parse_reads(self) -> None:
+        reads, self._reads = self._reads, []
+        for data, now in reads:
+            self._read(data, now)
+
+    def _read(self, data: bytes, now: float) -> None:
         if self.resp is None or self.resp.done.done():
             return
-        now = time.perf_counter()
+        self.resp.t_last = now
         if self._in_head:
             # a late CRLF ending the previous chunked body may precede the status line
             self._head = (self._head + data).lstrip(b"\r\n")

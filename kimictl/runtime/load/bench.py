@@ -75,7 +75,7 @@ class BenchOutcome:
 
     @property
     def warnings(self) -> list[str]:
-        """Each distinct warning of the runs (the client starved of CPU, ...), first seen first."""
+        """Each distinct warning of the runs (the client lagged, ...), first seen first."""
         found = (s["kimictl"].get("client_warning") for s in self.summaries)
         return list(dict.fromkeys(w for w in found if w))
 

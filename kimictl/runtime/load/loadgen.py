@@ -78,6 +78,7 @@ class _Run:
     out: RecordList
     stop: asyncio.Event
     on_record: Callable[[RequestRecord], None] | None
+    start_lag: list[tuple[float, float]]  # (t, ms): requests sent after they were due
 
 
 class _PointRun:
@@ -112,6 +113,7 @@ class _PointRun:
         self.out = run.out
         self.stop = run.stop
         self.on_record = run.on_record
+        self.start_lag = run.start_lag
         self.rng = rng
         self.issued = 0
         self.reserved = 0
@@ -157,7 +159,11 @@ class _PointRun:
         self.reserved += sess.num_requests
         return sess
 
-    async def _request(self, spec: RequestSpec, session: int, turn: int) -> None:
+    async def _request(
+        self, spec: RequestSpec, session: int, turn: int, due: float | None
+    ) -> float | None:
+        """Send one request (`due`: when it should have left, for the start lag); returns the
+        time of its response's last read, or None when it failed."""
         rec = RequestRecord(
             target=self.target.name,
             point="warmup" if self.warmup else self.point.label,
@@ -181,6 +187,8 @@ class _PointRun:
         )
         t0 = time.perf_counter()
         rec.start = t0 - self.t_run
+        if due is not None:
+            self.start_lag.append((rec.start, max(0.0, (t0 - due) * 1000)))
         if self.first is None:
             self.first = rec.start
         if self.part_first is None:
@@ -228,25 +236,32 @@ class _PointRun:
                     self._give_up()
             if self.on_record is not None:
                 self.on_record(rec)
+        return resp.t_last if rec.ok else None
 
-    async def _session(self, sess: Session) -> None:
+    async def _session(self, sess: Session, due: float | None) -> float | None:
+        """Run a session's turns; `due` is when its first request should leave. Returns when the
+        next request of its worker is due (the last response's last read), None if unknown."""
         for turn, step in enumerate(sess.steps):
             if step.think_time > 0:
                 await asyncio.sleep(step.think_time)
+                due = None if due is None else due + step.think_time
             if self._exhausted():
-                return
+                return None
             if isinstance(step, FanOut):
-                await asyncio.gather(*(self._session(s) for s in step.sessions))
+                await asyncio.gather(*(self._session(s, due) for s in step.sessions))
+                due = None
             else:
-                await self._request(step, sess.id, turn)
+                due = await self._request(step, sess.id, turn, due)
+        return due
 
     async def _closed(self, workers: int) -> None:
         async def worker() -> None:
+            due: float | None = time.perf_counter()
             while self._can_start():
                 sess = self._next_session()
                 if sess is None:
                     return
-                await self._session(sess)
+                due = await self._session(sess, due)
 
         await asyncio.gather(*(worker() for _ in range(workers)))
 
@@ -256,12 +271,13 @@ class _PointRun:
         cap = asyncio.Semaphore(point.concurrency) if point.concurrency else None
         tasks: set[asyncio.Task[None]] = set()
 
-        async def run_one(sess: Session) -> None:
+        async def run_one(sess: Session, due: float) -> None:
             if cap is None:
-                await self._session(sess)
+                await self._session(sess, due)
                 return
+            waits = cap.locked()  # a full cap holds it back on purpose: no lag to count
             async with cap:
-                await self._session(sess)
+                await self._session(sess, None if waits else due)
 
         t_start = time.perf_counter()
         due = 0.0
@@ -281,7 +297,7 @@ class _PointRun:
                 await _sleep_or_stop(delay, self.stop)
             if self._exhausted():
                 break
-            task = asyncio.create_task(run_one(sess))
+            task = asyncio.create_task(run_one(sess, t_start + due))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
@@ -398,8 +414,9 @@ async def run_load(
     out = RecordList()
     endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
     scrapers = _scrapers(targets) if settings.scrape_metrics else {}
-    run = _Run(settings, time.perf_counter(), out, stop, on_record)
-    probe = LagProbe(run.t_run)  # is the client itself keeping up? (clientlag.py)
+    t_run = time.perf_counter()
+    probe = LagProbe(t_run)  # is the client itself keeping up? (clientlag.py)
+    run = _Run(settings, t_run, out, stop, on_record, probe.trace.start_lag)
     probe.start()
 
     def point_run(
@@ -528,7 +545,7 @@ async def run_load(
         for scraper in scrapers.values():
             scraper.close()
         await probe.stop()
-        out.client_lag = probe.samples
+        out.client = [probe.trace]
     return out
 
 

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kimictl.runtime.load.clientlag import ClientTrace
     from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
@@ -158,5 +159,5 @@ class RecordList(list[RequestRecord]):
         # or the server has no readable /metrics
         self.metrics: dict[tuple[str, str, int], tuple[MetricsSnapshot, MetricsSnapshot]] = {}
         self.max_concurrent: dict[tuple[str, str, int], int] = {}
-        # (seconds from the run's start, ms) event-loop lag of the client during the run
-        self.client_lag: list[tuple[float, float]] = []
+        # the client's own lag and CPU during the run, one trace per worker process (clientlag.py)
+        self.client: list[ClientTrace] = []

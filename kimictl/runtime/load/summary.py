@@ -271,7 +271,7 @@ def summarize_run(
         t = targets[name]
         p = points[label]
         server = _server_view(result, key, t, traces)
-        health = client_health(recs, result.client_lag, window=result.windows.get(key))
+        health = client_health(recs, result.client, window=result.windows.get(key))
         out.append(
             summarize(
                 recs,
