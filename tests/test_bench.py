@@ -62,6 +62,8 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
             ["--target", "http://x:1", "--schedule", "turns", "--interleave"],
             "ask for two schedules",
         ),
+        (["--target", "http://x:1", "--workers", "0"], "'--workers' got '0'"),
+        (["--target", "http://x:1", "--workers", "two"], "'--workers' got 'two'"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(
@@ -193,11 +195,16 @@ def _wait_for_finished_requests(emitter: subprocess.Popen[bytes], finished: int)
             seen += data.count(b"\n")
 
 
+# one event loop, and the streams spread over two worker processes (runtime/load/workers.py)
+WORKERS = pytest.mark.parametrize("workers", ["1", "2"])
+
+
+@WORKERS
 def test_server_killed_mid_run_saves_partial_results_and_fails(
-    emitter_proc, tmp_path: Path
+    emitter_proc, tmp_path: Path, workers: str
 ) -> None:
     proc, url = emitter_proc
-    bench = _bench_proc(url, tmp_path)
+    bench = _bench_proc(url, tmp_path, "--workers", workers)
     _wait_for_finished_requests(proc, 2)
     proc.kill()  # the server dies under load, 2 requests in flight
     # No hang: the bench ends before one request timeout has passed (a client waiting on the dead
@@ -219,9 +226,12 @@ def test_server_killed_mid_run_saves_partial_results_and_fails(
     assert sum(r["ok"] == "1" for r in rows) == run["completed"]
 
 
-def test_ctrl_c_stops_quickly_keeps_finished_and_exits_130(emitter_proc, tmp_path: Path) -> None:
+@WORKERS
+def test_ctrl_c_stops_quickly_keeps_finished_and_exits_130(
+    emitter_proc, tmp_path: Path, workers: str
+) -> None:
     proc, url = emitter_proc
-    bench = _bench_proc(url, tmp_path)
+    bench = _bench_proc(url, tmp_path, "--workers", workers)
     _wait_for_finished_requests(proc, 2)
     t0 = time.monotonic()
     bench.send_signal(signal.SIGINT)
@@ -233,6 +243,7 @@ def test_ctrl_c_stops_quickly_keeps_finished_and_exits_130(emitter_proc, tmp_pat
     assert run["completed"] >= 1 and run["failed"] == 0
     assert 1 <= run["kimictl"]["cancelled"] <= 2  # the two in flight
     assert doc["stop_reason"] == "interrupted"
+    assert len(run["kimictl"]["client_workers"]) == int(workers)
 
 
 # ---------------------------------------------------------------------------------------------

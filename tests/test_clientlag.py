@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from test_loadgen import EMITTER_SRC, free_port
+from test_loadgen import emitter as emitter
 
 from kimictl.runtime.load.bench import BenchOutcome
 from kimictl.runtime.load.clientlag import (
@@ -211,7 +212,31 @@ async def test_a_busy_loop_in_the_client_reads_client_lagged_with_its_cost(
     # the spin is the client's own CPU: it shows in CPU per token and cores, and late starts
     assert busy["client_cpu_us_per_token"] > 3 * calm["client_cpu_us_per_token"]
     assert busy["client_cpu_cores"] > 2 * calm["client_cpu_cores"]
-    assert busy["client_start_lag_ms_p99"] > calm["client_start_lag_ms_p99"]
+
+
+async def test_arrivals_sent_late_by_a_blocked_loop_show_as_start_lag(emitter: str) -> None:
+    async def run(block: bool) -> list[float]:
+        async def blocker() -> None:
+            while True:
+                await asyncio.sleep(0.03)
+                time.sleep(0.06)  # six arrivals' worth
+
+        task = asyncio.create_task(blocker()) if block else None
+        try:
+            out = await run_load(
+                [LoadTarget("t", emitter, "ok")],
+                RandomWorkload(parse_length(4), parse_length(2)),
+                LoadSettings(points=(LoadPoint(rate=100.0, arrivals="constant"),), num_prompts=30),
+            )
+        finally:
+            if task is not None:
+                task.cancel()
+        (trace,) = out.client
+        return sorted(ms for _, ms in trace.start_lag)
+
+    late, calm = await run(True), await run(False)
+    assert len(late) == len(calm) == 30  # every arrival has a due time
+    assert late[-1] > 30 and calm[len(calm) // 2] < 5
 
 
 async def test_a_bunching_server_beside_a_calm_client_reads_server_bunched(

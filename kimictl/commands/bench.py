@@ -105,6 +105,14 @@ ScheduleOpt = Annotated[
 InterleaveOpt = Annotated[
     bool, typer.Option("--interleave", help="A/B: the same as --schedule interleave.")
 ]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Client worker processes, one event loop each (default: one per 64 streams, up to "
+        "half the idle cores).",
+    ),
+]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Write one row per request.")]
 PlotOpt = Annotated[
     Path | None, typer.Option(help="Write PNG plots into DIR (--paired: one PNG file).")
@@ -181,6 +189,7 @@ def bench(
     traces_port: TracesPortOpt = None,
     schedule: ScheduleOpt = Schedule.abba,
     interleave: InterleaveOpt = False,
+    workers: WorkersOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     json_out: JsonOpt = False,
     output: OutputOpt = None,
@@ -247,6 +256,7 @@ def bench(
         traces_port=traces_port,
         schedule=schedule,
         interleave=interleave,
+        workers=workers,
         api_key=read_api_key(api_key_file),
         save_result=save_result,
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from kimictl.runtime.observe.snapshot import MetricsSnapshot
 
 __all__ = [
+    "STREAMS_PER_WORKER",
+    "Shard",
+    "default_workers",
     "run_load",
     "default_warmup",
 ]
@@ -69,6 +72,28 @@ def _payload(target: LoadTarget, spec: RequestSpec, chat: bool, ignore_eos: bool
     return orjson.dumps(body)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a run spread over `count` worker processes (workers.py): it runs
+    every `count`-th stream. `sync` waits until every worker reaches the same turn boundary (False:
+    another worker ended the run); `on_point` reports a point's start to the parent."""
+
+    index: int
+    count: int
+    t_run: float
+    sync: Callable[[], Awaitable[bool]]
+
+    def owns(self, k: int, concurrency: int | None, closed: bool) -> bool:
+        """Is the run's k-th session this worker's? Closed loop: its streams' sessions (stream
+        j = k mod concurrency belongs to worker j mod count); open loop: every count-th arrival."""
+        if closed:
+            return (k % max(concurrency or 1, 1)) % self.count == self.index
+        return k % self.count == self.index
+
+    def streams(self, concurrency: int) -> int:
+        return concurrency // self.count + (1 if self.index < concurrency % self.count else 0)
+
+
 @dataclass
 class _Run:
     """What every point run of one run_load shares."""
@@ -79,6 +104,7 @@ class _Run:
     stop: asyncio.Event
     on_record: Callable[[RequestRecord], None] | None
     start_lag: list[tuple[float, float]]  # (t, ms): requests sent after they were due
+    shard: Shard | None = None
 
 
 class _PointRun:
@@ -95,7 +121,7 @@ class _PointRun:
         point: LoadPoint,
         repeat: int,
         warmup: bool,
-        sessions: Iterator[Session],
+        sessions: Callable[[], Iterator[Session]],
         rng: random.Random,
     ) -> None:
         self.target = target
@@ -103,7 +129,10 @@ class _PointRun:
         self.point = point
         self.repeat = repeat
         self.warmup = warmup
-        self.sessions = sessions
+        self.source = sessions
+        self.sessions = enumerate(sessions())
+        self.shard = run.shard
+        self.closed = point.rate is None
         self.budget: int | None = None
         self.deadline: float | None = None
         self.timeout = run.settings.timeout
@@ -115,6 +144,7 @@ class _PointRun:
         self.on_record = run.on_record
         self.start_lag = run.start_lag
         self.rng = rng
+        self._skip = False  # the session _next_session returned is another worker's arrival
         self.issued = 0
         self.reserved = 0
         self.inflight = 0
@@ -152,12 +182,32 @@ class _PointRun:
         return not self._exhausted()
 
     def _next_session(self) -> Session | None:
-        try:
-            sess = next(self.sessions)
-        except StopIteration:
-            return None
-        self.reserved += sess.num_requests
-        return sess
+        """The next session of this worker. In an open loop a worker counts every arrival (its
+        budget and clock are the whole run's) and returns the others' as skipped (`_skip`)."""
+        shard = self.shard
+        for k, sess in self.sessions:
+            if shard is not None and self.closed:
+                if not shard.owns(k, self.point.concurrency, True):
+                    continue
+            self.reserved += sess.num_requests
+            self._skip = shard is not None and not shard.owns(k, None, False)
+            return sess
+        return None
+
+    def _own_budget(self, budget: int | None) -> int | None:
+        """A closed-loop worker's share of a request budget: the requests of its sessions among
+        those the whole run starts (a session starts while fewer than `budget` are reserved)."""
+        shard = self.shard
+        if budget is None or shard is None or not self.closed:
+            return budget
+        total = own = 0
+        for k, sess in enumerate(self.source()):
+            if total >= budget:
+                break
+            total += sess.num_requests
+            if shard.owns(k, self.point.concurrency, True):
+                own += sess.num_requests
+        return own
 
     async def _request(
         self, spec: RequestSpec, session: int, turn: int, due: float | None
@@ -268,7 +318,10 @@ class _PointRun:
     async def _open(self) -> None:
         point = self.point
         assert point.rate is not None
-        cap = asyncio.Semaphore(point.concurrency) if point.concurrency else None
+        limit = point.concurrency
+        if limit and self.shard is not None:
+            limit = max(1, self.shard.streams(limit))
+        cap = asyncio.Semaphore(limit) if limit else None
         tasks: set[asyncio.Task[None]] = set()
 
         async def run_one(sess: Session, due: float) -> None:
@@ -292,6 +345,8 @@ class _PointRun:
                 due = sess.at - t0_trace
             else:
                 due += _gap(point, self.rng)
+            if self._skip:  # another worker's arrival
+                continue
             delay = t_start + due - time.perf_counter()
             if delay > 0:
                 await _sleep_or_stop(delay, self.stop)
@@ -307,12 +362,13 @@ class _PointRun:
         """Issue sessions until `budget` requests in all (this part and the earlier ones) or
         `duration` seconds of this part; `part` numbers the turn (0: the targets run at once)."""
         self.part = part
-        self.budget = budget
+        self.budget = self._own_budget(budget)
         self.deadline = None if duration is None else time.perf_counter() + duration
         self.part_first = None
         try:
             if self.point.rate is None:
-                await self._closed(self.point.concurrency or 1)
+                streams = self.point.concurrency or 1
+                await self._closed(streams if self.shard is None else self.shard.streams(streams))
             else:
                 await self._open()
         finally:
@@ -358,6 +414,25 @@ async def _sleep_or_stop(delay: float, stop: asyncio.Event) -> None:
         pass
 
 
+# Streams one worker's loop reads true at fast-path rates (64 x 1.2 ms; docs/bench.md).
+STREAMS_PER_WORKER = 64
+
+
+def default_workers(points: Sequence[LoadPoint]) -> int:
+    """Worker processes for a run: one per STREAMS_PER_WORKER streams of its largest point, at
+    most half the cores this process may use (the rest for a server beside it) and no more than
+    the cores the load average leaves idle; 1 for an uncapped open loop."""
+    import math
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    idle = cores - os.getloadavg()[0] if hasattr(os, "getloadavg") else cores
+    streams = max((p.concurrency or 0 for p in points), default=0)
+    want = math.ceil(streams / STREAMS_PER_WORKER)
+    return max(1, min(want, cores // 2, int(idle)))
+
+
 def default_warmup(n_targets: int, points: Sequence[LoadPoint]) -> int:
     """Warm-up requests per target when none is asked for: two waves of the largest concurrency
     per side of an A/B, none for one target. In the A/A study on two identical CPU servers the side
@@ -376,9 +451,14 @@ async def run_load(
     stop: asyncio.Event | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     on_point: Callable[[LoadTarget, LoadPoint, int], None] | None = None,
+    shard: Shard | None = None,
 ) -> RecordList:
     """Run `workload` against every target at every point, `settings.repeat` times, and return
     every record.
+
+    `settings.workers` > 1 (None: `default_workers`) spreads the streams over that many worker
+    processes, one event loop each (workers.py), and returns one merged result; `shard` is a
+    worker's own part of such a run.
 
     Each (target, point, repeat) gets the identical session sequence (the workload seeded with
     `settings.seed`), so an A/B compares the same requests. How several targets share a point is
@@ -411,13 +491,26 @@ async def run_load(
         if p.arrivals not in ("poisson", "constant"):
             raise InputError(f"arrivals {p.arrivals!r} is not one of: poisson, constant")
     stop = stop or asyncio.Event()
+    if shard is None:
+        n = settings.workers or default_workers(points)
+        if n > 1:
+            from kimictl.runtime.load.workers import run_workers
+
+            return await run_workers(
+                targets, workload, settings, n, stop=stop, on_record=on_record, on_point=on_point
+            )
     out = RecordList()
     endpoints = {t.name: Endpoint(t.url, t.api_key) for t in targets}
     scrapers = _scrapers(targets) if settings.scrape_metrics else {}
-    t_run = time.perf_counter()
-    probe = LagProbe(t_run)  # is the client itself keeping up? (clientlag.py)
-    run = _Run(settings, t_run, out, stop, on_record, probe.trace.start_lag)
+    t_run = time.perf_counter() if shard is None else shard.t_run
+    probe = LagProbe(t_run, 0 if shard is None else shard.index)  # (clientlag.py)
+    run = _Run(settings, t_run, out, stop, on_record, probe.trace.start_lag, shard)
     probe.start()
+
+    async def sync() -> None:
+        """A turn boundary: every worker of a sharded run starts and ends each part together."""
+        if shard is not None and not await shard.sync():
+            stop.set()
 
     def point_run(
         t: LoadTarget,
@@ -435,7 +528,7 @@ async def run_load(
             point=point,
             repeat=repeat,
             warmup=warmup,
-            sessions=workload.sessions(sessions_seed),
+            sessions=lambda: workload.sessions(sessions_seed),
             rng=random.Random(rng_seed),
         )
 
@@ -452,7 +545,9 @@ async def run_load(
                     sessions_seed=seed + 7919,
                     rng_seed=seed,
                 )
+                await sync()
                 await _run_point(pr, stop, warmup, None)
+                await sync()
                 if pr.abort and not pr.any_success:
                     out.stop_reason = pr.abort
 
@@ -466,7 +561,9 @@ async def run_load(
             before = await _scrape(scraper) if scraper is not None else None
             done = len(pr.parts)
             issued = pr.issued
+            await sync()
             await _run_point(pr, stop, budget, seconds, part if in_turns else 0)
+            await sync()
             if before is not None and scraper is not None:
                 after = await _scrape(scraper)
                 if after is not None:

@@ -81,6 +81,9 @@ class LoadSettings:
     ignore_eos: bool = True
     scrape_metrics: bool = False
     schedule: str = "abba"  # how several targets share a point: one of SCHEDULES
+    # worker processes (one event loop each) the streams are spread over; None: loadgen's
+    # default_workers (from the cores, their load and the largest concurrency)
+    workers: int | None = 1
 
 
 # How several targets take a point (run_load): "abba" splits each target's requests into turns of

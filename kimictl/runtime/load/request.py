@@ -87,6 +87,7 @@ class BenchRequest:
     traces_port: int | None = None
     schedule: Schedule = Schedule.abba
     interleave: bool = False
+    workers: int | None = None  # client worker processes; None: loadgen.default_workers
     api_key: str | None = None
     save_result: Path | None = None  # --save-result FILE: one (target, point, repeat) in it
 
@@ -136,6 +137,7 @@ class BenchRequest:
             traces_port=self.traces_port,
             schedule=schedule.value,
             slo=slo,
+            workers=self.workers,
         )
 
     def _schedule(self) -> Schedule:
