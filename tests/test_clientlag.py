@@ -215,6 +215,9 @@ async def test_a_busy_loop_in_the_client_reads_client_lagged_with_its_cost(
 
 
 async def test_arrivals_sent_late_by_a_blocked_loop_show_as_start_lag(emitter: str) -> None:
+    point = LoadPoint(rate=100.0, arrivals="constant")
+    outs = []
+
     async def run(block: bool) -> list[float]:
         async def blocker() -> None:
             while True:
@@ -226,17 +229,23 @@ async def test_arrivals_sent_late_by_a_blocked_loop_show_as_start_lag(emitter: s
             out = await run_load(
                 [LoadTarget("t", emitter, "ok")],
                 RandomWorkload(parse_length(4), parse_length(2)),
-                LoadSettings(points=(LoadPoint(rate=100.0, arrivals="constant"),), num_prompts=30),
+                LoadSettings(points=(point,), num_prompts=30),
             )
         finally:
             if task is not None:
                 task.cancel()
+        outs.append(out)
         (trace,) = out.client
         return sorted(ms for _, ms in trace.start_lag)
 
     late, calm = await run(True), await run(False)
     assert len(late) == len(calm) == 30  # every arrival has a due time
     assert late[-1] > 30 and calm[len(calm) // 2] < 5
+    target = {"t": LoadTarget("t", emitter, "ok")}
+    (late_run,) = summarize_run(outs[0], targets=target, points={point.label: point}, gpus={})
+    k = late_run["kimictl"]
+    assert k["client_verdict"] == "client lagged" and k["client_start_lag_ms_p99"] > 30
+    assert "ms after they were due (p99)" in k["client_warning"]
 
 
 async def test_a_bunching_server_beside_a_calm_client_reads_server_bunched(

@@ -8,7 +8,8 @@ tells them apart is the client's own lag, measured while the load runs, in every
   it as it reads any socket, so now - stamp is what a socket read waits (the loop busy, the process
   off its CPU). A timer in the loop would not do: epoll rounds its timeout up to whole ms;
 - start lag: how late each request was sent after it was due (its arrival time in an open loop,
-  the previous response's last read in a closed loop);
+  the previous response's last read in a closed loop): past LAG_WARN_MS the load asked for was
+  not the load sent;
 - CPU: the worker's process CPU time, so CPU per received token (one core carries ~1/that).
 `client_health` turns them, with the point's zero gaps, into one verdict: "client lagged" (the
 loop ran late against the token gaps: the timings are not the server's), "server bunched" (zero
@@ -193,6 +194,9 @@ def client_health(
     late = p99 is not None and gap_ms is not None and p99 >= gap_ms
     if bunched and (reasons or late or p99 is None):
         reasons.append(share + (f" while its loop ran {p99:.2f} ms late (p99)" if late else ""))
+    start_p99 = percentile(starts, 99)
+    if start_p99 is not None and start_p99 > LAG_WARN_MS:
+        reasons.append(f"requests left {start_p99:.1f} ms after they were due (p99)")
     warning = note = None
     verdict = "ok"
     if reasons:
@@ -218,7 +222,7 @@ def client_health(
         "client_lag_ms_max": max(lags) if lags else None,
         "client_lag_samples": len(lags),
         "client_start_lag_ms_p50": percentile(starts, 50),
-        "client_start_lag_ms_p99": percentile(starts, 99),
+        "client_start_lag_ms_p99": start_p99,
         "client_cpu_us_per_token": 1e6 * sum(cpus) / tokens if cpus and tokens else None,
         "client_cpu_cores": sum(cpus) / span if cpus and span else None,
         "client_workers": workers,
