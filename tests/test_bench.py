@@ -62,7 +62,7 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
             ["--target", "http://x:1", "--schedule", "turns", "--interleave"],
             "ask for two schedules",
         ),
-        (["--target", "http://x:1", "--workers", "0"], "'--workers' got '0'"),
+        (["--target", "http://x:1", "--workers", "0"], "--workers 0 must be >= 1"),
         (["--target", "http://x:1", "--workers", "two"], "'--workers' got 'two'"),
     ],
 )
