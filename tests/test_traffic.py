@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,34 @@ def test_paired_refuses_a_present_output_and_one_target(tmp_path: Path) -> None:
         )  # fmt: skip
         assert done.returncode == 2 and needle in done.stderr, done.stderr
     assert (tmp_path / "r.json").read_text() == "{}"
+
+
+def _judged(tpot_b: float, **cfg: Any) -> Any:
+    """_judge on 40 rows whose spans say A decodes at 20 ms/token and B at `tpot_b`."""
+    from kimictl.runtime.load.paired import ArmResult, PairedConfig, PairedRow, _judge
+    from kimictl.runtime.load.records import LoadTarget
+    from kimictl.runtime.observe.otlp import TracedRequest
+
+    def arm(tpot: float, i: int) -> ArmResult:
+        span = TracedRequest("s", 0.0, 0.1, 0.1 + 31 * tpot, 0.0, 31 * tpot * (1 + i % 7 / 100),
+                             8, 32, request_id=f"{i}")  # fmt: skip
+        return ArmResult(due_s=float(i), sent_s=float(i), ok=True, span=span)
+
+    rows = [PairedRow(i, None, 8, 32, "a", {"a": arm(0.02, i), "b": arm(tpot_b, i)})
+            for i in range(40)]  # fmt: skip
+    targets = (
+        LoadTarget("a", "http://127.0.0.1:1", "m"),
+        LoadTarget("b", "http://127.0.0.1:2", "m"),
+    )
+    config = PairedConfig(trace=Path("t.jsonl"), targets=targets, traces_port=1, **cfg)
+    return _judge(config, rows, [], None)
+
+
+def test_a_decision_without_an_aa_floor_says_it_is_uncalibrated() -> None:
+    from kimictl.runtime.load.paired import UNCALIBRATED
+
+    faster = _judged(0.01)
+    assert faster.verdict.decision == "B better" and UNCALIBRATED in faster.notes
+    # judged against a measured A/A floor, or an A/A run itself: no such note
+    assert UNCALIBRATED not in _judged(0.01, aa_floor=True).notes
+    assert UNCALIBRATED not in _judged(0.02).notes  # no difference: nothing to caveat

@@ -102,6 +102,7 @@ def run_paired_cli(
         chat=chat,
         floor=effective_floor(floor, noise),
         aa=aa,
+        aa_floor=noise is not None,
         max_lag_ms=max_lag_ms,
         seed=seed,
     )

@@ -44,7 +44,9 @@ from kimictl.runtime.load.workloads import TOKEN_HI, TOKEN_LO, RequestSpec, prom
 from kimictl.runtime.observe.otlp import OtlpReceiver, TracedRequest, TraceStore
 from kimictl.runtime.observe.window import percentile
 from kimictl.runtime.verdict.paired import (
+    BETTER,
     DEFAULT_FLOOR,
+    WORSE,
     Estimate,
     Verdict,
     paired_verdict,
@@ -89,6 +91,7 @@ class PairedConfig:
     chat: bool = False
     floor: float = DEFAULT_FLOOR
     aa: bool = False
+    aa_floor: bool = False  # the floor was raised to a measured A/A noise floor (--aa-report)
     max_lag_ms: float = MAX_LAG_MS
     seed: int = 0
 
@@ -362,6 +365,17 @@ async def run_paired(
     return _judge(cfg, rows, notes, stop_reason)
 
 
+# A row bootstrap sees only the noise inside one replay; twin servers differ from replay to replay
+# by more than that (docs/results.md, paired A/A rows: 10 of 20 twin replays were called better or
+# worse on the 2-core test box). A decision with no A/A floor says so.
+UNCALIBRATED = (
+    "one replay judged without an A/A noise floor: twin servers differ between replays by more "
+    "than a row bootstrap sees (on a 2-core test box, 10 of 20 A/A replays were called better or "
+    "worse this way); run `bench --paired --aa` through the same path and pass its JSON with "
+    "--aa-report"
+)
+
+
 def _judge(
     cfg: PairedConfig, rows: list[PairedRow], notes: list[str], stop_reason: str | None
 ) -> PairedOutcome:
@@ -396,6 +410,13 @@ def _judge(
     elif not any(joined.values()):
         withheld = "no request joined its server span: the verdict reads the spans."
     verdict = None if withheld else _verdict(cfg, rows, a, b)
+    if (
+        verdict is not None
+        and not cfg.aa
+        and not cfg.aa_floor
+        and verdict.decision in (BETTER, WORSE)
+    ):
+        notes.append(UNCALIBRATED)
     return PairedOutcome((a, b), rows, fidelity, joins, verdict, withheld, notes, stop_reason)
 
 
