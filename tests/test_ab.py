@@ -7,7 +7,6 @@ real requests: lab/bench/ab_false_alarms.py)."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
@@ -127,12 +126,12 @@ def test_plots_start_at_zero_and_show_the_ab_intervals(tmp_path, monkeypatch) ->
 
     from kimictl.runtime.load.exports import write_plots
 
-    seen: dict[str, list] = {}
+    saved: list[list] = []  # in the order the figures are saved (the order of the files)
     real = Figure.savefig
 
-    def spy(fig, path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen[Path(path).name] = [(ax.get_xlim(), ax.get_ylim(), ax) for ax in fig.axes]
-        return real(fig, path, *args, **kwargs)
+    def spy(fig, target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        saved.append([(ax.get_xlim(), ax.get_ylim(), ax) for ax in fig.axes])
+        return real(fig, target, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", spy)
     records = _aa(13, n=30, scale_b=1.05)
@@ -140,6 +139,7 @@ def test_plots_start_at_zero_and_show_the_ab_intervals(tmp_path, monkeypatch) ->
     rows = compare(summaries, records, a="a", b="b", seed=0)
     files = write_plots(summaries, records, tmp_path / "p", ab=rows)
     assert {f.name for f in files} >= {"pareto.png", "ab.png"}
+    seen = {f.name: axes for f, axes in zip(files, saved, strict=True)}
     ((xlim, ylim, _),) = seen["pareto.png"]
     assert xlim[0] == 0 and ylim[0] == 0
     assert all(x[0] == 0 for x, _, _ in seen["latency_cdf.png"])
@@ -185,3 +185,29 @@ def test_a_real_difference_is_found_over_many_turns() -> None:
     rows = compare(_summaries(records), records, a="a", b="b", seed=1)
     head = next(r for r in rows if r["metric"] == HEADLINE)
     assert head["verdict"] == "faster" and head["p"] < 0.01  # 8 turns a side
+
+
+def test_a_single_run_verdict_says_it_is_one_run_and_what_repeat_gives(capsys) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from kimictl.commands._render import render_ab
+    from kimictl.runtime.load.ab import AA_FALSE_CALLS, single_run_caveat
+    from kimictl.runtime.load.bench import BenchOutcome
+    from kimictl.runtime.load.records import RecordList
+
+    records = _aa(13, scale_b=1.5)
+    summaries = _summaries(records)
+    rows = compare(summaries, records, a="a", b="b", seed=0)
+    kept = RecordList()
+    kept.extend(records)
+    render_ab(BenchOutcome(kept, summaries, rows, None))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "verdict at c=1" in out and "a is faster" in out
+    assert "note: one run: two identical servers got such a call in 1 of 20 A/A runs" in out
+    assert "`--repeat 3` runs the point 3 times" in out
+    # the figure is the docs/results.md row's, not a number of its own
+    calls, runs, low, high = AA_FALSE_CALLS
+    results = (Path(__file__).parent.parent / "docs" / "results.md").read_text()
+    assert f"| {calls}/{runs} (Wilson 95 % {low:g}-{high:g} %)" in results
+    assert single_run_caveat("faster", 3) is None
+    assert single_run_caveat(NOT_DISTINGUISHABLE, 1) is None

@@ -78,3 +78,29 @@ def test_help_shows_no_type_on_plain_switches(argv: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     assert "<bool>" not in done.stdout, done.stdout
     assert "--help" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "text"),
+    [
+        ("serve", "the profile's [metrics] traces"),
+        ("bench", "servers sending there: [metrics] traces"),
+        ("monitor", "with a profile's [metrics] traces"),
+        ("validate", "this profile's [provenance]"),
+    ],
+)
+def test_help_keeps_profile_table_names(command: str, text: str) -> None:
+    """`[metrics]` in a help text is a profile table, not Rich markup to swallow."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", command, "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0
+    flat = " ".join(done.stdout.replace("│", " ").split())
+    assert text in flat, flat[:2000]

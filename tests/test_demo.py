@@ -55,8 +55,9 @@ def test_out_that_exists_is_refused_untouched(
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[0] == (
-        f"error: --out {out} already exists (a {kind}); the demo never overwrites: give a new "
-        "folder name, or leave --out out for a fresh one."
+        f"error: --out '{out}' is a file; name a folder."
+        if kind == "file"
+        else f"error: --out '{out}' already exists; kimictl writes into a new folder only."
     )
     assert "Traceback" not in err
     kept = out if kind == "file" else out / "mine.txt"
@@ -96,8 +97,7 @@ def test_out_under_a_file_is_refused(
     err = capsys.readouterr().err
     assert code == 2
     assert err.splitlines()[0] == (
-        f"error: --out {blocker / 'sub' / 'out'}: cannot create it ({blocker} is not a writable "
-        "folder)."
+        f"error: --out '{blocker / 'sub' / 'out'}': '{blocker}' is a file, not a folder."
     )
 
 

@@ -154,7 +154,7 @@ def test_save_snapshot_never_replaces_an_existing_file_without_force(
     ("target", "sentence"),
     [
         ("folder", "is a folder; name a new file."),
-        ("afile/x.json", "afile is a file, not a folder)."),
+        ("afile/x.json", "afile' is a file, not a folder."),
     ],
 )
 def test_save_snapshot_to_an_unwritable_place_is_bad_input(

@@ -164,7 +164,12 @@ def test_vllm_symm_mem_allreduce_follows_envs_py(value: str, status: Status) -> 
 def test_old_snapshot_without_env_uses_the_deployment_env_only() -> None:
     hw = load_snapshot(SNAPSHOTS / "h200-real.json")
     assert hw.nodes[0].env is None
-    assert by_id(hw)["env.torch_multicast"][0] is Status.PASS
+    # not recorded: UNKNOWN, never a PASS "not set" beside the UNKNOWN that says so
+    assert by_id(hw)["env.torch_multicast"][0] is Status.UNKNOWN
+    assert (
+        "not known (the launching environment was not recorded"
+        in (by_id(hw)["env.torch_multicast"][1])
+    )
     assert by_id(hw)["env.recorded"][0] is Status.UNKNOWN  # said, not silently passed
     assert "env.recorded" not in by_id(load_snapshot(X2))
     got = by_id(hw, f"TORCH_SYMM_MEM_DISABLE_MULTICAST=1 {SERVE}")

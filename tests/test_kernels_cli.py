@@ -274,3 +274,23 @@ def test_table_at_80_columns_keeps_every_cell_whole(capsys):
     assert speedups == Counter(re.findall(r"\b\d+\.\d\dx\b", wide))
     assert sum(speedups.values()) >= doc["kimictl_points"]
     assert all(f"M={m}" in words for m in {p["m"] for p in doc["points"]})
+
+
+def test_would_run_is_one_exact_shell_line_with_the_extras(capsys, monkeypatch):
+    """`nvidia-cutlass-dsl[cu13]==4.8.0` is no Rich markup: the printed command keeps the extra,
+    is shell-quoted (the brackets are a glob) and stays one line at any terminal width."""
+    import shlex
+
+    from kimictl.commands import _output
+    from kimictl.commands.kernels import _render_plan
+
+    monkeypatch.setattr(_output.console, "_width", 60)  # a narrow terminal
+    versions = dict(PINNED_VERSIONS)
+    versions.pop("nvidia-cutlass-dsl")
+    plan = plan_stack(_stack(versions), "13.0", python="/usr/bin/python3")
+    assert plan.pip_argv is not None and any("[cu13]" in w for w in plan.pip_argv)
+    _render_plan(plan)
+    out = capsys.readouterr().out
+    (line,) = [row for row in out.splitlines() if row.startswith("would run: ")]
+    assert shlex.split(line.removeprefix("would run: ")) == plan.pip_argv
+    assert "'nvidia-cutlass-dsl[cu13]==4.8.0'" in line

@@ -24,7 +24,7 @@ from kimictl.core.errors import EndpointError, InputError, LaunchError
 from kimictl.runtime.serving import launcher, runs, startup, workflow
 from kimictl.runtime.serving import plan as plan_module
 from kimictl.runtime.serving.plan import LaunchPlan
-from kimictl.runtime.serving.runs import RunState
+from kimictl.runtime.serving.runs import RunRecord, RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
 REAL_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_cpu_startup.log"
@@ -348,36 +348,97 @@ def test_multinode_leader_with_a_lost_peer_is_taken_down(monkeypatch, extra):
     assert plan.leads_other_nodes
     launch = launcher.start(plan)
     launcher.wait_ready([launch], timeout=30)
-    with pytest.raises(EndpointError, match="a rank on another node is gone"):
+    with pytest.raises(EndpointError, match="a rank on another node is gone") as lost:
         launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2, grace=2)
+    assert "not recognised" not in lost.value.message  # it names the cause; no denial after it
     assert group_gone(launch.record.pgid)
     assert runs.get_run(plan.run_id).state is RunState.DIED
     launcher.stop_run(runs.get_run(plan.run_id), process=launch.process, grace=1)
 
 
-def test_detached_run_with_a_dead_member_is_reported_died():
-    """No supervisor: the record says ready, the probe says died."""
-    plan = fake_plan("engine")
+def _detached(mode: str) -> RunRecord:
+    plan = fake_plan(mode)
     prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
     (record,) = workflow.run_serve(prepared, detach=True)
+    return record
+
+
+def _kimictl_json(*args: str) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", *args, "--json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _wait(predicate, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    began = time.monotonic()
+    while not predicate() and time.monotonic() - began < timeout:
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+@pytest.mark.parametrize("victim", ["API server", "engine core"])
+def test_detached_run_with_a_dead_member_is_ended_by_its_watcher(victim: str) -> None:
+    """After detach a watcher owns the group: a member killed, the rest (an engine that ignores
+    SIGTERM, as vLLM's do once orphaned) is gone within 10 s and the run recorded died."""
+    record = _detached("engine-deaf")
+    watcher = record.extra["watcher"]["pid"]
     try:
-        engine = next(m["pid"] for m in record.members if m["role"] == "engine core")
-        os.kill(engine, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while runs.get_run(record.id).state is RunState.READY and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen = runs.get_run(record.id)
-        assert seen.state is RunState.DIED
-        assert f"engine core (pid {engine}) died after ready" in (seen.reason or "")
-        assert record.id in [r.id for r in runs.list_runs()]  # listed: processes are left
-        ps = subprocess.run(
-            [sys.executable, "-m", "kimictl", "ps", "--json"], capture_output=True, text=True
-        )
-        (shown,) = json.loads(ps.stdout)
-        assert shown["state"] == "died" and shown["health"] == 200  # answering, yet broken
+        assert runs.process_start_ticks(watcher) is not None
+        pids = {m["role"]: m["pid"] for m in record.members}
+        os.kill(pids[victim], signal.SIGKILL)
+        took = _wait(lambda: group_gone(record.pgid), 10)
+        assert group_gone(record.pgid) and took < 10, f"still running after {took:.1f} s"
+        assert _wait(lambda: runs.process_start_ticks(watcher) is None, 3) < 3  # it exits
+        seen = runs.read_record(record.id)
+        assert seen is not None and seen.state is RunState.DIED
+        assert f"{victim} (pid {pids[victim]}) died after ready" in (seen.reason or "")
+        assert "kimictl ended the 1 process(es) left of its group" in (seen.reason or "")
+        (shown,) = _kimictl_json("ps", "--all")
+        assert shown["state"] == "died" and shown["alive"] is False
     finally:
         launcher.stop_records([runs.get_run(record.id)], grace=2)
+
+
+def test_without_its_watcher_ps_ends_a_died_run_and_counts_what_is_left() -> None:
+    record = _detached("engine-deaf")
+    try:
+        os.kill(record.extra["watcher"]["pid"], signal.SIGKILL)  # no watcher: `ps` is the net
+        engine = next(m["pid"] for m in record.members if m["role"] == "engine core")
+        os.kill(engine, signal.SIGKILL)
+        began = time.monotonic()
+        (shown,) = _kimictl_json("ps")
+        assert time.monotonic() - began < 10
+        assert shown["state"] == "died" and shown["health"] is None
+        assert shown["reason"] == (
+            f"its engine core (pid {engine}) died after ready; kimictl ended the 1 process(es) "
+            "left of its group"
+        )
+        assert group_gone(record.pgid)
+        assert _kimictl_json("ps") == []  # nothing left: no longer listed as live
+        (again,) = _kimictl_json("ps", "--all")
+        assert again["reason"] == shown["reason"]
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+
+
+def test_stop_of_a_died_run_returns_in_seconds() -> None:
+    """The API server killed, its engine orphaned and deaf to SIGTERM, no watcher: `stop` with
+    the default 20 s grace still returns in a few seconds (SIGKILL after ORPHAN_GRACE_S)."""
+    record = _detached("engine-deaf")
+    os.kill(record.extra["watcher"]["pid"], signal.SIGKILL)
+    os.kill(record.members[0]["pid"], signal.SIGKILL)
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "stop", record.id], capture_output=True, text=True
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert took < runs.ORPHAN_GRACE_S + 5, f"stop took {took:.1f} s"
     assert group_gone(record.pgid)
+    seen = runs.read_record(record.id)
+    assert seen is not None and seen.state is RunState.DIED  # the stop keeps the cause
 
 
 def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():

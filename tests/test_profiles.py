@@ -470,7 +470,7 @@ def test_cli_key_twice_in_a_table_exits_2(tmp_path, capsys):
 def test_write_profile_refuses_a_folder_even_with_overwrite(tmp_path):
     folder = tmp_path / "new.toml"
     folder.mkdir()
-    with pytest.raises(InputError, match="is a folder, not a profile file"):
+    with pytest.raises(InputError, match="is a folder; name a new file"):
         write_profile(folder, load_profile("k3-tp8-latency").spec, overwrite=True)
     assert folder.is_dir()
 

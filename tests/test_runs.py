@@ -263,3 +263,23 @@ def test_ps_probes_health_a_ready_run_without_an_answer_is_unhealthy(sleeper, _s
     (lost,) = [r["peer_lost"] for r in json.loads(done.stdout) if r["name"] == "rank0"]
     assert "HTTP 500" in lost and "another node" in lost
     assert completions == ["/v1/completions"]  # the rank 0 only
+
+
+def test_ps_piped_never_wraps_a_url(sleeper):
+    """Piped (no TTY, rich's 80 columns), each run is one line and its URL stays whole."""
+    from dataclasses import replace
+
+    record = _record("a-profile-with-a-long-name-for-its-runs", sleeper.pid, port=18731)
+    url = "http://very-long-host-name.inference.cluster.example.internal:18731"
+    record = replace(record, url=url, model="moonshotai/Kimi-K3-with-a-long-served-name")
+    runs.write_record(record)
+    done = subprocess.run(
+        [sys.executable, "-m", "kimictl", "ps"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith(f"{record.id} ")]
+    assert url in row and "moonshotai/Kimi-K3-with-a-long-served-name" in row
+    assert len(row) > 80  # wider than rich's default: nothing was folded to fit

@@ -115,7 +115,7 @@ def test_capture_rolls_bounded_and_never_overwrites(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["cap.jsonl", "cap.001.jsonl"])
 def test_a_capture_target_that_exists_is_refused(tmp_path: Path, name: str) -> None:
     (tmp_path / name).write_text("x\n")
-    with pytest.raises(InputError, match="never overwrites"):
+    with pytest.raises(InputError, match="does not overwrite it"):
         check_capture_target(tmp_path / "cap.jsonl")
     assert (tmp_path / name).read_text() == "x\n"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimictl.cli import main
-from kimictl.core.errors import InputError
+from kimictl.core.errors import WriteFailed
 from kimictl.runtime.load import vllm_compat
 from kimictl.runtime.load.loadgen import RequestRecord
 
@@ -78,9 +78,11 @@ def test_save_result_is_flat_atomic_and_refuses_to_overwrite(tmp_path: Path) -> 
     summary = {"duration": 1.0, "latencies": [0.1], "kimictl": {"x": 1}}
     path = vllm_compat.save_result(summary, tmp_path / "r.json")
     assert read_result(path) == {"duration": 1.0, "latencies": [0.1]}
-    with pytest.raises(InputError, match="exists"):
+    with pytest.raises(WriteFailed, match="already exists.*the results are kept in") as lost:
         vllm_compat.save_result(summary, path)
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    kept = Path(str(lost.value.message).rsplit(" kept in ", 1)[1].rstrip("."))
+    assert read_result(kept) == {"duration": 1.0, "latencies": [0.1]}
 
 
 def test_cli_save_result_needs_one_point(

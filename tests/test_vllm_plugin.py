@@ -419,3 +419,38 @@ def test_layer_chain_plan_routes_cells_vllm_won_alone(world: World) -> None:
     assert run(world, root.qkv_a, 16) == "vllm-dsv3"  # M=16 keeps the per-cell rule
     assert run(world, root.qkv_a, 1) == "vllm-cute"  # kimictl won this cell, vLLM's layer won
     assert run(world, root.router, 1) == "cublas"  # vLLM's plan for the router: its fallback
+
+
+def test_doctor_from_a_snapshot_reads_the_recorded_plugin_not_this_machine(
+    tmp_path: Path,
+) -> None:
+    """`--save-snapshot` records the node's plugin install; `--from-snapshot` reports that one on
+    any machine, and UNKNOWN for a snapshot that predates the record (never this machine's)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KIMICTL_CACHE_DIR": str(tmp_path)}
+    env.pop(vllm_plugin.ENV_VAR, None)
+
+    def doctor(*args: str) -> dict:  # type: ignore[type-arg]
+        done = subprocess.run(
+            [sys.executable, "-m", "kimictl", "doctor", "--json", *args],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        return {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+
+    snap = tmp_path / "node.json"
+    live = doctor("--save-snapshot", str(snap))["kernels.vllm_plugin"]
+    raw = json.loads(snap.read_text())
+    recorded = raw["nodes"][0]["stack"]["kimictl_plugin"]
+    assert recorded["installed"] is ("not installed" not in live["message"])
+    # the recorded node said "not installed": this machine's own install must not show through
+    raw["nodes"][0]["stack"]["kimictl_plugin"] = {**recorded, "installed": False}
+    snap.write_text(json.dumps(raw))
+    seen = doctor("--from-snapshot", str(snap))["kernels.vllm_plugin"]
+    assert "is not installed" in seen["message"] and seen["status"] == "unknown"
+    del raw["nodes"][0]["stack"]["kimictl_plugin"]  # a snapshot from before the record
+    snap.write_text(json.dumps(raw))
+    old = doctor("--from-snapshot", str(snap))["kernels.vllm_plugin"]
+    assert old["status"] == "unknown" and "not recorded in the snapshot" in old["message"]

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from kimictl.core.jsondoc import dumps
 
-__all__ = ["console", "err_console", "emit_json", "fits"]
+__all__ = ["console", "err_console", "emit_json", "fits", "print_command"]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -22,6 +22,16 @@ def fits(table: Any) -> bool:
 
     unbounded = console.options.update_width(10_000)  # else rich caps it at the width
     return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
+def print_command(label: str, argv: list[str], *, to: Console | None = None) -> None:
+    """A command for a person to run: `label` then the argv as ONE shlex-quoted line, never read
+    as Rich markup (`pkg[cu13]` keeps its extra) and never wrapped or cut, so it copies exactly."""
+    import shlex
+
+    (to or console).print(
+        label + shlex.join(argv), markup=False, highlight=False, soft_wrap=True, crop=False
+    )
 
 
 def emit_json(obj: Any) -> None:

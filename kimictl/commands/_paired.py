@@ -139,19 +139,26 @@ def _write(
     import orjson
 
     from kimictl.commands._output import err_console
-    from kimictl.core.outputs import atomic_write
+    from kimictl.core.errors import WriteFailed
+    from kimictl.core.outputs import save_or_keep
     from kimictl.runtime.load.paired import write_ratio_plot, write_rows_csv
 
     data = orjson.dumps(outcome.to_json(), option=orjson.OPT_INDENT_2)
-    if output is not None:
-        written = atomic_write(output, data + b"\n")
-        err_console.print(f"wrote {written}")
     if json_out:
         typer.echo(data.decode())
-    if csv_out is not None:
-        err_console.print(f"wrote {write_rows_csv(outcome, csv_out)}")
-    if plot is not None:
-        err_console.print(f"wrote {write_ratio_plot(outcome, plot)}")
+    lost: list[WriteFailed] = []  # each kept in the state folder; the others still written
+    for path, write in (
+        (output, lambda p: save_or_keep(p, data + b"\n", flag="--output")),
+        (csv_out, lambda p: write_rows_csv(outcome, p)),
+        (plot, lambda p: write_ratio_plot(outcome, p)),
+    ):
+        if path is not None:
+            try:
+                err_console.print(f"wrote {write(path)}", highlight=False, markup=False)
+            except WriteFailed as error:
+                lost.append(error)
+    if lost:
+        raise lost[0]
 
 
 def _render(outcome: PairedOutcome, noise: float | None) -> None:

@@ -61,18 +61,23 @@ def print_gate(prepared: Prepared) -> None:
 
 
 def print_plan(plan: LaunchPlan, *, with_env: bool = True) -> None:
-    from kimictl.commands._output import console
+    from kimictl.commands._output import console, print_command
 
     role = f" ({plan.role})" if plan.role else ""
     console.print(f"[bold]{plan.name}{role}[/] -> {plan.url}  model {plan.model}", highlight=False)
     for key, value in plan.redacted_env().items() if with_env else ():
         console.print(f"  {key}={shlex.quote(value)}", highlight=False, soft_wrap=True)
-    console.print("  " + shlex.join(plan.redacted_argv()), highlight=False, soft_wrap=True)
+    from kimictl.deployment.buckets import summarise_argv
+
+    shown = summarise_argv(plan.redacted_argv())  # the exact argv: --dry-run --json
+    console.print("  " + shlex.join(shown), highlight=False, markup=False, soft_wrap=True)
+    if shown != plan.redacted_argv():
+        console.print("  (bucket list summarised; `--dry-run --json` has the exact argv)")
     if plan.nice:
         note = f"  at nice {plan.nice}: clients on this machine keep their CPU"
         console.print(note, highlight=False)
-    for argv in plan.other_nodes:
-        console.print("  other node: " + shlex.join(argv), highlight=False, soft_wrap=True)
+    for argv in plan.other_node_commands:  # one shlex-quoted line each, never markup
+        print_command(f"  on node rank {argv[argv.index('--node-rank') + 1]}: ", argv)
 
 
 def phase_printer(quiet: bool):  # type: ignore[no-untyped-def]
@@ -243,7 +248,12 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
-    from kimictl.runtime.load.ab import ALPHA, NOT_DISTINGUISHABLE, NOT_MEASURED
+    from kimictl.runtime.load.ab import (
+        ALPHA,
+        NOT_DISTINGUISHABLE,
+        NOT_MEASURED,
+        single_run_caveat,
+    )
 
     assert outcome.ab is not None
     a = outcome.summaries[0]["kimictl"]["target"]
@@ -285,3 +295,7 @@ def render_ab(outcome: BenchOutcome, *, show_verdict: bool = True) -> None:
             console.print(
                 f"verdict at {point} ({head['metric']}): [bold]{said}[/bold]", highlight=False
             )
+            repeats = {s["kimictl"].get("repeat", 0) for s in outcome.summaries}
+            caveat = single_run_caveat(verdict, len(repeats))
+            if caveat:
+                console.print(f"  note: {caveat}", highlight=False, markup=False)

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kimictl.commands._options import ApiKeyFileOpt, JsonOpt, OutputOpt
-from kimictl.core.errors import EndpointError, InputError
+from kimictl.core.errors import EndpointError, InputError, WriteFailed
 from kimictl.runtime.load.records import Schedule
 from kimictl.runtime.load.request import Arrivals, Endpoint, WorkloadKind
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.bench import BenchConfig, BenchOutcome
+    from kimictl.runtime.load.request import BenchRequest
     from kimictl.runtime.serving.runs import Target
 
 app = typer.Typer(add_completion=False)
@@ -92,7 +93,7 @@ TracesPortOpt = Annotated[
         min=1,
         max=65535,
         help="Receive the targets' trace spans on 127.0.0.1:PORT for exact server-side "
-        "percentiles (servers sending there: [metrics] traces); default: histograms only.",
+        "percentiles (servers sending there: \\[metrics] traces); default: histograms only.",
     ),
 ]
 ScheduleOpt = Annotated[
@@ -151,6 +152,9 @@ SaveResultOpt = Annotated[
         "JSON; its readers load it unchanged). An existing FILE is refused.",
     ),
 ]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Replace existing -o/--csv/--save-result/plot files.")
+]
 
 
 @app.command(
@@ -201,6 +205,7 @@ def bench(
     aa_report: AaReportOpt = None,
     floor: FloorOpt = 0.05,
     max_lag_ms: MaxLagOpt = 100.0,
+    force: ForceOpt = False,
 ) -> None:
     from kimictl.core.apikeys import read_api_key
     from kimictl.runtime.load.request import BenchRequest
@@ -259,15 +264,25 @@ def bench(
         workers=workers,
         api_key=read_api_key(api_key_file),
         save_result=save_result,
+        output=output,
+        csv_out=csv_out,
+        plot=plot,
+        force=force,
     )
     cfg = request.config(_targets(target or [], ab=ab))
     outcome = _run(cfg, quiet=json_out)
-    _write(outcome, json_out, output, csv_out, plot, save_result)
+    lost = _write(outcome, json_out, request)
     if not json_out:
         from kimictl.commands._render import render_bench
 
         render_bench(outcome)
-    _exit_on_failure(outcome)
+    if lost:
+        from kimictl.commands._output import err_console
+
+        for other in lost[1:]:
+            err_console.print(f"error: {other.message}", highlight=False, markup=False)
+        raise lost[0]
+    _exit_on_failure(outcome, key_sent=request.api_key is not None)
 
 
 def _reject_stray(stray: list[str] | None) -> None:
@@ -302,7 +317,7 @@ def _targets(texts: list[str], *, ab: bool) -> list[Target]:
     )
 
 
-def _exit_on_failure(outcome: BenchOutcome) -> None:
+def _exit_on_failure(outcome: BenchOutcome, *, key_sent: bool) -> None:
     """Ctrl-C: exit 130 keeping the report; a run stopped early or a point with no finished
     request: an EndpointError naming it."""
     reason = outcome.stop_reason
@@ -323,8 +338,18 @@ def _exit_on_failure(outcome: BenchOutcome) -> None:
         raise EndpointError(
             f"no request finished at {k['target']} {k['point']}: {empty[0]['failed']} failed "
             f"({', '.join(f'{n} {kind}' for kind, n in k['errors_by_kind'].items())})",
-            hint="each request's error is in the report (--json, -o FILE); see `kimictl logs`",
+            hint=_failed_hint(outcome, k["target"], key_sent=key_sent),
         )
+
+
+def _failed_hint(outcome: BenchOutcome, target: str, *, key_sent: bool) -> str:
+    from kimictl.core.apikeys import auth_hint
+
+    mine = [r for r in outcome.records if r.target == target]
+    refused = next((r.status for r in mine if r.status in (401, 403)), 0)
+    return auth_hint(refused, key_sent=key_sent) or (
+        "each request's error is in the report (--json, -o FILE); see `kimictl logs`"
+    )
 
 
 def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
@@ -358,34 +383,25 @@ def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
     return asyncio.run(main())
 
 
-def _write(
-    outcome: BenchOutcome,
-    json_out: bool,
-    output: Path | None,
-    csv_out: Path | None,
-    plot: Path | None,
-    save_result: Path | None,
-) -> None:
+def _write(outcome: BenchOutcome, json_out: bool, request: BenchRequest) -> list[WriteFailed]:
+    """--json on stdout; -o, --csv, --plot, --save-result through the one writer (a failed one
+    kept in the state folder and returned)."""
     from kimictl.commands._output import err_console
     from kimictl.core.jsondoc import dumps
-    from kimictl.core.outputs import atomic_write
-    from kimictl.runtime.load.exports import write_csv, write_plots
+    from kimictl.runtime.load.exports import write_bench_outputs
 
-    if json_out or output:
-        data = dumps(outcome.to_json())
-        if output:
-            written = atomic_write(output, data)
-            err_console.print(f"wrote {written}")
-        if json_out:
-            import sys
+    data = dumps(outcome.to_json())
+    if json_out:
+        import sys
 
-            sys.stdout.write(data.decode())
-    if csv_out:
-        err_console.print(f"wrote {write_csv(outcome.records, csv_out)}")
-    if plot:
-        for p in write_plots(outcome.summaries, outcome.records, plot, ab=outcome.ab):
-            err_console.print(f"wrote {p}")
-    if save_result is not None and outcome.summaries:
-        from kimictl.runtime.load.vllm_compat import save_result as write_vllm_result
-
-        err_console.print(f"wrote {write_vllm_result(outcome.summaries[0], save_result)}")
+        sys.stdout.write(data.decode())
+    return write_bench_outputs(
+        outcome,
+        data,
+        output=request.output,
+        csv_out=request.csv_out,
+        plot=request.plot,
+        save_result=request.save_result,
+        overwrite=request.force,
+        wrote=lambda path: err_console.print(f"wrote {path}", highlight=False, markup=False),
+    )

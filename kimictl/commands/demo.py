@@ -40,6 +40,11 @@ def _print_intro(plan: DemoPlan) -> None:
     for note in plan.notes:
         console.print(f"[cyan]note:[/] {note}")
     print_gate(plan.prepared)
+    from kimictl.runtime.demo.run import DEMO_PROFILE
+    from kimictl.runtime.serving.estimate import demo_estimate
+
+    said = demo_estimate(len(plan.candidates), DEMO_PROFILE).line("the whole demo")
+    console.print(said, highlight=False, markup=False, soft_wrap=True)
     console.print(f"search space ({len(plan.candidates)} configurations, served one at a time):")
     for cand, p in plan.candidates:
         print_plan(p, with_env=False)
@@ -112,10 +117,12 @@ def _print_result(result: DemoResult) -> None:
         console.print(f"[yellow]no plots:[/] {result.plots_error}")
     kept = [r for r in result.records if result.kept and r.role in ("tuned", "stock")]
     if kept:
-        ids = " ".join(r.id for r in kept)
-        console.print(f"kept running (--keep): {ids}", highlight=False)
-        console.print(f"  monitor: kimictl monitor {ids}", highlight=False)
-        console.print(f"  stop:    kimictl stop {ids}", highlight=False)
+        from kimictl.commands._output import print_command
+
+        ids = [r.id for r in kept]
+        console.print(f"kept running (--keep): {' '.join(ids)}", highlight=False)
+        print_command("  monitor: ", ["kimictl", "monitor", *ids])
+        print_command("  stop:    ", ["kimictl", "stop", *ids])
     others = [r for r in result.records if r not in kept]
     if others:
         console.print(
@@ -226,6 +233,8 @@ def demo(
     if result.interrupted:
         err_console.print("interrupted: every server stopped; finished requests are in the report")
         raise typer.Exit(130)
+    if result.write_error is not None:
+        raise result.write_error
     reason = result.outcome.stop_reason if result.outcome is not None else None
     if reason:
         raise EndpointError(

@@ -198,18 +198,23 @@ def _install_stack(*, dry_run: bool, json_out: bool) -> None:
 
 
 def _render_plan(plan: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
+
+    from kimictl.commands._output import print_command
 
     t = Table(title="vLLM 0.33.0 kernel stack", title_justify="left")
     for col in ("package", "pinned", "installed", "status"):
         t.add_column(col)
-    for p in plan.packages:
+    for p in plan.packages:  # a pin like `nvidia-cutlass-dsl[cu13]==4.8.0` is no markup
         style = "green" if p["status"] == "ok" else "red"
-        t.add_row(p["name"], p["spec"], p["installed"] or "-", f"[{style}]{p['status']}[/{style}]")
+        cells = (escape(p["name"]), escape(p["spec"]), escape(p["installed"] or "-"))
+        t.add_row(*cells, f"[{style}]{p['status']}[/{style}]")
     console.print(t)
-    console.print(("driver: " if plan.driver_ok else "[red]driver:[/red] ") + plan.driver_reason)
+    driver = escape(plan.driver_reason)
+    console.print(("driver: " if plan.driver_ok else "[red]driver:[/red] ") + driver)
     if plan.pip_argv:
-        console.print("would run: python " + " ".join(plan.pip_argv[1:]), highlight=False)
+        print_command("would run: ", list(plan.pip_argv))
 
 
 @app.command("plan")

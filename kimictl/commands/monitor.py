@@ -42,7 +42,7 @@ TracesPortOpt = Annotated[
         min=0,
         max=65535,
         help="Receive vLLM's per-request trace spans (OTLP/HTTP) on 127.0.0.1:PORT; "
-        'servers send them with a profile\'s [metrics] traces = "kimictl".',
+        'servers send them with a profile\'s \\[metrics] traces = "kimictl".',
     ),
 ]
 CaptureOpt = Annotated[
@@ -153,7 +153,7 @@ def _render_table(doc: dict[str, Any]) -> None:
             console.print(
                 f"[yellow]{name}[/]: the server's histogram buckets cannot resolve "
                 f"{', '.join(ep['unresolved'])}: shown as bounds; start vLLM with "
-                "--custom-histogram-buckets (a profile's [metrics] interactivity_range)"
+                "--custom-histogram-buckets (a profile's \\[metrics] interactivity_range)"
             )
     console.print(
         "[dim]interactivity = tokens/s/user = 1/TPOT per request; p10 = 1000/TPOT p90 ms.[/dim]"

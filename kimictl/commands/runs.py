@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,7 +45,9 @@ def ps(
     from kimictl.commands._output import console, emit_json
     from kimictl.runtime.serving import launcher, runs
 
-    probed = [launcher.probe(r) for r in runs.list_runs(include_finished=all_runs)]
+    # a died deployment's leftovers are ended first, so the count shown is what is really left
+    found = [runs.end_dead(r) for r in runs.list_runs(include_finished=all_runs)]
+    probed = [launcher.probe(r) for r in found]
     if json_out:
         emit_json(
             [
@@ -66,13 +68,15 @@ def ps(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    # the ID (what logs/stop take) and the state never shrink, at any width or piped; the
-    # URL and the model fold onto more lines instead
+    # the ID (what logs/stop take) and the state never shrink, at any width or piped
     table.add_column("ID", no_wrap=True, min_width=max(len(p.record.id) for p in probed))
     for column in ("STATE", "HEALTH"):
         table.add_column(column, no_wrap=True, min_width=len(column) + 2)
+    # on a terminal the URL and the model fold onto more lines; piped, nothing wraps: a line per
+    # run that a script (or a person copying a URL) can take whole
+    piped = not console.is_terminal
     for column in ("URL", "MODEL", "ROLE", "AGE"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=piped)
     now = time.time()
     for p in probed:
         r = p.record
@@ -85,7 +89,12 @@ def ps(
             r.role or "-",
             _age(now - r.started_at),
         )
-    console.print(table)
+    if piped:  # rich caps a print at the console's width (80 when piped): widen it for this one
+        before, console.width = console.width, _natural_width(table)
+        console.print(table)
+        console.width = before
+    else:
+        console.print(table)
     for p in probed:
         r = p.record
         if r.reason:
@@ -114,6 +123,15 @@ def ps(
                 f"`kimictl logs {r.id}` shows why, `kimictl stop {r.id}` ends it[/]",
                 highlight=False,
             )
+
+
+def _natural_width(table: Any) -> int:
+    from rich.measure import Measurement
+
+    from kimictl.commands._output import console
+
+    unbounded = console.options.update_width(10_000)
+    return max(console.width, Measurement.get(console, unbounded, table).maximum)
 
 
 @stop_app.command(

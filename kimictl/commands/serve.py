@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False)
 
 
 def _ready_printer(detach: bool, quiet: bool, edge: EdgePlan | None = None):  # type: ignore[no-untyped-def]
-    from kimictl.commands._output import console
+    from kimictl.commands._output import console, print_command
 
     def on_ready(records: list[RunRecord]) -> None:
         if quiet:
@@ -29,13 +29,20 @@ def _ready_printer(detach: bool, quiet: bool, edge: EdgePlan | None = None):  # 
         for record in records:
             took = (record.ready_at or time.time()) - record.started_at
             role = f" ({record.role})" if record.role else ""
+            if "--headless" in record.argv_redacted:  # no HTTP here: rank 0 serves the API
+                console.print(
+                    f"[bold green]started[/] {record.id}: headless rank (no HTTP on this node; "
+                    f"rank 0 serves the API once every rank has joined)  ({took:.1f} s)",
+                    highlight=False,
+                )
+                continue
             console.print(
                 f"[bold green]ready[/] {record.id}{role}: {record.url}  model {record.model}  "
                 f"({took:.1f} s)",
                 highlight=False,
             )
-        ids = " ".join(r.id for r in records)
-        monitor = " ".join(r.id for r in records)
+        ids = [r.id for r in records]
+        served = [r.id for r in records if "--headless" not in r.argv_redacted]
         if edge is not None:
             tuned, stock = records
             console.print(
@@ -43,12 +50,15 @@ def _ready_printer(detach: bool, quiet: bool, edge: EdgePlan | None = None):  # 
                 "send users here",
                 highlight=False,
             )
-            monitor = f"tuned={tuned.url} stock={stock.url} --{edge.mode} {edge.pct:g}"
-        console.print(f"monitor: kimictl monitor {monitor}", highlight=False)
+            arms = [f"tuned={tuned.url}", f"stock={stock.url}", f"--{edge.mode}", f"{edge.pct:g}"]
+            print_command("monitor: ", ["kimictl", "monitor", *arms])
+        elif served:
+            print_command("monitor: ", ["kimictl", "monitor", *served])
         if len(records) == 2 and records[0].ab_group:
-            console.print("bench:   kimictl bench --ab", highlight=False)
+            print_command("bench:   ", ["kimictl", "bench", "--ab"])
         if detach:
-            console.print(f"stop:    kimictl stop {ids}   logs: kimictl logs {records[0].id}")
+            print_command("stop:    ", ["kimictl", "stop", *ids])
+            print_command("logs:    ", ["kimictl", "logs", records[0].id])
         else:
             console.print("Ctrl-C (or SIGTERM) stops the server(s).")
 
@@ -132,7 +142,7 @@ TracesOpt = Annotated[
     str | None,
     typer.Option(
         help="Send one trace span per finished request: kimictl (to `kimictl monitor` on "
-        "this host), off, or an OTLP/HTTP URL; default: the profile's [metrics] traces."
+        "this host), off, or an OTLP/HTTP URL; default: the profile's \\[metrics] traces."
     ),
 ]
 
@@ -258,12 +268,15 @@ def serve(
 def _render(prepared: Prepared, request: ServeRequest, json_out: bool, gateway: str) -> None:
     """--render: the job file on stdout or in --output (private when it holds the key)."""
     from kimictl.commands._output import console, emit_json
+    from kimictl.core.outputs import check_new_file, write_new
     from kimictl.runtime.serving import workflow
     from kimictl.runtime.serving.render import render as render_job
-    from kimictl.runtime.serving.render import render_ab, write_private
+    from kimictl.runtime.serving.render import render_ab
 
-    workflow.refuse_if_blocked(prepared)
     render, output = str(request.for_render), request.render_output
+    if output is not None:
+        check_new_file(output, flag="--output", forceable=False)
+    workflow.refuse_if_blocked(prepared)
     plan = prepared.plans[0]
     if request.ab:  # with --canary/--shadow (ServeRequest refuses a bare --ab render)
         text = render_ab(
@@ -297,7 +310,7 @@ def _render(prepared: Prepared, request: ServeRequest, json_out: bool, gateway: 
     if output is None:
         sys.stdout.write(text)
     else:
-        write_private(output, text, private=holds_key)
+        write_new(output, text, flag="--output", mode=0o600 if holds_key else 0o644)
         if not json_out:
             console.print(f"wrote {output} ({render}) for profile {prepared.profile}")
     if holds_key:

@@ -10,7 +10,7 @@ import typer
 from kimictl.commands._options import ApiKeyFileOpt, JsonOpt
 from kimictl.commands._output import console, emit_json, err_console
 from kimictl.core.apikeys import read_api_key
-from kimictl.core.errors import CheckFailed, InputError
+from kimictl.core.errors import CheckFailed, InputError, WriteFailed
 from kimictl.runtime.evals.plan import CHECKS, parse_checks
 
 if TYPE_CHECKING:
@@ -172,6 +172,10 @@ def validate(
         from kimictl.deployment.profiles import load_profile
 
         profile_path = load_profile(gate).path  # bad profile name: InputError before any request
+    if save_responses is not None:
+        from kimictl.core.outputs import check_new_file
+
+        check_new_file(save_responses, flag="--save-responses", forceable=False)
     capture: dict[str, object] | None = {} if save_responses is not None else None
     report = _run(
         _targets(candidate, reference),
@@ -182,10 +186,7 @@ def validate(
         thresholds=limits,
         capture=capture,
     )
-    if save_responses is not None:
-        import json
-
-        save_responses.write_text(json.dumps({"report": report.to_json(), "responses": capture}))
+    lost = _save_responses(save_responses, report, capture)
     if profile_path is not None:
         from kimictl.deployment.profile_writer import update_provenance
 
@@ -199,6 +200,8 @@ def validate(
                 f"wrote validation = {report.verdict!r} into {profile_path} \\[provenance]",
                 highlight=False,
             )
+    if lost is not None:
+        raise lost
     if not report.passed:
         failed = [c.name for c in report.checks if c.status.value in ("fail", "error")]
         if not failed:
@@ -234,3 +237,19 @@ def _run(
                 progress=lambda name: status.update(f"validate: running {name}"),
                 **options,
             )
+
+
+def _save_responses(path: Path | None, report: Any, capture: object) -> WriteFailed | None:
+    """Write --save-responses (never over a file); a failed write is kept and returned."""
+    if path is None:
+        return None
+    import json
+
+    from kimictl.core.outputs import save_or_keep
+
+    data = json.dumps({"report": report.to_json(), "responses": capture})
+    try:
+        save_or_keep(path, data, flag="--save-responses")
+    except WriteFailed as error:
+        return error
+    return None

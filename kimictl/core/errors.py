@@ -5,7 +5,8 @@ KimictlError (exit 1)
 ├── CheckFailed (exit 1)       a check ran and said no (doctor, validate, verify)
 ├── EndpointError (exit 1)     a server is unreachable, dead or answered garbage
 ├── LaunchError (exit 1)       vLLM could not be started or died during start-up
-└── Unsupported (exit 1)       this machine cannot do it (no GPU, no driver, no runtime)
+├── Unsupported (exit 1)       this machine cannot do it (no GPU, no driver, no runtime)
+└── WriteFailed (exit 1)       a finished result could not be written where asked (kept elsewhere)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "KimictlError",
     "LaunchError",
     "Unsupported",
+    "WriteFailed",
     "child_failure",
 ]
 
@@ -52,6 +54,10 @@ class LaunchError(KimictlError):
 
 
 class Unsupported(KimictlError):
+    exit_code = 1
+
+
+class WriteFailed(KimictlError):
     exit_code = 1
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "flag_value",
     "interactivity_buckets",
     "range_of",
+    "summarise_argv",
     "unresolved_speeds",
 ]
 
@@ -185,3 +186,20 @@ def flag_value(buckets: Mapping[str, Sequence[float]]) -> str:
 def flag_for(buckets: Mapping[str, Sequence[float]]) -> list[str]:
     """argv words of the vLLM flag."""
     return ["--custom-histogram-buckets", flag_value(buckets)]
+
+
+def summarise_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` for a plan line: the --custom-histogram-buckets value (often 60 bounds) replaced by
+    one summary word per family, e.g. `<inter_token_latency: 64 bounds, 0.000227-80 s>`. Not a
+    command to run: the exact argv is in `--dry-run --json`."""
+    out = list(argv)
+    for i, word in enumerate(out[:-1]):
+        if word != "--custom-histogram-buckets":
+            continue
+        try:
+            parsed = json.loads(out[i + 1])
+            parts = [f"{k}: {len(v)} bounds, {min(v):g}-{max(v):g} s" for k, v in parsed.items()]
+        except (ValueError, TypeError, AttributeError):
+            continue
+        out[i + 1] = "<" + "; ".join(parts) + ">"
+    return out

@@ -12,7 +12,7 @@ import tomlkit.exceptions
 from tomlkit.items import Table
 
 from kimictl.core.errors import InputError
-from kimictl.core.outputs import atomic_write
+from kimictl.core.outputs import atomic_write, check_new_file, save_or_keep
 from kimictl.deployment import buckets, k3, traces
 from kimictl.deployment.profiles import (
     _ADDITIONAL_KEYS,
@@ -181,16 +181,13 @@ def write_profile(
     stock_twin: str | None = None,
     prebuilt_units: str = PREBUILT_DEFAULT,
     overwrite: bool = False,
+    flag: str = "--write",
 ) -> Path:
-    """Write a new profile atomically. An existing file is never replaced unless `overwrite`."""
-    target = Path(path).expanduser()
-    if target.is_dir():
-        raise InputError(f"{target} is a folder, not a profile file; name a .toml file.")
-    if target.exists() and not overwrite:
-        raise InputError(
-            f"{target} already exists; kimictl does not overwrite a profile silently.",
-            "Choose another name, or pass --force to replace it.",
-        )
+    """Write a new profile whole (the one no-overwrite writer): an existing file is never replaced
+    unless `overwrite`, a folder never (InputError, before anything is rendered). A write that
+    still fails (the name taken meanwhile, a read-only folder) keeps the profile in the state
+    folder and raises WriteFailed (exit 1): a tune's finished sweep is not lost."""
+    target = check_new_file(path, flag=flag, overwrite=overwrite)
     text = render_profile(
         spec,
         provenance=provenance,
@@ -199,8 +196,7 @@ def write_profile(
         stock_twin=stock_twin,
         prebuilt_units=prebuilt_units,
     )
-    atomic_write(target, text)
-    return target
+    return save_or_keep(target, text, flag=flag, overwrite=overwrite)
 
 
 def update_provenance(path: str | Path, updates: Mapping[str, Any]) -> None:

@@ -33,8 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kimictl.core.errors import InputError, LaunchError, Unsupported
-from kimictl.core.outputs import atomic_write
+from kimictl.core.errors import InputError, LaunchError, Unsupported, WriteFailed
+from kimictl.core.outputs import check_new_folder, save_or_keep
 from kimictl.runtime.demo.tune import (
     CANDIDATES,
     DEFAULTS,
@@ -148,6 +148,7 @@ class DemoResult:
     kept: bool
     wall_s: float
     timings: dict[str, float]
+    write_error: Any = None  # core.errors.WriteFailed: the report is kept in the state folder
 
     def takeaway(self) -> list[dict[str, Any]]:
         """The A/B rows the story needs: per-user speed (the SLO's metric), what it costs."""
@@ -228,20 +229,6 @@ def default_out_dir(base: Path | None = None) -> Path:
     return out
 
 
-def _check_out(out: Path) -> None:
-    if out.exists():
-        kind = "folder" if out.is_dir() else "file"
-        raise InputError(
-            f"--out {out} already exists (a {kind}); the demo never overwrites: "
-            "give a new folder name, or leave --out out for a fresh one."
-        )
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise InputError(f"--out {out}: cannot create it ({parent} is not a writable folder).")
-
-
 def _pick_candidates(names: tuple[str, ...] | None) -> list[Candidate]:
     if names is None:
         return list(CANDIDATES)
@@ -301,7 +288,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     candidates = _pick_candidates(request.candidates)
     _check_sizes(request, len(candidates))
     out = request.out.expanduser() if request.out is not None else default_out_dir()
-    _check_out(out)
+    check_new_folder(out, flag="--out")
     profile = load_profile(DEMO_PROFILE)
     host = profile.spec.host or "127.0.0.1"
     port = request.port
@@ -572,8 +559,12 @@ def run_demo(
     records = [launch.record for launch in launches.values()]
     plots: list[Path] = []
     plots_error = None
+    made = False
     if measured and any(m.error is None for m in measured):
-        plan.out.mkdir(parents=True, exist_ok=False)
+        with contextlib.suppress(OSError):  # taken or read-only meanwhile: the JSON is kept
+            plan.out.mkdir(parents=True, exist_ok=False)
+            made = True
+    if made:
         step(f"writing the report and plots into {plan.out}")
         plots, plots_error = _plots(plan.out, outcome, tune)
     result = DemoResult(
@@ -592,8 +583,15 @@ def run_demo(
         wall_s=round(time.monotonic() - begin, 1),
         timings=timings,
     )
-    if plan.out.is_dir():
-        result.json_path = _write_json(result, plan.out / JSON_NAME)
+    if not interrupted and outcome is not None:  # a whole demo: the next one's estimate
+        from kimictl.runtime.serving.estimate import record_demo
+
+        record_demo(len(plan.candidates), result.wall_s, timings)
+    if measured and any(m.error is None for m in measured):
+        try:
+            result.json_path = _write_json(result, plan.out / JSON_NAME)
+        except WriteFailed as error:
+            result.write_error = error
     return result
 
 
@@ -618,4 +616,4 @@ def _plots(out: Path, outcome: Any, tune: _Merged) -> tuple[list[Path], str | No
 def _write_json(result: DemoResult, path: Path) -> Path:
     from kimictl.core.jsondoc import dumps
 
-    return atomic_write(path, dumps(result.to_json()))
+    return save_or_keep(path, dumps(result.to_json()), flag="--out")

@@ -93,7 +93,12 @@ class Endpoint:
                 detail = str(err.get("message", err)) if isinstance(err, dict) else str(err)
             except (ValueError, AttributeError):
                 pass
-            raise EndpointError(f"{self.name}: {path} answered HTTP {status}: {detail}")
+            from kimictl.core.apikeys import auth_hint
+
+            raise EndpointError(
+                f"{self.name}: {path} answered HTTP {status}: {detail}",
+                hint=auth_hint(status, key_sent=bool(self._api_key)),
+            )
         try:
             return json.loads(text)
         except ValueError as exc:

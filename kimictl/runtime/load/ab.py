@@ -23,7 +23,26 @@ __all__ = [
     "NOT_MEASURED",
     "compare",
     "holm",
+    "single_run_caveat",
 ]
+
+# The default A/B's measured false call rate: two identical real vLLM CPU servers, 20 runs of the
+# default schedule, 1 "faster/slower" (docs/results.md, "The A/B verdict (A/A studies)").
+AA_FALSE_CALLS = (1, 20, 0.9, 23.6)  # calls, runs, Wilson 95% low and high (%)
+
+
+def single_run_caveat(verdict: str, repeats: int) -> str | None:
+    """What a one-run "faster"/"slower" leaves out: it is one run, identical servers get such a
+    call in about 1 run of 20, and what --repeat adds. None for another verdict or repeats."""
+    if repeats > 1 or verdict in (NOT_DISTINGUISHABLE, NOT_MEASURED):
+        return None
+    calls, runs, low, high = AA_FALSE_CALLS
+    return (
+        f"one run: two identical servers got such a call in {calls} of {runs} A/A runs "
+        f"({100 * calls / runs:.0f}%, 95% {low:g}-{high:g}%; docs/results.md); `--repeat 3` "
+        "runs the point 3 times: the requests of all runs are pooled and tokens/s gets an "
+        "interval over the runs"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

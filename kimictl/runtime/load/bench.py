@@ -95,9 +95,13 @@ async def resolve_models(
             text = await fetch_text(t.url, "/v1/models", api_key=t.api_key, timeout=timeout)
             models = [m["id"] for m in orjson.loads(text).get("data", [])]
         except (OSError, TimeoutError, orjson.JSONDecodeError, KeyError, AttributeError) as exc:
+            from kimictl.core.apikeys import auth_hint
+
+            status = next((c for c in (401, 403) if f"HTTP {c}" in str(exc)), 0)
             raise EndpointError(
                 f"cannot read the model list of {t.name} at {t.url}/v1/models: {exc}",
-                hint="check the server is up (`kimictl ps`), or pass --model",
+                hint=auth_hint(status, key_sent=bool(t.api_key))
+                or "check the server is up (`kimictl ps`), or pass --model",
             ) from exc
         if not models:
             raise EndpointError(f"{t.name} at {t.url} serves no model", hint="pass --model")

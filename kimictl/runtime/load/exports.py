@@ -1,22 +1,97 @@
-"""Bench exports: the per-request CSV and the plots."""
+"""Bench exports: the report JSON, the per-request CSV, the plots and vLLM's result file; each
+target checked before the run (`check_bench_outputs`) and written at its end through the one
+no-overwrite writer, a failed write kept in the state folder (`write_bench_outputs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kimictl.core.outputs import atomic_write
+from kimictl.core.errors import InputError, Unsupported, WriteFailed
+from kimictl.core.outputs import check_new_file, check_new_folder, save_or_keep
 from kimictl.runtime.load.records import RequestRecord
 from kimictl.runtime.load.summary import request_values
 
 __all__ = [
     "CSV_FIELDS",
+    "PLOT_NAMES",
+    "check_bench_outputs",
+    "write_bench_outputs",
     "write_csv",
     "write_plots",
 ]
+
+PLOT_NAMES = ("pareto.png", "latency_cdf.png", "throughput_time.png", "ab.png")
+
+
+def check_bench_outputs(
+    *,
+    output: Path | None,
+    csv_out: Path | None,
+    plot: Path | None,
+    save_result: Path | None,
+    overwrite: bool = False,
+) -> None:
+    """Before the run: every file bench will write can be written (writable folder, no existing
+    file unless `overwrite`), no two flags name one file, and --plot has matplotlib."""
+    files = [("--output", output), ("--csv", csv_out), ("--save-result", save_result)]
+    seen: dict[Path, str] = {}
+    for flag, path in files:
+        if path is None:
+            continue
+        target = check_new_file(path, flag=flag, overwrite=overwrite).resolve()
+        if target in seen:
+            raise InputError(f"{seen[target]} and {flag} both name {str(path)!r}; give two files.")
+        seen[target] = flag
+    if plot is not None:
+        check_new_folder(plot, flag="--plot", names=PLOT_NAMES, overwrite=overwrite)
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise Unsupported(
+                "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"
+            )
+
+
+def write_bench_outputs(
+    outcome: Any,
+    report: bytes,
+    *,
+    output: Path | None,
+    csv_out: Path | None,
+    plot: Path | None,
+    save_result: Path | None = None,
+    overwrite: bool = False,
+    wrote: Callable[[Path], None] = lambda _: None,
+) -> list[WriteFailed]:
+    """Write the report JSON (-o), the CSV, the plots and vLLM's result file of a finished run;
+    each one that cannot be written is kept in the state folder and returned (the caller exits
+    1), the others still get written."""
+    lost: list[WriteFailed] = []
+    jobs: list[Callable[[], list[Path]]] = []
+    if output is not None:
+        jobs.append(lambda: [save_or_keep(output, report, flag="--output", overwrite=overwrite)])
+    if csv_out is not None:
+        jobs.append(lambda: [write_csv(outcome.records, csv_out, overwrite=overwrite)])
+    if plot is not None:
+        summaries, records, ab = outcome.summaries, outcome.records, outcome.ab
+        jobs.append(lambda: write_plots(summaries, records, plot, ab=ab, overwrite=overwrite))
+    if save_result is not None and outcome.summaries:
+        from kimictl.runtime.load.vllm_compat import save_result as vllm_result
+
+        first = outcome.summaries[0]
+        jobs.append(lambda: [vllm_result(first, save_result, force=overwrite)])
+    for job in jobs:
+        try:
+            for path in job():
+                wrote(path)
+        except WriteFailed as error:
+            lost.append(error)
+    return lost
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,8 +123,11 @@ CSV_FIELDS = (
 )
 
 
-def write_csv(records: Iterable[RequestRecord], path: str | Path) -> Path:
-    """One row per request (warm-up included, flagged); written atomically."""
+def write_csv(
+    records: Iterable[RequestRecord], path: str | Path, *, overwrite: bool = False
+) -> Path:
+    """One row per request (warm-up included, flagged); written whole, never over an existing
+    file unless `overwrite` (WriteFailed, the rows kept in the state folder)."""
     fh = io.StringIO(newline="")
     w = csv.writer(fh)
     w.writerow(CSV_FIELDS)
@@ -81,7 +159,7 @@ def write_csv(records: Iterable[RequestRecord], path: str | Path) -> Path:
                 (r.error or "").replace("\n", " ")[:300],
             ]
         )
-    return atomic_write(path, fh.getvalue())
+    return save_or_keep(path, fh.getvalue(), flag="--csv", overwrite=overwrite)
 
 
 def _fmt(v: float | None) -> str:
@@ -94,6 +172,7 @@ def write_plots(
     directory: str | Path,
     *,
     ab: Sequence[Mapping[str, Any]] | None = None,
+    overwrite: bool = False,
 ) -> list[Path]:
     """PNG plots: Pareto of output tokens/s/GPU vs interactivity p50 over the sweep (p10-p90 as
     bars), CDFs of TTFT and TPOT, output tokens/s over time and, given A/B rows, `ab.png` (each
@@ -111,8 +190,9 @@ def write_plots(
             "--plot needs matplotlib, which is not installed", hint="pip install matplotlib"
         ) from exc
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    written = []
+    with contextlib.suppress(OSError):  # a folder that refuses: each plot is kept (WriteFailed)
+        d.mkdir(parents=True, exist_ok=True)
+    figures: list[tuple[Any, Path]] = []
     targets: list[str] = []
     for s in summaries:
         if s["kimictl"]["target"] not in targets:
@@ -151,7 +231,7 @@ def write_plots(
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    written.append(_save(fig, d / "pareto.png"))
+    figures.append((fig, d / "pareto.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for t in targets:
@@ -170,7 +250,7 @@ def write_plots(
     axes[0].set_title("TTFT CDF")
     axes[1].set_title("TPOT CDF")
     axes[0].legend()
-    written.append(_save(fig, d / "latency_cdf.png"))
+    figures.append((fig, d / "latency_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for s in summaries:
@@ -190,13 +270,13 @@ def write_plots(
     ax.grid(alpha=0.3)
     if len(summaries) <= 12:
         ax.legend(fontsize=7)
-    written.append(_save(fig, d / "throughput_time.png"))
+    figures.append((fig, d / "throughput_time.png"))
     if ab:
-        written.append(_ab_plot(plt, ab, d / "ab.png"))
-    return written
+        figures.append((_ab_plot(plt, ab), d / "ab.png"))
+    return _save_all(figures, overwrite=overwrite)
 
 
-def _ab_plot(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+def _ab_plot(plt: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
     """Each A/B ratio (first point) with its 95% interval; x from 0, a line at 1 (no change)."""
     point = rows[0]["point"]
     shown = [r for r in rows if r["point"] == point and r.get("ratio") is not None]
@@ -219,13 +299,27 @@ def _ab_plot(plt: Any, rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_xlabel("ratio A/B with 95% interval (green: one side better by the corrected test)")
     ax.set_title(f"A/B at {point}")
     ax.grid(alpha=0.3, axis="x")
-    return _save(fig, path)
+    return fig
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def _save_all(figures: list[tuple[Any, Path]], *, overwrite: bool) -> list[Path]:
+    """Each figure as a PNG through the one writer; those that cannot be written are kept in
+    the state folder and named in one WriteFailed after the others are written."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
-    return path
+    written: list[Path] = []
+    lost: list[WriteFailed] = []
+    for fig, path in figures:
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        plt.close(fig)
+        try:
+            png = buffer.getvalue()
+            written.append(save_or_keep(path, png, flag="--plot", overwrite=overwrite))
+        except WriteFailed as error:
+            lost.append(error)
+    if lost:
+        more = f" ({len(lost) - 1} more plot(s) kept beside it)" if len(lost) > 1 else ""
+        raise WriteFailed(lost[0].message + more, hint=lost[0].hint)
+    return written

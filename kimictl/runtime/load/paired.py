@@ -464,7 +464,7 @@ def write_rows_csv(outcome: PairedOutcome, path: Path) -> Path:
     import csv
     import io
 
-    from kimictl.core.outputs import atomic_write
+    from kimictl.core.outputs import save_or_keep
 
     a, b = outcome.arms
     cols = ["row", "session", "input_length", "output_length", "first"]
@@ -495,7 +495,7 @@ def write_rows_csv(outcome: PairedOutcome, path: Path) -> Path:
         ta, tb = tpots
         line.append(_fmt(ta / tb if ta and tb else None))
         w.writerow(line)
-    return atomic_write(path, fh.getvalue())
+    return save_or_keep(path, fh.getvalue(), flag="--csv")
 
 
 def _fmt(v: float | None) -> str:
@@ -505,7 +505,10 @@ def _fmt(v: float | None) -> str:
 def write_ratio_plot(outcome: PairedOutcome, path: Path) -> Path:
     """A histogram of the per-request interactivity ratios B/A (log scale), with the floor band
     and the verdict's interval."""
+    import io
+
     from kimictl.core.errors import InputError as _InputError
+    from kimictl.core.outputs import save_or_keep
 
     try:
         import matplotlib
@@ -546,6 +549,7 @@ def write_ratio_plot(outcome: PairedOutcome, path: Path) -> Path:
     ax.set_ylabel("requests")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
     plt.close(fig)
-    return path
+    return save_or_keep(path, buffer.getvalue(), flag="--plot")

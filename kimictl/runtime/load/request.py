@@ -90,13 +90,25 @@ class BenchRequest:
     workers: int | None = None  # client worker processes; None: loadgen.default_workers
     api_key: str | None = None
     save_result: Path | None = None  # --save-result FILE: one (target, point, repeat) in it
+    output: Path | None = None  # -o FILE: the report JSON
+    csv_out: Path | None = None  # --csv FILE: one row per request
+    plot: Path | None = None  # --plot DIR
+    force: bool = False  # replace existing output files
 
     def config(self, targets: Sequence[BenchEndpoint]) -> BenchConfig:
         """The bench to run against `targets` (resolved, names unique); InputError on a bad mix."""
         from kimictl.runtime.load.bench import BenchConfig
+        from kimictl.runtime.load.exports import check_bench_outputs
         from kimictl.runtime.load.loadgen import default_warmup
         from kimictl.runtime.load.slo import parse_slo
 
+        check_bench_outputs(  # every file before any request
+            output=self.output,
+            csv_out=self.csv_out,
+            plot=self.plot,
+            save_result=self.save_result,
+            overwrite=self.force,
+        )
         if self.duration is not None and self.duration <= 0:
             raise InputError(f"--duration {self.duration} must be > 0 seconds")
         if self.timeout <= 0:
@@ -119,7 +131,7 @@ class BenchRequest:
         if warmup is None:
             warmup = default_warmup(len(loaded), points)
         if self.save_result is not None:
-            check_save_result(self.save_result, len(loaded), len(points), self.repeat)
+            check_save_result(len(loaded), len(points), self.repeat)
         no_end = self.num_prompts is None and self.duration is None
         return BenchConfig(
             targets=loaded,
@@ -212,7 +224,7 @@ def _numbers(text: str, what: str, kind: type) -> list[Any]:
     return out
 
 
-def check_save_result(path: Path, targets: int, points: int, repeat: int) -> None:
+def check_save_result(targets: int, points: int, repeat: int) -> None:
     """Before the run: a vLLM result file holds one (target, point, repeat)."""
     if targets != 1 or points != 1 or repeat != 1:
         raise InputError(
@@ -220,7 +232,3 @@ def check_save_result(path: Path, targets: int, points: int, repeat: int) -> Non
             f"has {targets} target(s), {points} point(s), repeat {repeat}: use --output FILE "
             "for sweeps."
         )
-    if path.exists():
-        raise InputError(f"--save-result {path}: the file exists; choose a new name.")
-    if not path.parent.is_dir():
-        raise InputError(f"--save-result {path}: folder {path.parent} does not exist.")

@@ -27,9 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kimictl.core.errors import InputError
 from kimictl.core.jsondoc import dumps
-from kimictl.core.outputs import atomic_write
+from kimictl.core.outputs import save_or_keep
 
 if TYPE_CHECKING:
     from kimictl.runtime.load.records import RequestRecord
@@ -117,12 +116,8 @@ def max_concurrent_requests(ok: Sequence[RequestRecord]) -> int:
 
 def save_result(summary: Mapping[str, Any], path: str | Path, *, force: bool = False) -> Path:
     """Write one point's summary as `vllm bench serve --save-result` does: one flat JSON object
-    with vLLM's keys (kimictl's extras, which vLLM does not write, stay out). Atomic; an existing
-    file is an InputError unless `force`."""
-    target = Path(path)
-    if target.exists() and not force:
-        raise InputError(f"--save-result {target}: the file exists; pass --force to replace it.")
-    if not target.parent.is_dir():
-        raise InputError(f"--save-result {target}: folder {target.parent} does not exist.")
+    with vLLM's keys (kimictl's extras, which vLLM does not write, stay out). Through the one
+    no-overwrite writer: an existing file is refused unless `force` (WriteFailed, the result kept
+    in the state folder; the command checks the target before the run)."""
     flat = {k: v for k, v in summary.items() if k != "kimictl"}
-    return atomic_write(target, dumps(flat, indent=False))
+    return save_or_keep(path, dumps(flat, indent=False), flag="--save-result", overwrite=force)

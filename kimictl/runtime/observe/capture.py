@@ -35,7 +35,6 @@ from typing import IO, Any
 
 import orjson
 
-from kimictl.core.errors import InputError
 from kimictl.core.http1 import is_own_request
 from kimictl.runtime.observe.otlp import TracedRequest
 
@@ -56,18 +55,11 @@ DEFAULT_MAX_FILES = 100
 def check_capture_target(path: Path) -> Path:
     """A capture writes new files only: FILE must end in .jsonl, its folder exist, and neither
     it nor its first rolled name exist (one `error:` sentence, exit 2, otherwise)."""
-    shown = str(path)
-    if path.suffix.lower() != ".jsonl":
-        raise InputError(f"--capture {shown!r} must name a .jsonl file (a Mooncake trace).")
-    if not path.parent.is_dir():
-        raise InputError(f"--capture {shown!r}: folder {str(path.parent)!r} does not exist.")
-    for p in (path, rolled_name(path, 1)):
-        if p.exists():
-            raise InputError(
-                f"--capture {shown!r}: {str(p)!r} already exists; a capture never overwrites: "
-                "choose a new name."
-            )
-    return path
+    from kimictl.core.outputs import check_new_file
+
+    target = check_new_file(path, flag="--capture", suffix=".jsonl", forceable=False)
+    check_new_file(rolled_name(target, 1), flag="--capture", forceable=False)
+    return target
 
 
 def rolled_name(path: Path, n: int) -> Path:

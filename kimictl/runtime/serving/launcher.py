@@ -70,8 +70,9 @@ STOP_GRACE_S = 20.0
 HEADLESS_SETTLE_S = 10.0
 # Start-up quiet for this long gets a "still <phase>" line.
 HEARTBEAT_S = 12.0
-# A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL.
-DEATH_GRACE_S = 5.0
+# A deployment with a dead member gets this long to exit on SIGTERM before SIGKILL (what is
+# orphaned by a dead API server ignores SIGTERM; runs.ORPHAN_GRACE_S).
+DEATH_GRACE_S = runs.ORPHAN_GRACE_S
 # vLLM's rank 0 has no heartbeat to ranks on other hosts: idle, it answers /health 200 with a dead
 # peer until its next collective. A one-token completion this often finds that out.
 PEER_PROBE_S = 15.0
@@ -468,7 +469,7 @@ def supervise(
     launches: list[Launch],
     *,
     stop_flag: Callable[[], bool],
-    poll_s: float = 2.0,
+    poll_s: float = 1.0,
     failures_to_dead: int = 2,
     grace: float = DEATH_GRACE_S,
 ) -> None:
@@ -564,7 +565,7 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     own = launch.returncode()  # the run's own exit, before our SIGTERM gives it a clean one
     cause = likely_cause(tail, own)
     if runs.is_alive(record):
-        _end_group(record, grace)
+        runs.end_group(record, grace)
     left = len(runs.group_members(record))
     launch.record = _mark(
         record,
@@ -575,9 +576,11 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     )
     shown = "\n".join("  " + line for line in tail)
     taken = "the rest of its process group was stopped" if not left else f"{left} process(es) left"
+    # `what` already names the cause when the log does not (a lost remote rank: nothing of it
+    # reaches this node's log), so "not recognised" would contradict it
+    known = "" if cause.startswith("not recognised") else f"; likely cause: {cause}"
     raise EndpointError(
-        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}; "
-        f"likely cause: {cause}.\n"
+        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}{known}.\n"
         f"last lines of {launch.plan.log_path}:\n{shown}",
         hint=f"full log: {launch.plan.log_path}",
     )
@@ -589,14 +592,6 @@ def _die(launch: Launch, what: str, grace: float) -> None:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def _end_group(record: RunRecord, grace: float) -> None:
-    """SIGTERM the run's process group, SIGKILL what is left after `grace` seconds."""
-    _signal_group(record.pgid, signal.SIGTERM)
-    if not runs.wait_gone(record, grace):
-        _signal_group(record.pgid, signal.SIGKILL)
-        runs.wait_gone(record, 10.0)
 
 
 def _clean_run_dir(run_dir: Path, tmp_dir: str | None) -> None:
@@ -616,11 +611,14 @@ def stop_run(
     process: subprocess.Popen[bytes] | None = None,
     reason: str | None = None,
 ) -> RunRecord:
-    """SIGTERM the run's group, SIGKILL after `grace` seconds, reap, clean, mark stopped."""
+    """SIGTERM the run's group, SIGKILL after `grace` seconds (ORPHAN_GRACE_S at most for a died
+    deployment: what is left of it ignores SIGTERM), reap, clean, mark stopped."""
     final = record.state if record.state in (RunState.FAILED, RunState.DIED) else RunState.STOPPED
+    if record.state is RunState.DIED:
+        grace = min(grace, runs.ORPHAN_GRACE_S)
     if runs.is_alive(record):
         record = runs.update_record(record, state=RunState.STOPPING)
-        _end_group(record, grace)
+        runs.end_group(record, grace)
     code = record.exit_code
     if process is not None:
         try:
@@ -662,6 +660,13 @@ def stop_launches(launches: list[Launch], *, grace: float = STOP_GRACE_S) -> Non
 
 
 def hand_over(launch: Launch) -> RunRecord:
-    """Hand a ready run over to its record: no supervisor from now on."""
+    """Hand a ready run over to its record and its watcher (a small process of its own session,
+    watch.py): no foreground supervisor from now on, yet a member's death still ends the rest
+    of the group within seconds."""
+    from kimictl.runtime.serving.watch import spawn_watcher
+
     launch.record = runs.update_record(launch.record, supervisor_pid=None)
+    launch.record = runs.update_record(
+        launch.record, extra={**launch.record.extra, "watcher": spawn_watcher(launch.record)}
+    )
     return launch.record

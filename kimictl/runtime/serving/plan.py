@@ -67,8 +67,10 @@ class LaunchPlan:
     role: str | None = None
     ab_group: str | None = None
     nice: int = 0  # the server's CPU niceness (see cpu_runtime.SERVER_NICE)
-    # Commands other nodes run (multi-node mp backend): printed, never executed by kimictl.
+    # Commands other nodes run (multi-node mp backend): printed, never executed by kimictl. The
+    # vLLM argv each rank gets, and the `kimictl serve ... --node-rank R` a person runs there.
     other_nodes: list[list[str]] = field(default_factory=list)
+    other_node_commands: list[list[str]] = field(default_factory=list)
     ranks: int = 1  # vLLM's world size (TP x PP x DP): one GPU each, or one CPU process each
 
     @property
@@ -118,6 +120,7 @@ class LaunchPlan:
             "env": self.redacted_env(),
             "log_path": str(self.log_path),
             "other_nodes": [redact_argv(a) for a in self.other_nodes],
+            "other_node_commands": self.other_node_commands,
         }
 
 

@@ -53,7 +53,6 @@ __all__ = [
     "render_ab",
     "render_checks",
     "to_yaml",
-    "write_private",
 ]
 
 FORMATS = tuple(f.value for f in JobFormat)
@@ -361,23 +360,6 @@ def render_ab(
         )
     route = http_route(edge, name=f"{tuned.name}-{edge.mode}", gateway=gateway)
     return "---\n".join([*texts, to_yaml(route)])
-
-
-def write_private(path: Path, text: str, *, private: bool) -> None:
-    """Write a new file (never over one the user has); mode 0600 when it holds a secret."""
-    import os
-
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
-    except FileExistsError:
-        raise InputError(
-            f"--output {path} already exists; kimictl does not overwrite it.",
-            hint="remove it first, or pick another file name.",
-        ) from None
-    except OSError as exc:
-        raise InputError(f"--output {path}: cannot create it ({exc.strerror}).") from exc
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 # ---------------------------------------------------------------- slurm

@@ -13,10 +13,12 @@ core, workers), so a "ready" run with one of them gone is reported as died, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -41,12 +43,16 @@ __all__ = [
     "group_members",
     "missing_members",
     "is_alive",
+    "ORPHAN_GRACE_S",
     "ab_targets",
+    "end_dead",
+    "end_group",
     "latest_ab_pair",
     "list_runs",
     "new_run_id",
     "observed_state",
     "process_start_ticks",
+    "read_record",
     "resolve_target",
     "resolve_targets",
     "run_dir_for",
@@ -56,6 +62,10 @@ __all__ = [
 ]
 
 RECORD_FILE = "run.json"
+# What is left of a deployment whose API server or a member died gets this long to exit on
+# SIGTERM before SIGKILL: engine cores and workers re-parented to pid 1 ignore SIGTERM, and a
+# worker holds its whole share of the model's memory meanwhile.
+ORPHAN_GRACE_S = 2.0
 
 
 class RunState(StrEnum):
@@ -167,6 +177,11 @@ def update_record(record: RunRecord, **changes: Any) -> RunRecord:
     updated = replace(record, **changes)
     write_record(updated)
     return updated
+
+
+def read_record(run_id: str) -> RunRecord | None:
+    """The record of `run_id` as stored (not corrected by `observed_state`); None if absent."""
+    return _read_record(run_dir_for(run_id) / RECORD_FILE)
 
 
 def _read_record(path: Path) -> RunRecord | None:
@@ -308,10 +323,8 @@ def observed_state(record: RunRecord) -> tuple[RunState, str | None]:
     if record.state is RunState.READY and alive:
         gone = missing_members(record)
         if gone:
-            left = len(group_members(record))
             return RunState.DIED, (
-                f"its {', '.join(f'{m.role} (pid {m.pid})' for m in gone)} died after ready; "
-                f"{left} process(es) of the group are left: `kimictl stop {record.id}` ends them"
+                f"its {', '.join(f'{m.role} (pid {m.pid})' for m in gone)} died after ready"
             )
     if record.state in (RunState.STARTING, RunState.READY) and not alive:
         if record.state is RunState.READY:
@@ -505,6 +518,44 @@ def _neither_url_nor_id(value: str) -> InputError:
         f"(http or https), a run id like cpu-demo-3f9a{guess}",
         hint="`kimictl ps` lists the run ids of the servers kimictl launched.",
     )
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def end_group(record: RunRecord, grace: float) -> None:
+    """SIGTERM the run's process group, SIGKILL what is left after `grace` seconds."""
+    _signal_group(record.pgid, signal.SIGTERM)
+    if not wait_gone(record, grace):
+        _signal_group(record.pgid, signal.SIGKILL)
+        wait_gone(record, 10.0)
+
+
+def _live_count(pgid: int) -> int:
+    return sum(1 for _ in _live_in_group(pgid))
+
+
+def end_dead(record: RunRecord, *, grace: float = ORPHAN_GRACE_S) -> RunRecord:
+    """A died deployment (a member gone) with processes of its group still running: end them
+    (SIGKILL after `grace`), record it as died with what was ended and what is really left.
+    Any other record, or one whose foreground supervisor lives (it does this itself), is returned
+    as it is. Used by the detached run's watcher and by `ps`."""
+    if record.state is not RunState.DIED:
+        return record
+    supervisor = record.supervisor_pid
+    if supervisor is not None and process_start_ticks(supervisor) is not None:
+        return record
+    before = _live_count(record.pgid)
+    if not before:
+        return record
+    end_group(record, grace)
+    left = _live_count(record.pgid)
+    cause = (record.reason or "a member died after ready").split("; kimictl ended", 1)[0]
+    ended = f"kimictl ended the {before - left} process(es) left of its group"
+    reason = f"{cause}; {ended}" + (f"; {left} could not be ended" if left else "")
+    return update_record(record, state=RunState.DIED, reason=reason, supervisor_pid=None)
 
 
 def wait_gone(record: RunRecord, timeout: float) -> bool:

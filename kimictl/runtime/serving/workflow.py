@@ -116,6 +116,22 @@ class ServeRequest:
         if self.weights_path is not None and not self.for_render:
             raise InputError("--weights-path goes with --render (a path on the cluster's nodes).")
 
+    def command_for_rank(self, profile: str, rank: int) -> list[str]:
+        """The `kimictl serve` command a person runs on the node of `rank`: this request with
+        that rank (the key file named as given: the same path must exist there)."""
+        argv = ["kimictl", "serve", profile, "--nnodes", str(self.nnodes)]
+        argv += ["--node-rank", str(rank), "--master-addr", str(self.master_addr)]
+        for flag, value in (
+            ("--model", self.model),
+            ("--port", self.port),
+            ("--api-key-file", self.api_key_file),
+            ("--traces", self.traces),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        flags = [("--force", self.force), ("--insecure", self.insecure)]
+        return argv + [flag for flag, on in flags if on]
+
 
 @dataclass
 class Prepared:
@@ -394,6 +410,10 @@ def prepare_serve(request: ServeRequest) -> Prepared:
             if any(c.blocking for c in found):
                 continue  # the gate already says why (e.g. no CPU runtime to resolve the model)
             raise
+        if plan.other_nodes:
+            ranks = [int(a[a.index("--node-rank") + 1]) for a in plan.other_nodes]
+            commands = [request.command_for_rank(request.profile or prof.name, r) for r in ranks]
+            plan = replace(plan, other_node_commands=commands)
         if request.ab and prof_runtime == "gpu":
             # Disjoint GPU sets: tuned on the first TPxPPxDP GPUs, stock on the next ones.
             visible = ",".join(str(gpu_offset + i) for i in range(plan.gpus))

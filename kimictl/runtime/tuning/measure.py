@@ -165,8 +165,10 @@ def measure(
     try:
         target = asyncio.run(resolve_models([target]))[0]
     except EndpointError as exc:  # its hint names bench's --model, which tune does not have
+        keyed = "API key" in (exc.hint or "") or "the key" in (exc.hint or "")
         raise EndpointError(
-            exc.message, hint="check the server is up (`kimictl ps`) and serves a model"
+            exc.message,
+            hint=exc.hint if keyed else "check the server is up (`kimictl ps`) and serves a model",
         ) from exc
     except OSError as exc:  # pragma: no cover - resolve_models maps its own errors
         raise EndpointError(f"cannot reach {found.url}: {exc}") from exc

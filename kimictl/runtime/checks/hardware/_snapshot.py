@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kimictl.core.errors import InputError
 from kimictl.core.jsondoc import dumps
-from kimictl.core.outputs import atomic_write
+from kimictl.core.outputs import write_new
 from kimictl.runtime.checks.hardware._types import HardwareReport, Source
 
 __all__ = [
@@ -36,7 +36,9 @@ def save_snapshot(report: HardwareReport, path: str | Path, *, overwrite: bool =
     source: Source = "recorded" if report.source == "live" else report.source
     text = dumps(report.with_source(source).to_json())
     try:
-        return atomic_write(target, text, mode=0o600)
+        return write_new(
+            target, text, flag="--save-snapshot", overwrite=overwrite, mode=0o600, make_folder=True
+        )
     except OSError as error:
         blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
         reason = f"{blocker} is a file, not a folder" if blocker else error.strerror or str(error)

@@ -145,11 +145,22 @@ def _plugin_env_arch(
     return env, arch
 
 
-def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport) -> Check:
-    """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU."""
-    from kimictl.runtime.checks.rules.plugin import plugin_check
+def _plugin_check(spec: DeploymentSpec | None, hw: HardwareReport, *, live: bool) -> Check:
+    """kimictl's vLLM kernels plugin: installed, enabled in the launch env, a table for the GPU;
+    from a snapshot, the install it recorded (never this machine's)."""
+    from kimictl.runtime.checks.rules.plugin import (
+        RECORD_KEY,
+        plugin_check,
+        unrecorded_plugin_check,
+    )
 
-    return plugin_check(*_plugin_env_arch(spec, hw))
+    env, arch = _plugin_env_arch(spec, hw)
+    if live:
+        return plugin_check(env, arch)
+    recorded = next((n.stack.get(RECORD_KEY) for n in hw.nodes if n.stack), None)
+    if not isinstance(recorded, dict):
+        return unrecorded_plugin_check()
+    return plugin_check(env, arch, recorded=recorded)
 
 
 def _layer_check(spec: DeploymentSpec | None, hw: HardwareReport | None) -> Check | None:
@@ -192,10 +203,17 @@ def diagnose(
         recorded = next((n.stack for n in hw.nodes if n.stack), None)
         stack = StackReport.from_json(recorded) if recorded else None
     else:
+        from kimictl.kernels.vllm.plugin import plugin_status
+        from kimictl.runtime.checks.rules.plugin import RECORD_KEY
+
         hw = hardware.probe_local(include_stack=False)
         stack = probe_stack()
+        recorded = {
+            **stack.to_json(),
+            RECORD_KEY: plugin_status(None, _plugin_env_arch(None, hw)[1]),
+        }
         hw = hardware.HardwareReport(
-            nodes=[replace(n, stack=stack.to_json()) for n in hw.nodes], source=hw.source
+            nodes=[replace(n, stack=recorded) for n in hw.nodes], source=hw.source
         )
     saved = (
         hardware.save_snapshot(hw, save_snapshot, overwrite=overwrite_snapshot)
@@ -213,7 +231,7 @@ def diagnose(
                 "Re-capture it with kimictl doctor --save-snapshot FILE on the node.",
             )
         )
-    checks.append(_plugin_check(spec, hw))
+    checks.append(_plugin_check(spec, hw, live=not snapshots))
     cache = _kernel_cache_check(spec, hw, stack, live=not snapshots)
     if cache is not None:
         checks.append(cache)

@@ -362,6 +362,30 @@ def _visible_check(
     return Check(cid, H, Status.PASS, f"{detail}; the checks below cover those GPUs only.")
 
 
+# The variable each switch check reads: "not set" is only known where the environment was recorded.
+_CHECK_VARS = {
+    "env.torch_multicast": DISABLE_MULTICAST,
+    "env.symm_mem_backend": SYMMMEM_BACKEND,
+    "env.nccl_nvls": NCCL_NVLS,
+    "env.nvshmem_nvls": NVSHMEM_NVLS,
+    "env.vllm_symm_mem_allreduce": VLLM_SYMM_AR,
+}
+
+
+def _unrecorded(check: Check, env: Mapping[str, EnvValue]) -> Check:
+    """A PASS that rests on a variable being unset, on a node whose launching environment was
+    not recorded: UNKNOWN (the deployment's own env does not set it; the node's may)."""
+    var = _CHECK_VARS.get(check.id)
+    if check.status is not Status.PASS or var is None or var in env:
+        return check
+    return replace(
+        check,
+        status=Status.UNKNOWN,
+        message=f"{var}: not known (the launching environment was not recorded; the "
+        "deployment's env does not set it).",
+    )
+
+
 def environment_checks(
     hw: HardwareReport | None,
     env_by_node: list[dict[str, EnvValue]],
@@ -371,9 +395,10 @@ def environment_checks(
     checks: list[Check] = []
     envs = env_by_node or [launch_env(None, spec)]
     hosts = [n.hostname for n in hw.nodes] if hw is not None else ["this node"]
+    recorded = [n.env is not None for n in hw.nodes] if hw is not None else [True]
     # the same finding on several nodes is reported once, naming the nodes unless it is all
     found: dict[tuple[str, str, str], tuple[Check, list[str]]] = {}
-    for host, env in zip(hosts, envs, strict=False):
+    for host, env, known in zip(hosts, envs, recorded, strict=False):
         for check in (
             _torch_multicast(env),
             _symm_backend(env),
@@ -381,6 +406,8 @@ def environment_checks(
             _nvshmem_nvls(env),
             _vllm_symm_ar(env),
         ):
+            if check is not None and not known:
+                check = _unrecorded(check, env)
             if check is not None:
                 key = (check.id, check.status.value, check.message)
                 found.setdefault(key, (check, []))[1].append(host)

@@ -4,17 +4,38 @@ and its fused-layer switch (kimictl.kernels.vllm.layer_route)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from kimictl.kernels.vllm.plugin import ENTRY_POINT, ENV_VAR, GROUP, plugin_status
 from kimictl.runtime.checks.rules.base import Check, Section, Status
 
-__all__ = ["layer_check", "plugin_check"]
+__all__ = ["RECORD_KEY", "layer_check", "plugin_check", "unrecorded_plugin_check"]
+
+RECORD_KEY = "kimictl_plugin"  # the key of plugin_status in a snapshot's recorded stack
 
 
-def plugin_check(env: Mapping[str, str], arch: str | None) -> Check:
+def unrecorded_plugin_check() -> Check:
+    """A snapshot from before kimictl recorded the plugin: this machine's install says nothing
+    about the recorded node's."""
+    return Check(
+        "kernels.vllm_plugin",
+        Section.STACK,
+        Status.UNKNOWN,
+        "kimictl's vLLM plugin: not recorded in the snapshot (this machine's install says nothing "
+        "about that node's).",
+        "Re-capture it with kimictl doctor --save-snapshot FILE on the node.",
+    )
+
+
+def plugin_check(
+    env: Mapping[str, str], arch: str | None, *, recorded: Mapping[str, Any] | None = None
+) -> Check:
     """doctor's `kernels.vllm_plugin` finding: installed? enabled (in the launch env)? a table for
-    this GPU? Never blocking: the plugin is optional and falls through to vLLM's plan."""
-    st = plugin_status(env, arch)
+    this GPU? Never blocking: the plugin is optional and falls through to vLLM's plan. With
+    `recorded` (a snapshot's `plugin_status`) the recorded node's install, not this machine's."""
+    from kimictl.kernels.vllm.plugin import enabled
+
+    st = plugin_status(env, arch) if recorded is None else {**recorded, "enabled": enabled(env)}
     cid = "kernels.vllm_plugin"
     if not st["installed"]:
         return Check(
