@@ -41,6 +41,7 @@ from kimictl.runtime.load.ab import ALPHA, HEADLINE, compare
 from kimictl.runtime.load.bench import BenchConfig, run_bench
 from kimictl.runtime.load.records import LoadPoint, LoadTarget
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
+from kimictl.runtime.verdict.common import wilson
 
 # two-sided 95% t quantiles by degrees of freedom (for the mean log ratio over runs)
 _T975 = {
@@ -55,16 +56,6 @@ RULES = ("product", "per_request")
 def t975(df: int) -> float:
     known = [d for d in sorted(_T975) if d <= df]
     return _T975[known[-1]] if known else 12.706
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def binom_tail(k: int, n: int, p: float) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import random
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from kimictl.runtime.load.ab import ALPHA, compare
 from kimictl.runtime.load.records import RequestRecord
 from kimictl.runtime.load.summary import summarize
+from kimictl.runtime.verdict.common import wilson
 
 
 def load_pool(path: Path) -> list[RequestRecord]:
@@ -68,14 +68,6 @@ def _draw(pool: list[RequestRecord], target: str, n: int, rng: random.Random):
         r.start = float(i)
         out.append(r)
     return out
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from kimictl.runtime.verdict.paired import (
     BETTER,
     DEFAULT_FLOOR,
     WORSE,
-    Estimate,
+    BootstrapEstimate,
     Verdict,
     paired_verdict,
     quantile_ratio,
@@ -436,7 +436,7 @@ def _verdict(cfg: PairedConfig, rows: list[PairedRow], a: str, b: str) -> Verdic
     inter_b = [fig(r, b, "inter") for r in rows]
     ttft_a = [fig(r, a, "ttft") for r in rows]
     ttft_b = [fig(r, b, "ttft") for r in rows]
-    figures: dict[str, Estimate] = {}
+    figures: dict[str, BootstrapEstimate] = {}
     for p in (10, 50, 90):
         figures[f"interactivity_p{p}"] = quantile_ratio(
             inter_a, inter_b, p, clusters=clusters, seed=cfg.seed

@@ -28,7 +28,7 @@ from kimictl.runtime.observe.otlp import (
     server_key_matches,
     traced_figures,
 )
-from kimictl.runtime.verdict.sequential import Estimate, Watch, paired_estimate
+from kimictl.runtime.verdict.sequential import LogRatioSummary, Watch, paired_estimate
 from kimictl.runtime.verdict.strata import Shaped, Srm, srm_check, stratified_estimate
 
 __all__ = ["CANARY", "SHADOW", "Arm", "LiveJudge", "state_line"]
@@ -124,7 +124,7 @@ class LiveJudge:
 
     def _canary(
         self, tuned: Sequence[TracedRequest], stock: Sequence[TracedRequest]
-    ) -> tuple[Estimate | None, dict[str, Any]]:
+    ) -> tuple[LogRatioSummary | None, dict[str, Any]]:
         counts = {self.tuned.name: len(tuned), self.stock.name: len(stock)}
         weights = {self.tuned.name: self.pct, self.stock.name: 100.0 - self.pct}
         self._srm = srm_check(counts, weights) if sum(counts.values()) >= MIN_FOR_SRM else None
@@ -133,7 +133,7 @@ class LiveJudge:
 
     def _shadow(
         self, tuned: Sequence[TracedRequest], stock: Sequence[TracedRequest], now: float
-    ) -> tuple[Estimate | None, dict[str, Any]]:
+    ) -> tuple[LogRatioSummary | None, dict[str, Any]]:
         mirror = {r.request_id: r for r in tuned if r.request_id}
         ratios = []
         settled = mirrored = 0

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kimictl.runtime.verdict.common import DEFAULT_FLOOR, log_band, wilson
+
 __all__ = [
     "BETTER",
     "DECISIONS",
@@ -34,7 +36,7 @@ __all__ = [
     "INCONCLUSIVE",
     "SAME",
     "WORSE",
-    "Estimate",
+    "BootstrapEstimate",
     "Verdict",
     "decide",
     "effective_floor",
@@ -50,13 +52,12 @@ WORSE = "B worse"
 SAME = "no practical difference"
 INCONCLUSIVE = "inconclusive"
 DECISIONS = (BETTER, WORSE, SAME, INCONCLUSIVE)
-DEFAULT_FLOOR = 0.05
 N_BOOT = 2000
 _CHUNK = 200  # bootstrap samples per block (bounds memory at _CHUNK x rows)
 
 
 @dataclass(frozen=True)
-class Estimate:
+class BootstrapEstimate:
     """A ratio B/A with its bootstrap interval (`level`), over `n` rows in `units` units."""
 
     ratio: float
@@ -88,7 +89,7 @@ class Verdict:
     higher_is_better: bool = True
     rows_needed: int | None = None  # inconclusive: about how many rows would settle it
     aa: bool = False  # an A/A run: any "better"/"worse" is a false alarm
-    figures: dict[str, Estimate] = field(default_factory=dict)
+    figures: dict[str, BootstrapEstimate] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def _interval(samples: Any, level: float) -> tuple[float, float]:
 
 def decide(lo: float, est: float, hi: float, floor: float) -> str:
     """The four-way decision on a log ratio (> 0 = B better) and its interval [lo, hi]."""
-    band = math.log1p(floor)
+    band = log_band(floor)
     if lo > 0 and est >= band:
         return BETTER
     if hi < 0 and est <= -band:
@@ -167,7 +168,7 @@ def rows_needed(lo: float, est: float, hi: float, floor: float, n: int) -> int |
     shrinks as 1/sqrt(n) around the same estimate; to exclude 0 when the estimate is beyond the
     floor, to fit inside the floor band when it is within. None when the estimate sits on the
     band's edge (no n settles it)."""
-    band = math.log1p(floor)
+    band = log_band(floor)
     half = (hi - lo) / 2.0
     target = abs(est) if abs(est) >= band else band - abs(est)
     if half <= 0 or target <= 1e-9 or n < 1:
@@ -185,7 +186,7 @@ def quantile_ratio(
     level: float = 0.95,
     n_boot: int = N_BOOT,
     seed: int = 0,
-) -> Estimate:
+) -> BootstrapEstimate:
     """B/A of the p-th percentile (0-100) of a per-row figure served by both arms; each bootstrap
     sample draws the same rows (or sessions) for both. Rows where either value is missing or not
     positive are left out."""
@@ -197,7 +198,7 @@ def quantile_ratio(
     av, bv = av[ok], bv[ok]
     n = len(av)
     if n == 0:
-        return Estimate(math.nan, math.nan, math.nan, 0, 0)
+        return BootstrapEstimate(math.nan, math.nan, math.nan, 0, 0)
     units, _ = _units(n, labels)
     rng = np.random.default_rng(seed)
     order_a, order_b = np.argsort(av), np.argsort(bv)
@@ -211,7 +212,7 @@ def quantile_ratio(
     point = float(
         np.percentile(bv, p, method="inverted_cdf") / np.percentile(av, p, method="inverted_cdf")
     )
-    return Estimate(point, lo, hi, n, len(np.unique(units)))
+    return BootstrapEstimate(point, lo, hi, n, len(np.unique(units)))
 
 
 def _weighted_q(sorted_values: Any, weights: Any, p: float) -> Any:
@@ -233,7 +234,7 @@ def paired_verdict(
     n_boot: int = N_BOOT,
     seed: int = 0,
     aa: bool = False,
-    figures: dict[str, Estimate] | None = None,
+    figures: dict[str, BootstrapEstimate] | None = None,
 ) -> Verdict:
     """The verdict on per-row log ratios log(B/A) of a metric (`higher_is_better` says which way
     is good; the decision is always about B). Resamples rows, or `clusters` (session ids, one per
@@ -314,14 +315,3 @@ def effective_floor(floor: float, aa_noise: float | None) -> float:
     if aa_noise is None or math.isnan(aa_noise):
         return floor
     return max(floor, aa_noise)
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion k/n (the A/A false-alarm and detection rates)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))

@@ -33,6 +33,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kimictl.runtime.verdict.common import DEFAULT_FLOOR, log_band, mean_var
+
 __all__ = [
     "ALPHA",
     "BETTER",
@@ -41,10 +43,9 @@ __all__ = [
     "NO_DIFFERENCE",
     "WORSE",
     "Watch",
-    "FLOOR",
     "MIN_PER_ARM",
     "PLANNED_N",
-    "Estimate",
+    "LogRatioSummary",
     "Interval",
     "confidence_sequence",
     "fixed_n_interval",
@@ -55,9 +56,6 @@ __all__ = [
 ]
 
 ALPHA = 0.05
-# The practical-difference band on the ratio: within 1/1.05 .. 1.05 is "no practical difference".
-# A minimal floor of this module; the replay verdict's floor (issue 44) is meant to replace it.
-FLOOR = 0.05
 MIN_PER_ARM = 20  # below this many requests in an arm, the plug-in variance is not to be trusted
 # The mixture is tuned so the sequence is tightest when each arm has this many requests (a few
 # minutes of one replica's traffic): earlier and later looks are valid, only a little wider.
@@ -65,8 +63,10 @@ PLANNED_N = 400
 
 
 @dataclass(frozen=True, slots=True)
-class Estimate:
-    """A log-ratio estimate (tuned over stock) and its variance; `n` = requests (or pairs)."""
+class LogRatioSummary:
+    """A mean/variance summary of a log ratio (tuned over stock): the estimate and its variance
+    (the normal approximation the mSPRT reads; paired.BootstrapEstimate is the replay's bootstrap
+    interval instead); `n` = requests (or pairs)."""
 
     value: float
     variance: float
@@ -90,28 +90,21 @@ class Interval:
         return math.exp(self.lo), math.exp(self.hi)
 
 
-def _mean_var(values: Sequence[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = math.fsum(values) / n
-    var = math.fsum((x - mean) ** 2 for x in values) / (n - 1) if n > 1 else math.inf
-    return mean, var
-
-
-def paired_estimate(log_ratios: Sequence[float]) -> Estimate | None:
+def paired_estimate(log_ratios: Sequence[float]) -> LogRatioSummary | None:
     """Shadow: one log ratio per request id (tuned / stock of the same request)."""
     if len(log_ratios) < 2:
         return None
-    mean, var = _mean_var(log_ratios)
-    return Estimate(mean, var / len(log_ratios), len(log_ratios))
+    mean, var = mean_var(log_ratios)
+    return LogRatioSummary(mean, var / len(log_ratios), len(log_ratios))
 
 
-def two_sample_estimate(tuned: Sequence[float], stock: Sequence[float]) -> Estimate | None:
+def two_sample_estimate(tuned: Sequence[float], stock: Sequence[float]) -> LogRatioSummary | None:
     """Canary without strata: mean log interactivity of tuned minus that of stock."""
     if len(tuned) < 2 or len(stock) < 2:
         return None
-    mt, vt = _mean_var(tuned)
-    ms, vs = _mean_var(stock)
-    return Estimate(mt - ms, vt / len(tuned) + vs / len(stock), min(len(tuned), len(stock)))
+    mt, vt = mean_var(tuned)
+    ms, vs = mean_var(stock)
+    return LogRatioSummary(mt - ms, vt / len(tuned) + vs / len(stock), min(len(tuned), len(stock)))
 
 
 def _best_ratio(alpha: float) -> float:
@@ -133,14 +126,16 @@ def _best_ratio(alpha: float) -> float:
     return math.exp((a + b) / 2)
 
 
-def mixture_variance(est: Estimate, *, planned_n: int = PLANNED_N, alpha: float = ALPHA) -> float:
+def mixture_variance(
+    est: LogRatioSummary, *, planned_n: int = PLANNED_N, alpha: float = ALPHA
+) -> float:
     """tau2 of the mixture: the one that makes the sequence tightest when the estimate's variance
     is what it will be at `planned_n` requests (v scales as 1/n)."""
     v_planned = est.variance * est.n / planned_n
     return _best_ratio(alpha) * v_planned
 
 
-def msprt_p(est: Estimate, *, tau2: float) -> float:
+def msprt_p(est: LogRatioSummary, *, tau2: float) -> float:
     """One look's likelihood-ratio p-value, 1/L (the always-valid p is the running minimum)."""
     v = est.variance
     if not (v > 0 and math.isfinite(v)):
@@ -150,7 +145,7 @@ def msprt_p(est: Estimate, *, tau2: float) -> float:
 
 
 def confidence_sequence(
-    est: Estimate, *, alpha: float = ALPHA, planned_n: int = PLANNED_N
+    est: LogRatioSummary, *, alpha: float = ALPHA, planned_n: int = PLANNED_N
 ) -> Interval:
     """The normal-mixture confidence sequence at this look (valid at all looks at once)."""
     v = est.variance
@@ -161,7 +156,7 @@ def confidence_sequence(
     return Interval(est.value, est.value - half, est.value + half)
 
 
-def fixed_n_interval(est: Estimate, *, alpha: float = ALPHA) -> Interval:
+def fixed_n_interval(est: LogRatioSummary, *, alpha: float = ALPHA) -> Interval:
     """The textbook fixed-sample (Welch / z) interval: valid at one look chosen in advance only.
     Kept to show what peeking does to it (lab/bench/live_judge_sim.py)."""
     v = est.variance
@@ -203,7 +198,7 @@ class Watch:
     interval excludes 1 and reaches past the floor); moved (the difference changed under watch:
     restart the judge)."""
 
-    floor: float = FLOOR
+    floor: float = DEFAULT_FLOOR  # the replay verdict's floor too (verdict.common)
     alpha: float = ALPHA
     planned_n: int = PLANNED_N
     min_n: int = MIN_PER_ARM
@@ -214,7 +209,7 @@ class Watch:
     since: float | None = None
     last: Interval | None = None
 
-    def look(self, est: Estimate | None, now: float) -> str:
+    def look(self, est: LogRatioSummary | None, now: float) -> str:
         if est is None or est.n < self.min_n:
             return self._enter(COLLECTING, now)
         if self.fixed_n:
@@ -224,7 +219,7 @@ class Watch:
             iv = confidence_sequence(est, alpha=self.alpha, planned_n=self.planned_n)
             self.lo, self.hi = max(self.lo, iv.lo), min(self.hi, iv.hi)
         self.last = iv
-        band = math.log1p(self.floor)
+        band = log_band(self.floor)
         if self.lo > self.hi:
             return self._enter(MOVED, now)
         if -band < self.lo and self.hi < band:

@@ -22,7 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kimictl.runtime.verdict.sequential import Estimate
+from kimictl.runtime.verdict.common import mean_ss
+from kimictl.runtime.verdict.sequential import LogRatioSummary
 
 __all__ = [
     "SRM_P",
@@ -59,7 +60,7 @@ def _groups(rows: Sequence[Shaped]) -> dict[tuple[int, int], list[float]]:
 
 def stratified_estimate(
     tuned: Sequence[Shaped], stock: Sequence[Shaped]
-) -> tuple[Estimate | None, float]:
+) -> tuple[LogRatioSummary | None, float]:
     """(reweighted difference of mean log interactivity tuned - stock with its variance, the share
     of requests in strata both arms reached). A stratum counts when each arm has 2+ requests in
     it; a stratum's variance is pooled over both arms (one arm's 2 points say little alone)."""
@@ -74,13 +75,12 @@ def stratified_estimate(
     for k in common:
         a, b = gt[k], gs[k]
         w = (len(a) + len(b)) / covered
-        ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
-        ss = math.fsum((x - ma) ** 2 for x in a) + math.fsum((x - mb) ** 2 for x in b)
-        pooled = ss / (len(a) + len(b) - 2)
+        (ma, ssa), (mb, ssb) = mean_ss(a), mean_ss(b)
+        pooled = (ssa + ssb) / (len(a) + len(b) - 2)
         value += w * (ma - mb)
         variance += w * w * pooled * (1 / len(a) + 1 / len(b))
     n = min(sum(len(gt[k]) for k in common), sum(len(gs[k]) for k in common))
-    return Estimate(value, variance, n), covered / total
+    return LogRatioSummary(value, variance, n), covered / total
 
 
 @dataclass(frozen=True, slots=True)
