@@ -1,8 +1,11 @@
 """Each module's `__all__` is its public surface: every name another kimictl module imports from
 it is listed there, and every listed name exists there. Read from the sources (ast), so no
-module is imported.
+module is imported (but kernels.toolchain.build, for the list of kernel sources below).
 
-kimictl.kernels and kimictl.tui are not walked yet: their owners bring them under the rule."""
+The kernel families' own source files are exempt: `kernels.toolchain.build.source_hash()` hashes
+their syntax trees, `__all__` included, into the build manifest, and a changed hash marks every
+built kernel stale; so their `__all__` stays as the builds were made. Exactly the modules in some
+family's `sources` (FAMILIES, LAYER_FAMILIES) are left out."""
 
 from __future__ import annotations
 
@@ -10,7 +13,17 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kimictl"
-NOT_YET = ("kimictl.kernels", "kimictl.tui")
+
+
+def _hashed() -> frozenset[str]:
+    """The modules whose syntax trees a kernel build's source hash covers."""
+    from kimictl.kernels.toolchain.build import FAMILIES, LAYER_FAMILIES
+
+    families = [*FAMILIES.values(), *LAYER_FAMILIES.values()]
+    return frozenset(module for fam in families for module in fam.sources)
+
+
+HASHED = _hashed()
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -62,7 +75,7 @@ def test_every_imported_name_is_public_where_it_is_defined() -> None:
     modules = _modules()
     problems = []
     for importer, module, name in _imports(modules):
-        if module.startswith(NOT_YET) or name.startswith("_") or f"{module}.{name}" in modules:
+        if module in HASHED or name.startswith("_") or f"{module}.{name}" in modules:
             continue
         tree = modules[module]
         listed = _all(tree)
@@ -78,6 +91,6 @@ def test_every_listed_name_exists() -> None:
     for module, tree in _modules().items():
         listed = _all(tree) or []
         missing = set(listed) - _bound(tree)
-        if missing and not module.startswith(NOT_YET):
+        if missing and module not in HASHED:
             problems.append(f"{module}.__all__ names {sorted(missing)}, which it does not bind")
     assert problems == []

@@ -18,6 +18,7 @@ __all__ = [
     "fmt_ratio",
     "source_cell",
     "traces_line",
+    "judge_lines",
 ]
 
 

@@ -18,7 +18,15 @@ from kimictl.runtime.observe.poller import EndpointStatus, EndpointView
 from kimictl.runtime.observe.window import HIGHER_IS_BETTER
 from kimictl.tui.rows import ROWS, SOURCE_LABEL, fmt_cell, fmt_ratio, source_cell
 
-__all__ = ["ChartsPanel", "FiguresTable", "GpuStrip", "Series", "StatusLine", "chart_lines"]
+__all__ = [
+    "ChartsPanel",
+    "FiguresTable",
+    "GpuStrip",
+    "Series",
+    "StatusLine",
+    "chart_lines",
+    "SERIES_STYLES",
+]
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 SERIES_STYLES = ("cyan", "magenta", "yellow", "blue", "green", "red")

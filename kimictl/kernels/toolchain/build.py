@@ -27,6 +27,25 @@ from typing import Any
 from kimictl.core.errors import InputError
 from kimictl.core.outputs import atomic_write
 
+__all__ = [
+    "ARCHES",
+    "FAMILIES",
+    "LAYER_CONFIGS",
+    "LAYER_DIR",
+    "LAYER_FAMILIES",
+    "BuildResult",
+    "Family",
+    "build",
+    "build_layer",
+    "default_build_dir",
+    "dsl_version",
+    "embedded_sm",
+    "find_layer_build",
+    "gpu_layer_build",
+    "read_manifest",
+    "source_hash",
+]
+
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")
 DSL_DIST = "nvidia-cutlass-dsl"
 MANIFEST = "manifest.json"

@@ -32,6 +32,13 @@ __all__ = [
     "DispatchTable",
     "Measurement",
     "geomean",
+    "ALL_FAMILIES",
+    "CHAIN_KIMICTL",
+    "CHAIN_MIX",
+    "CHAIN_TUNED",
+    "CHAIN_VLLM",
+    "CUBLAS",
+    "LLG_MODULE",
 ]
 
 # (name, N, K) per GPU, TP8 unless the name says otherwise

@@ -26,6 +26,7 @@ __all__ = [
     "default_library",
     "find_build",
     "link",
+    "open_library",
 ]
 
 LIBRARY = "libkimictl_kernels.so"

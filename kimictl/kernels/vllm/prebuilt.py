@@ -47,6 +47,8 @@ __all__ = [
     "inject_prebuilt",
     "load_prebuilt",
     "skinny_from_sources",
+    "install_vllm_units",
+    "torch_standin",
 ]
 
 PREBUILT_ENV = PREBUILT_ENV_VAR  # a deployment folder written by `kernels install --vllm`

@@ -55,6 +55,7 @@ __all__ = [
     "install_wrappers",
     "vllm_args",
     "wrap_compile",
+    "bare_parents",
 ]
 
 BASE = "vllm.models.kimi_k3.nvidia.specialized_decode.cutedsl"
