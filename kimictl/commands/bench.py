@@ -270,7 +270,11 @@ def bench(
         force=force,
     )
     cfg = request.config(_targets(target or [], ab=ab))
-    outcome = _run(cfg, quiet=json_out)
+    _report(_run(cfg, quiet=json_out), request, json_out)
+
+
+def _report(outcome: BenchOutcome, request: BenchRequest, json_out: bool) -> None:
+    """Save, print, then exit as the run went: the table is printed even when a save failed."""
     lost = _write(outcome, json_out, request)
     if not json_out:
         from kimictl.commands._render import render_bench
