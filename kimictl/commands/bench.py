@@ -207,6 +207,7 @@ def bench(
     max_lag_ms: MaxLagOpt = 100.0,
     force: ForceOpt = False,
 ) -> None:
+    options = dict(locals())  # the options, by name: BenchRequest's fields
     from kimictl.core.apikeys import read_api_key
     from kimictl.runtime.load.request import BenchRequest
 
@@ -233,41 +234,8 @@ def bench(
             plot=plot,
         )
         return
-    request = BenchRequest(
-        model=model,
-        workload=workload,
-        input_len=input_len,
-        output_len=output_len,
-        prefix_len=prefix_len,
-        agentic_config=agentic_config,
-        trace=trace,
-        replay_speed=replay_speed,
-        prompts=prompts,
-        endpoint=endpoint,
-        concurrency=concurrency,
-        rate=rate,
-        burstiness=burstiness,
-        arrivals=arrivals,
-        num_prompts=num_prompts,
-        duration=duration,
-        warmup=warmup,
-        seed=seed,
-        repeat=repeat,
-        timeout=timeout,
-        ignore_eos=ignore_eos,
-        gpus=gpus,
-        slo=slo,
-        scrape_metrics=not no_metrics,
-        traces_port=traces_port,
-        schedule=schedule,
-        interleave=interleave,
-        workers=workers,
-        api_key=read_api_key(api_key_file),
-        save_result=save_result,
-        output=output,
-        csv_out=csv_out,
-        plot=plot,
-        force=force,
+    request = BenchRequest.from_options(
+        options, scrape_metrics=not no_metrics, api_key=read_api_key(api_key_file)
     )
     cfg = request.config(_targets(target or [], ab=ab))
     _report(_run(cfg, quiet=json_out), request, json_out)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from kimictl.commands._options import JsonOpt
+
+if TYPE_CHECKING:
+    from kimictl.runtime.serving.launcher import Probed
 
 ps_app = typer.Typer(add_completion=False)
 stop_app = typer.Typer(add_completion=False)
@@ -65,7 +68,15 @@ def ps(
     if not probed:
         console.print("no servers" + ("" if all_runs else " running (`kimictl ps --all` for past)"))
         return
+    _print_table(probed)
+    for p in probed:
+        _print_notes(p, all_runs=all_runs)
+
+
+def _print_table(probed: list[Probed]) -> None:
     from rich.table import Table
+
+    from kimictl.commands._output import console
 
     table = Table(box=None, pad_edge=False)
     # the ID (what logs/stop take) and the state never shrink, at any width or piped
@@ -95,34 +106,39 @@ def ps(
         console.width = before
     else:
         console.print(table)
-    for p in probed:
-        r = p.record
-        if r.reason:
-            console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
-        if "ray" in r.extra:
-            console.print(
-                f"[dim]{r.id}: on the Ray cluster at {r.extra['ray']['address']} (`kimictl stop` "
-                "ends this deployment, not the cluster)[/]",
-                highlight=False,
-            )
-        if p.state == "died" and not all_runs:
-            console.print(
-                f"[bold red]{r.id}: died; `kimictl logs {r.id}` shows why, `kimictl stop {r.id}` "
-                "acknowledges it (then only `ps --all` lists it)[/]",
-                highlight=False,
-            )
-        if p.peer_lost:
-            console.print(
-                f"[bold red]{r.id}: {p.peer_lost}; `kimictl stop {r.id}` ends it[/]",
-                highlight=False,
-            )
-        elif p.state == "unhealthy":
-            said = "no answer" if p.health is None else f"{p.health}"
-            console.print(
-                f"[bold red]{r.id}: /health {said}: the engine may have died; "
-                f"`kimictl logs {r.id}` shows why, `kimictl stop {r.id}` ends it[/]",
-                highlight=False,
-            )
+
+
+def _print_notes(p: Probed, *, all_runs: bool) -> None:
+    """The lines under the table that say what a run's state means and what to run."""
+    from kimictl.commands._output import console
+
+    r = p.record
+    if r.reason:
+        console.print(f"[dim]{r.id}: {r.reason}[/]", highlight=False)
+    if "ray" in r.extra:
+        console.print(
+            f"[dim]{r.id}: on the Ray cluster at {r.extra['ray']['address']} (`kimictl stop` "
+            "ends this deployment, not the cluster)[/]",
+            highlight=False,
+        )
+    if p.state == "died" and not all_runs:
+        console.print(
+            f"[bold red]{r.id}: died; `kimictl logs {r.id}` shows why, `kimictl stop {r.id}` "
+            "acknowledges it (then only `ps --all` lists it)[/]",
+            highlight=False,
+        )
+    if p.peer_lost:
+        console.print(
+            f"[bold red]{r.id}: {p.peer_lost}; `kimictl stop {r.id}` ends it[/]",
+            highlight=False,
+        )
+    elif p.state == "unhealthy":
+        said = "no answer" if p.health is None else f"{p.health}"
+        console.print(
+            f"[bold red]{r.id}: /health {said}: the engine may have died; "
+            f"`kimictl logs {r.id}` shows why, `kimictl stop {r.id}` ends it[/]",
+            highlight=False,
+        )
 
 
 def _natural_width(table: Any) -> int:

@@ -8,7 +8,8 @@ state (>= 1, a TCP port) are the command's; what needs more than one bound or mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -94,6 +95,12 @@ class BenchRequest:
     csv_out: Path | None = None  # --csv FILE: one row per request
     plot: Path | None = None  # --plot DIR
     force: bool = False  # replace existing output files
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **given: Any) -> BenchRequest:
+        """The request from the command's options, taken by field name; `given` wins."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**({k: v for k, v in options.items() if k in names} | given))
 
     def config(self, targets: Sequence[BenchEndpoint]) -> BenchConfig:
         """The bench to run against `targets` (resolved, names unique); InputError on a bad mix."""

@@ -52,6 +52,7 @@ __all__ = [
     "HEARTBEAT_S",
     "STOP_GRACE_S",
     "Launch",
+    "Probed",
     "StopRequested",
     "child_setup",
     "hand_over",
