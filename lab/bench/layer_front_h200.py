@@ -53,7 +53,8 @@ def main() -> int:
                     "variants (`--make-sweep`): each is checked against fp64 and timed alone, the "
                     "fastest per (kind, M) joins the run beside the node's build")  # fmt: skip
     ap.add_argument("--make-sweep", type=Path, help="CPU: build the tensor-core segment f "
-                    "at M = 4 in every (ring, slot) of chain.RINGS into this folder")  # fmt: skip
+                    "at M = 4 in every (ring, slot) of lab.kernels.layer_chain.RINGS into "
+                    "this folder")  # fmt: skip
     args = ap.parse_args()
     if args.make_sweep:
         return make_sweep(args.make_sweep)
@@ -243,8 +244,9 @@ def main() -> int:
 
 def make_sweep(out: Path) -> int:
     from kimictl.deployment.k3 import K3_MOE_CONFIG
-    from kimictl.kernels.layer.chain import RINGS, LayerChainConfig
+    from kimictl.kernels.layer.chain import LayerChainConfig
     from kimictl.kernels.toolchain.build import LAYER_FAMILIES, build
+    from lab.kernels.layer_chain import RINGS
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]

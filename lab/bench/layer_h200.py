@@ -161,7 +161,7 @@ def make_weights(kind: str, gen: Any, device: Any) -> dict[str, Any]:
     # RMSNorm weights folded into the GEMM that follows the norm (the wsnorm kernels)
     for name, norm in (("front", "post_attention_norm"), ("latent_up", "latent_norm")):
         w[name + "_g"] = (w[name].float() * w[norm].float()).to(torch.bfloat16)
-    from kimictl.kernels.layer.chain import chain_weights
+    from lab.kernels.layer_chain import chain_weights
 
     w.update(chain_weights(kind, w))  # the chain segments' flat buffers (and barrier words)
     return w
@@ -361,7 +361,7 @@ def elem_torch(kind: str) -> dict[str, Callable[..., Any]]:
     """The `elem` ops of make_layer in torch (CPU smoke): each variant's fp64 reference
     (layer_elem.elem_ref) on the same tensors the kernels get, rounded back to bf16."""
 
-    from kimictl.kernels.layer.elem import elem_configs, elem_ref
+    from lab.kernels.layer_elem import elem_configs, elem_ref
 
     proto = {c.op + ("" if c.op not in ("rms", "copy") else str(c.width)): c
              for c in elem_configs((kind,), (1,)) if c.op != "copy" or not c.x_w}  # fmt: skip
@@ -408,7 +408,7 @@ def register_elem_ops(launch: Callable[..., None], kinds: tuple[str, ...], devic
     returns make_layer's `elem` dict."""
     import torch
 
-    from kimictl.kernels.layer.elem import elem_configs
+    from lab.kernels.layer_elem import elem_configs
 
     cfgs = elem_configs(kinds)
     names = {(c.op, c.m, c.width): c.name for c in cfgs if c.op != "copy"}
@@ -790,7 +790,8 @@ def register_chain_op(launch: Callable[..., None], kinds: tuple[str, ...],
     can switch variants (the preflight's search in the layer)."""
     import torch
 
-    from kimictl.kernels.layer.chain import CHAIN_SHIPPED, chain_configs
+    from kimictl.kernels.layer.chain import CHAIN_SHIPPED
+    from lab.kernels.layer_chain import chain_configs
 
     every = {c.name: c for c in (*chain_configs(kinds), *CHAIN_SHIPPED) if c.layer in kinds}
     cfgs: dict[tuple[str, str, int], Any] = {} if table is None else table
@@ -889,10 +890,10 @@ def preflight_chain(build: Path, kinds: tuple[str, ...], shipped: bool = False) 
         CHAIN_SHIPPED,
         COUNTER,
         SERVED_MS,
-        chain_configs,
         segment_ref,
     )
     from kimictl.kernels.toolchain.harness import open_library
+    from lab.kernels.layer_chain import chain_configs
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -971,10 +972,11 @@ def make_build(out: Path, kinds: tuple[str, ...]) -> int:
     """CPU, before the device call: AOT-build every kernel the plan picks plus the wsnorm,
     layer_elem and layer_chain variants into `out` (objects whose source is unchanged are
     reused); sm_90a."""
-    from kimictl.kernels.layer.chain import CHAIN_SHIPPED, chain_configs
-    from kimictl.kernels.layer.elem import elem_configs
+    from kimictl.kernels.layer.chain import CHAIN_SHIPPED
     from kimictl.kernels.toolchain.build import ALL_CONFIGS, build
     from lab.kernels.families import ALL_FAMILIES, EXPERIMENTAL_CONFIGS
+    from lab.kernels.layer_chain import chain_configs
+    from lab.kernels.layer_elem import elem_configs
     from lab.kernels.tcpro_gemm import pro_configs
     from lab.kernels.wgstride_gemm import stride_configs
     from lab.kernels.wsnorm_gemm import NORM_CONFIGS
@@ -1118,8 +1120,8 @@ def preflight_elem(build: Path, kinds: tuple[str, ...]) -> int:
     fp32 logits exact), so a faulty new kernel cannot take the main run down. Exit 0: all pass."""
     import torch
 
-    from kimictl.kernels.layer.elem import elem_configs, elem_ref, elem_tensors
     from kimictl.kernels.toolchain.harness import open_library
+    from lab.kernels.layer_elem import elem_configs, elem_ref, elem_tensors
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -1295,7 +1297,8 @@ def smoke() -> int:
 
 def chain_torch() -> Callable[..., Any]:
     """register_chain_op's op in torch (layer_chain.segment_ref): the CPU smoke and tests."""
-    from kimictl.kernels.layer.chain import chain_configs, segment_ref
+    from kimictl.kernels.layer.chain import segment_ref
+    from lab.kernels.layer_chain import chain_configs
 
     cfgs = {(c.layer, c.seg, c.m): c for c in chain_configs()}
     return lambda x, r, w, layer, seg: segment_ref(cfgs[(layer, seg, x.shape[0])], x, r, w)
@@ -1412,9 +1415,9 @@ def main() -> int:
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from kimictl.kernels.layer.ops import weight_bytes
     from kimictl.kernels.toolchain.dispatch import descend
     from kimictl.kernels.toolchain.harness import open_library
+    from lab.kernels.layer_ops import weight_bytes
 
     def stamp(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)

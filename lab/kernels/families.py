@@ -46,11 +46,14 @@ LAB_FAMILIES: dict[str, Family] = {
     ),
     # the dense layer's elementwise ops with PDL
     "layer_elem": Family(
-        "kimictl.kernels.layer.elem", "ELEM_CONFIGS", "_compile_elem",
-        _layer("elem", "elem_dsl"),
+        "lab.kernels.layer_elem", "ELEM_CONFIGS", "_compile_elem",
+        _lab("layer_elem") + _layer("elem", "elem_dsl"),
     ),
-    # the dense layer as three persistent kernels
-    "layer_chain": replace(LAYER_FAMILIES["layer_chain"], configs="CHAIN_CONFIGS"),
+    # the dense layer as three persistent kernels: the search's sweep, the shipped kernel (its
+    # sources, so a sweep object of a shipped config is the shipped build's)
+    "layer_chain": replace(
+        LAYER_FAMILIES["layer_chain"], module="lab.kernels.layer_chain", configs="CHAIN_CONFIGS"
+    ),
 }  # fmt: skip
 ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **LAB_FAMILIES}
 EXPERIMENTAL_CONFIGS: tuple[Any, ...] = tuple(

@@ -22,12 +22,12 @@ from kimictl.kernels.layer.chain import (
     WARPS,
     LayerChainConfig,
     arrive_add,
-    chain_configs,
     segment,
 )
 from kimictl.kernels.layer.ops import dense_layer_ops
 from kimictl.kernels.toolchain import build as kbuild
 from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
+from lab.kernels.layer_chain import chain_configs
 
 
 def test_segments_stream_every_gemm_weight_of_the_layer_once():

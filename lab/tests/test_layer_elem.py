@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.layer.elem import LAYER_MS, LayerElemConfig, elem_configs
+from kimictl.kernels.layer.elem import LayerElemConfig
 from kimictl.kernels.layer.ops import dense_layer_ops
 from kimictl.kernels.toolchain import build as kbuild
 from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
+from lab.kernels.layer_elem import LAYER_MS, elem_configs
 
 
 def test_variants_follow_the_layer_op_list():

@@ -16,13 +16,8 @@ from typing import Any
 import pytest
 
 from kimictl.deployment.k3 import K3_SHAPES
-from kimictl.kernels.layer.ops import (
-    KINDS,
-    VLLM_K3,
-    dense_layer_ops,
-    gemm_ops,
-    weight_bytes,
-)
+from kimictl.kernels.layer.ops import KINDS, VLLM_K3, dense_layer_ops
+from lab.kernels.layer_ops import gemm_ops, weight_bytes
 from tests.vllm_k3_gemm_src import ensure_sources
 
 

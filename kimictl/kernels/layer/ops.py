@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kimictl.deployment.k3 import K3_SHAPES
 
-__all__ = ["KINDS", "VLLM_K3", "DenseOp", "dense_layer_ops", "gemm_ops", "weight_bytes"]
+__all__ = ["KINDS", "VLLM_K3", "DenseOp", "dense_layer_ops"]
 
 VLLM_K3 = "vllm/models/kimi_k3/nvidia/"
 KINDS = ("mla", "kda")
@@ -167,12 +167,3 @@ def dense_layer_ops(kind: str, tp: int = 8) -> tuple[DenseOp, ...]:
                         "model.py:792", "self.post_attention_layernorm = RMSNorm(")
     # fmt: on
     return (norm_in, *_attention_ops(kind, tp), norm_post, *_moe_ops(tp))
-
-
-def gemm_ops(kind: str, tp: int = 8) -> tuple[DenseOp, ...]:
-    return tuple(op for op in dense_layer_ops(kind, tp) if op.kind == "gemm")
-
-
-def weight_bytes(kind: str, tp: int = 8) -> int:
-    """Bytes of weights the dense part reads once per step (norm weights included)."""
-    return sum(op.weight_bytes for op in dense_layer_ops(kind, tp))
