@@ -127,17 +127,16 @@ def main() -> int:
     library: Any = None
     sweep: list[dict[str, Any]] = []
     if args.sweep_build:  # candidates beside the node's build, one library launching both
-        from kimictl.kernels.layer.chain import LayerChainConfig
         from kimictl.kernels.toolchain import torch_ops
         from kimictl.kernels.toolchain.harness import open_library
         from kimictl.kernels.toolchain.torch_ops import default_layer_library
+        from lab.kernels.layer_chain import chain_config
 
         cand = open_library(args.sweep_build / "sm_90a")
         picks, sweep = sweep_segments(cand, torch)
         variants |= picks
-        fields = LayerChainConfig.__dataclass_fields__
         for name in cand.names:  # the op's output length per variant (shipped ones it knows)
-            cfg = LayerChainConfig(**{k: v for k, v in cand.entry(name).items() if k in fields})
+            cfg = chain_config(**cand.entry(name))
             torch_ops._layer_y[name] = cfg.sizes["y"]
         node = default_layer_library()
         library = type("Both", (), {"launch": staticmethod(lambda name, *a: (
@@ -244,9 +243,9 @@ def main() -> int:
 
 def make_sweep(out: Path) -> int:
     from kimictl.deployment.k3 import K3_MOE_CONFIG
-    from kimictl.kernels.layer.chain import LayerChainConfig
-    from kimictl.kernels.toolchain.build import LAYER_FAMILIES, build
-    from lab.kernels.layer_chain import RINGS
+    from kimictl.kernels.toolchain.build import build
+    from lab.kernels.families import ALL_FAMILIES
+    from lab.kernels.layer_chain import RINGS, LayerChainMmaConfig
 
     beta = float(K3_MOE_CONFIG["activation_situ_beta"])  # type: ignore[arg-type]
     lbeta = float(K3_MOE_CONFIG["activation_situ_linear_beta"])  # type: ignore[arg-type]
@@ -254,11 +253,11 @@ def make_sweep(out: Path) -> int:
     for kind in ("mla", "kda"):
         for ring, slot in RINGS["mma"]:
             try:
-                cfgs.append(LayerChainConfig(kind, "f", 4, ring=ring, slot=slot, math="mma",
-                                             beta=beta, lbeta=lbeta))  # fmt: skip
+                cfgs.append(LayerChainMmaConfig(kind, "f", 4, ring=ring, slot=slot, beta=beta,
+                                                lbeta=lbeta))  # fmt: skip
             except ValueError:  # does not fit
                 continue
-    res = build("sm_90a", out, configs=cfgs, families=LAYER_FAMILIES)
+    res = build("sm_90a", out, configs=cfgs, families=ALL_FAMILIES)
     print(f"built {len(res.kernels)} segment f candidates into {res.out_dir}")
     return 0
 
@@ -268,15 +267,15 @@ def sweep_segments(lib: Any, torch: Any) -> tuple[dict[tuple[str, int], str], li
     of 10 back-to-back launches; the fastest within TOL per (kind, M)."""
     import functools
 
-    from kimictl.kernels.layer.chain import COUNTER, LayerChainConfig, segment_ref
+    from kimictl.kernels.layer.chain import COUNTER, segment_ref
     from lab.bench.layer_h200 import graph_us
+    from lab.kernels.layer_chain import chain_config
 
-    fields = LayerChainConfig.__dataclass_fields__
     gen = torch.Generator(device="cuda").manual_seed(4)
     best: dict[tuple[str, int], tuple[float, str]] = {}
     rows = []
     for name in lib.names:
-        cfg = LayerChainConfig(**{k: v for k, v in lib.entry(name).items() if k in fields})
+        cfg = chain_config(**lib.entry(name))
         sz = cfg.sizes
         x, r = (torch.randn(sz[b], generator=gen, device="cuda").to(torch.bfloat16)
                 for b in ("x", "r"))  # fmt: skip

@@ -132,8 +132,8 @@ KBENCH = ROOT / ".kbench"
 NORM_MS = (1, 2, 4, 8)  # Ms with a wsnorm build (the wstream loop it extends serves M <= 8)
 NORM_VARIANTS = ("kimictl_norm", "kimictl_elemnorm")  # wsnorm GEMMs: M in NORM_MS only
 # the dense part as three persistent kernels, the stand-ins PDL copies
-# (kimictl/kernels/layer/chain.py): M in CHAIN_MS only; held against the faster stand-in form like
-# the _pdlsi twins
+# (kimictl/kernels/layer/chain.py, lab/kernels/layer_chain.py): M in CHAIN_MS only; held against
+# the faster stand-in form like the _pdlsi twins
 CHAIN_VARIANT = "kimictl_chain_pdlsi"
 STANDIN_PDL = (*PDLSI, CHAIN_VARIANT)
 
@@ -885,15 +885,9 @@ def preflight_chain(build: Path, kinds: tuple[str, ...], shipped: bool = False) 
     timeout)."""
     import torch
 
-    from kimictl.kernels.layer.chain import (
-        CHAIN_MS,
-        CHAIN_SHIPPED,
-        COUNTER,
-        SERVED_MS,
-        segment_ref,
-    )
+    from kimictl.kernels.layer.chain import CHAIN_SHIPPED, COUNTER, SERVED_MS, segment_ref
     from kimictl.kernels.toolchain.harness import open_library
-    from lab.kernels.layer_chain import chain_configs
+    from lab.kernels.layer_chain import CHAIN_MS, chain_configs
 
     lib = open_library(build / "sm_90a")
     gen = torch.Generator(device="cuda").manual_seed(9)

@@ -49,10 +49,12 @@ LAB_FAMILIES: dict[str, Family] = {
         "lab.kernels.layer_elem", "ELEM_CONFIGS", "_compile_elem",
         _lab("layer_elem") + _layer("elem", "elem_dsl"),
     ),
-    # the dense layer as three persistent kernels: the search's sweep, the shipped kernel (its
-    # sources, so a sweep object of a shipped config is the shipped build's)
+    # the dense layer as three persistent kernels: the search's sweep, the shipped SIMT kernel and
+    # the lab's tensor-core form of it
     "layer_chain": replace(
-        LAYER_FAMILIES["layer_chain"], module="lab.kernels.layer_chain", configs="CHAIN_CONFIGS"
+        LAYER_FAMILIES["layer_chain"], module="lab.kernels.layer_chain", configs="CHAIN_CONFIGS",
+        sources=LAYER_FAMILIES["layer_chain"].sources + _lab("layer_chain", "layer_chain_dsl")
+        + _gemm("tcstream_gemm_dsl"),
     ),
 }  # fmt: skip
 ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **LAB_FAMILIES}

@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 
 from kimictl.kernels.layer.chain import (
-    CHAIN_MS,
     COUNTER,
-    KGROUP,
     SEGMENTS,
     SIMT_MS,
     SMEM,
-    WARPS,
     LayerChainConfig,
     arrive_add,
     segment,
@@ -27,7 +24,14 @@ from kimictl.kernels.layer.chain import (
 from kimictl.kernels.layer.ops import dense_layer_ops
 from kimictl.kernels.toolchain import build as kbuild
 from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
-from lab.kernels.layer_chain import chain_configs
+from lab.kernels.layer_chain import (
+    CHAIN_MS,
+    KGROUP,
+    WARPS,
+    LayerChainMmaConfig,
+    chain_config,
+    chain_configs,
+)
 
 
 def test_segments_stream_every_gemm_weight_of_the_layer_once():
@@ -79,23 +83,25 @@ def test_configs_fit_one_sm_and_bad_ones_are_refused():
     with pytest.raises(ValueError, match="m must be"):
         LayerChainConfig("mla", "a", 4)  # SIMT's FMAs cost more than the bytes at M = 4
     with pytest.raises(ValueError, match="m must be"):
-        LayerChainConfig("mla", "a", 8, math="mma", ring=2, slot=4)
+        LayerChainMmaConfig("mla", "a", 8, ring=2, slot=4)
     with pytest.raises(ValueError, match="math must be"):
         LayerChainConfig("mla", "a", 1, math="fp8")
+    with pytest.raises(ValueError, match="math must be"):
+        LayerChainConfig("mla", "a", 4, math="mma", ring=2, slot=8)  # the shipped form is SIMT
     with pytest.raises(ValueError, match="even slot"):
-        LayerChainConfig("mla", "c", 4, math="mma", ring=3, slot=5)
+        LayerChainMmaConfig("mla", "c", 4, ring=3, slot=5)
     with pytest.raises(ValueError, match="cannot hold one row"):
         LayerChainConfig("mla", "b", 1, slot=5)  # K = 7168 needs 7 vectors a thread
     with pytest.raises(ValueError, match="shared memory"):
         LayerChainConfig("mla", "a", 2, ring=4)  # 4 x 7 x 16 B x 512 threads + x: 257 KB
     with pytest.raises(ValueError, match="shared memory"):
-        LayerChainConfig("mla", "a", 4, math="mma", ring=5, slot=4)  # 160 KB ring + 57 KB x
+        LayerChainMmaConfig("mla", "a", 4, ring=5, slot=4)  # 160 KB ring + 57 KB x
     with pytest.raises(ValueError, match="no chain segment"):
         LayerChainConfig("mla", "d", 1)
 
 
 def test_mma_pieces_stream_each_warps_k_groups_once_with_no_empty_piece():
-    for c in (c for c in chain_configs() if c.math == "mma"):
+    for c in (c for c in chain_configs() if isinstance(c, LayerChainMmaConfig)):
         per_piece = c.slot // 2  # k-groups of 32 a thread's slot holds (rows g and g + 8)
         for st in c.stages:
             per_warp = -(-st.k // (KGROUP * WARPS))  # k-groups of the tile each warp owns
@@ -109,6 +115,9 @@ def test_every_segment_compiles_for_sm90a(tmp_path: Path):
     one_m = [c for c in chain_configs(ms=(2, 4)) if (c.ring, c.slot) in ((2, 7), (3, 4))]
     res = kbuild.build("sm_90a", tmp_path, configs=one_m, families=ALL_FAMILIES)
     assert {k["name"] for k in res.kernels} == {c.name for c in one_m}
+    assert {c.math for c in one_m} == {"simt", "mma"}  # the shipped form and the lab's
+    # a manifest entry gives back its config, in its form (the benchmarks read builds so)
+    assert sorted(map(repr, (chain_config(**k) for k in res.kernels))) == sorted(map(repr, one_m))
     wrapper = (res.out_dir / kbuild.WRAPPER).read_text()
     for cfg in one_m:
         assert kbuild.embedded_sm(res.out_dir / f"{cfg.name}.o") == 90

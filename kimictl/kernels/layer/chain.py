@@ -18,18 +18,13 @@ The segments (cat layer: latent_up and shared_down as one GEMM over their concat
   the normed input vLLM's AttnRes (or RMSNorm) hands the attention.
 The stand-ins run between the segments as benchmark-owned PDL copies (layer_elem `copy`).
 
-Two forms of the math, chosen per variant (`math`), both fp32-accumulating, bf16 in and out:
-- "simt": wstream's SIMT weight stream, M = 1 and 2 only: at M = 2 its FMAs already cost the
-  segments part of their M = 1 rate (docs/results.md, row "chain SIMT form at M = 2").
-  A CTA holds 4 groups of 128 threads; a group owns a block of weight rows at a time (as many as
-  one ring slot holds) and splits K over its threads. Two partial sums per output halve the FMA
-  chain.
-- "mma": tcstream's `mma.sync.m16n8k16` with the weights as the 16-row A operand and the tokens
-  as the 8-column B operand (k permuted alike in A and B, so every load stays one 16-byte vector
-  of a thread), M = 1..8 at one MMA per 4 k-vectors whatever M is. The CTA owns a 16-row tile at
-  a time and its 16 warps split K; a tile's vectors stream through the ring in pieces of
-  slot / 2 k-groups (32 k each), and the warps' partial sums meet in shared memory once per tile.
-Either way each thread cp.asyncs its own 16-byte weight vectors into its slots of a `ring`-slot
+The math (`math` "simt"), fp32-accumulating, bf16 in and out: wstream's SIMT weight stream,
+M = 1 and 2 only: at M = 2 its FMAs already cost the segments part of their M = 1 rate
+(docs/results.md, row "chain SIMT form at M = 2"). A CTA holds 4 groups of 128 threads; a group
+owns a block of weight rows at a time (as many as one ring slot holds) and splits K over its
+threads. Two partial sums per output halve the FMA chain. (A tensor-core form, "mma", lost to it
+at M = 1 and 2 and to per-GEMM kernels at M = 4; it is the lab's: lab/kernels/layer_chain.py.)
+Each thread cp.asyncs its own 16-byte weight vectors into its slots of a `ring`-slot
 ring in shared memory, ring - 1 slots ahead, and reads back only what it copied (so the ring needs
 no CTA barrier). Each stage first builds its whole x (norms, gate, SiTU: every CTA computes the
 per-token sums itself) in shared memory, so the warps read x from there.
@@ -52,10 +47,10 @@ All CTAs must be resident at once (the barrier spins): one CTA per SM of `ctas`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 __all__ = [
-    "CHAIN_MS",
     "BUILT_TP",
     "CHAIN_SHIPPED",
     "COUNTER",
@@ -72,17 +67,12 @@ __all__ = [
 
 SIMT_MS = (1, 2)  # the SIMT stream serves these (see above)
 BUILT_TP = 8  # ops.dense_layer_ops' default: the tensor parallelism the segments' shapes are of
-CHAIN_MS = (1, 2, 4)  # the MMA form serves 1..8; x of M = 8 at K = 7168 leaves too little ring
 SEGMENTS = ("a", "b", "c")  # the whole dense part, between the two stand-ins
 # what the plugin routes into vLLM's forward (kimictl.kernels.vllm.layer_route): segment a cut
 # where vLLM's AttnRes ends, so it starts from the normed input
 ROUTED = ("f",)
-MATHS = ("simt", "mma")
 THREADS = 512
 GROUP = 128  # simt: threads splitting K for one row block
-WARPS = THREADS // 32  # mma: warps splitting K for one 16-row tile
-TILE = 16  # mma: weight rows per tile (the MMA's M)
-KGROUP = 32  # mma: k per thread quad and MMA pair (four 16-byte vectors)
 COUNTER = 8  # bf16 elements after the weights: the barrier word (16 bytes, aligned)
 # shared memory one CTA may hold on the H200. One CTA per SM, on purpose: with two (256 threads,
 # <= 113 KB each) the next segment's CTAs became resident early, but the layer ran slower
@@ -134,54 +124,50 @@ class LayerChainConfig:
     beta: float = 0.0  # SiTU beta (segment c)
     lbeta: float = 0.0  # SiTU linear-part beta
     pdl: bool = True
-    math: str = "simt"  # simt | mma (see the module docstring)
+    math: str = "simt"  # the GEMM math's form (see the module docstring)
     kernel: str = "layer_chain"
     rows: int = 1  # manifest field every family carries
 
     def __post_init__(self) -> None:
         if self.layer not in ("mla", "kda") or self.seg not in SEGMENTS + ROUTED:
             raise ValueError(f"no chain segment {self.layer}/{self.seg}")
-        if self.math not in MATHS:
-            raise ValueError(f"math must be one of {MATHS}, got {self.math!r}")
-        ms = SIMT_MS if self.math == "simt" else CHAIN_MS
-        if self.m not in ms:
-            raise ValueError(f"m must be one of {ms} for {self.math}, got {self.m}")
-        if self.math == "simt" and any(st.unroll > self.slot for st in self.stages):
-            raise ValueError(f"a slot of {self.slot} vectors cannot hold one row of every stage")
-        if self.math == "mma" and (self.slot % 2 or any(st.k % KGROUP for st in self.stages)):
-            raise ValueError("mma needs an even slot (rows g and g + 8) and K a multiple of 32")
+        self._check_form()
         if self.smem_bytes > SMEM:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory: more than {SMEM}")
+
+    def _check_form(self) -> None:
+        """The math form's own limits: simt serves SIMT_MS, and a slot holds one row of every
+        stage."""
+        if self.math != "simt":
+            raise ValueError(f"math must be simt, got {self.math!r}")
+        if self.m not in SIMT_MS:
+            raise ValueError(f"m must be one of {SIMT_MS} for simt, got {self.m}")
+        if any(st.unroll > self.slot for st in self.stages):
+            raise ValueError(f"a slot of {self.slot} vectors cannot hold one row of every stage")
 
     def rows_of(self, st: ChainStage) -> int:
         """simt: weight rows per block of stage `st`, as many as one ring slot holds."""
         return self.slot // st.unroll
 
-    def pieces(self, st: ChainStage) -> int:
-        """mma: ring slots one tile of stage `st` streams through (slot / 2 k-groups each of a
-        warp's ceil(K / 32 / WARPS))."""
-        per_warp = -(-st.k // (KGROUP * WARPS))
-        return -(-per_warp // (self.slot // 2))
-
     @property
-    def acc_floats(self) -> int:
-        """The cross-warp partial sums, two parities: simt per group and row of a block, mma
-        per warp, tile row and token column."""
-        if self.math == "mma":
-            return 2 * WARPS * TILE * 8
-        return 2 * THREADS // 32 * self.m * max(self.rows_of(st) for st in self.stages)
+    def acc_shape(self) -> tuple[int, ...]:
+        """The cross-warp partial sums in shared memory: two parities, per group, warp of the
+        group, and token and row of a block."""
+        rows = max(self.rows_of(st) for st in self.stages)
+        return (2, THREADS // GROUP, GROUP // 32, self.m * rows)
 
     @property
     def smem_bytes(self) -> int:
         """x (every token row of the widest stage), the rings, the reduction slots."""
         kmax = max(st.k for st in self.stages)
-        red = 4 * (2 * self.m * THREADS // 32 + self.acc_floats)
+        red = 4 * (2 * self.m * THREADS // 32 + prod(self.acc_shape))
         return 2 * self.m * kmax + THREADS * self.ring * self.slot * 16 + red
 
     @property
     def name(self) -> str:
         ring = f"_r{self.ring}s{self.slot}" if (self.ring, self.slot) != (3, 7) else ""
-        tail = ("" if self.pdl else "_nopdl") + ("_mma" if self.math == "mma" else "") + ring
+        form = "" if self.math == "simt" else f"_{self.math}"
+        tail = ("" if self.pdl else "_nopdl") + form + ring
         return f"chain_{self.layer}_{self.seg}_m{self.m}{tail}"
 
     @property

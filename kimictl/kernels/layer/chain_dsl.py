@@ -12,14 +12,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from kimictl.kernels.gemm.tcstream_gemm_dsl import mma_bf16_16816
 from kimictl.kernels.layer.chain import (
     COUNTER,
     GROUP,
-    KGROUP,
     THREADS,
-    TILE,
-    WARPS,
     LayerChainConfig,
     arrive_add,
 )
@@ -41,7 +37,6 @@ class LayerChain(LayerElem):
         self.stages = cfg.stages
         self.sizes = cfg.sizes
         self.kmax = max(s.k for s in self.stages)
-        self.rmax = max(cfg.rows_of(s) for s in self.stages)  # simt
         self.slot = cfg.slot
 
     @cute.jit
@@ -257,110 +252,6 @@ class LayerChain(LayerElem):
             s = s.to(BFloat16).to(Float32) + flat[rb][rbase + mm * rld + row].to(Float32)
         flat["y"][st.out[0] + mm * st.out[1] + row] = s.to(BFloat16)
 
-    @cute.jit
-    def _issue_mma(self, i: cutlass.Constexpr, gW: cute.Tensor, sWv: cute.Tensor,
-                   blk: cutlass.Int32, n_blk: cutlass.Int32, slot: cutlass.Int32,
-                   tidx: cutlass.Int32, bidx: cutlass.Int32) -> None:  # fmt: skip
-        """mma: cp.async this thread's vectors of the CTA's block `blk` (tile blk // pieces,
-        piece blk % pieces) into ring slot `slot`: rows g and g + 8 of the tile at the k-vector
-        of each of the piece's k-groups, one commit group (empty past the CTA's last block)."""
-        st = self.stages[i]
-        kv_total = st.k // VEC
-        pieces = self.cfg.pieces(st)
-        u = self.slot // 2
-        warp = tidx // 32
-        g = (tidx % 32) // 4
-        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(
-            cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), BFloat16,
-            num_bits_per_copy=128)  # fmt: skip
-        if blk < n_blk:
-            tile = bidx + (blk // pieces) * self.cfg.ctas
-            piece = blk % pieces
-            base = st.w_off // VEC
-            lo = cutlass.min(tile * TILE + g, st.n - 1) * kv_total  # rows past N re-read N - 1
-            hi = cutlass.min(tile * TILE + g + 8, st.n - 1) * kv_total
-            for uu in cutlass.range_constexpr(u):
-                kv = ((piece * u + uu) * WARPS + warp) * (KGROUP // VEC) + tidx % 4
-                if kv < kv_total:
-                    j = slot * self.slot + 2 * uu
-                    cute.copy(atom, gW[(None, base + lo + kv)], sWv[(None, j * THREADS + tidx)])
-                    cute.copy(atom, gW[(None, base + hi + kv)],
-                              sWv[(None, (j + 1) * THREADS + tidx)])  # fmt: skip
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _stage_mma(self, i: cutlass.Constexpr, bufs: dict, flat: dict, gW: cute.Tensor,
-                   gY: cute.Tensor, sXv: cute.Tensor, sWv: cute.Tensor, sRed: cute.Tensor,
-                   sAcc: cute.Tensor, cnt: cute.Pointer, old: Int32, tidx: cutlass.Int32,
-                   bidx: cutlass.Int32) -> None:  # fmt: skip
-        """Stage i on the tensor cores: the CTA's tiles bidx, bidx + ctas, ..., each as `pieces`
-        ring slots, MMAs per k-group, the warps' sums reduced once per tile."""
-        st = self.stages[i]
-        ring = self.cfg.ring
-        kg_total = st.k // KGROUP
-        pieces = self.cfg.pieces(st)
-        u = self.slot // 2
-        warp = tidx // 32
-        lane = tidx % 32
-        g = lane // 4
-        t = lane % 4
-        n_tiles = (st.n + TILE - 1) // TILE
-        my_tiles = (n_tiles - bidx + self.cfg.ctas - 1) // self.cfg.ctas
-        n_blk = my_tiles * pieces
-        tWlo = cute.make_rmem_tensor((VEC,), BFloat16)
-        tWhi = cute.make_rmem_tensor((VEC,), BFloat16)
-        tX = cute.make_rmem_tensor((VEC,), BFloat16)
-        acc = cute.make_rmem_tensor((4,), Float32)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        for p in cutlass.range_constexpr(ring - 1):
-            self._issue_mma(i, gW, sWv, Int32(p), n_blk, Int32(p), tidx, bidx)
-        self._inputs(i, bufs, gW, sXv, gY, sRed, cnt, old, tidx, bidx)
-        for ti in cutlass.range(my_tiles):
-            acc.fill(0.0)
-            for piece in cutlass.range_constexpr(pieces):
-                blk = ti * pieces + piece
-                nxt = blk + ring - 1
-                self._issue_mma(i, gW, sWv, nxt, n_blk, nxt % ring, tidx, bidx)
-                cute.arch.cp_async_wait_group(ring - 1)  # this thread's vectors of blk landed
-                slot = blk % ring
-                for uu in cutlass.range_constexpr(u):
-                    kg = (piece * u + uu) * WARPS + warp
-                    if kg < kg_total:  # warp-uniform: mma.sync needs the whole warp
-                        j = slot * self.slot + 2 * uu
-                        cute.copy(atom, sWv[(None, j * THREADS + tidx)], tWlo)
-                        cute.copy(atom, sWv[(None, (j + 1) * THREADS + tidx)], tWhi)
-                        if g < self.m:
-                            cute.copy(atom, sXv[(None, g * (self.kmax // VEC) + kg * 4 + t)], tX)
-                        else:
-                            tX.fill(0.0)
-                        a_lo = cute.recast_tensor(tWlo, Int32)
-                        a_hi = cute.recast_tensor(tWhi, Int32)
-                        b = cute.recast_tensor(tX, Int32)
-                        for h in cutlass.range_constexpr(2):
-                            d0, d1, d2, d3 = mma_bf16_16816(
-                                a_lo[2 * h], a_hi[2 * h], a_lo[2 * h + 1], a_hi[2 * h + 1],
-                                b[2 * h], b[2 * h + 1], acc[0], acc[1], acc[2], acc[3],
-                            )  # fmt: skip
-                            acc[0], acc[1], acc[2], acc[3] = d0, d1, d2, d3
-            # C fragment: rows g, g + 8 of the tile, tokens 2t, 2t + 1; two parities, so one
-            # barrier per tile suffices (a parity is rewritten only after the next barrier)
-            par = ti % 2
-            sAcc[par, warp, g, 2 * t] = acc[0]
-            sAcc[par, warp, g, 2 * t + 1] = acc[1]
-            sAcc[par, warp, g + 8, 2 * t] = acc[2]
-            sAcc[par, warp, g + 8, 2 * t + 1] = acc[3]
-            cute.arch.sync_threads()
-            if tidx < TILE * self.m:
-                r = tidx % TILE
-                row = (bidx + ti * self.cfg.ctas) * TILE + r
-                if row < st.n:
-                    s = Float32(0.0)
-                    for w in cutlass.range_constexpr(WARPS):
-                        s = s + sAcc[par, w, r, tidx // TILE]
-                    self._store(i, flat, tidx // TILE, row, s)
-        self._side(i, gW, gY, sRed, tidx, bidx)
-        cute.arch.cp_async_wait_group(0)  # the ring is free for the next stage
-
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor) -> None:
         tidx, _, _ = cute.arch.thread_idx()
@@ -372,11 +263,7 @@ class LayerChain(LayerElem):
         ring_len = THREADS * self.cfg.ring * self.slot * VEC  # every group's ring of slots
         sW = smem.allocate_tensor(BFloat16, cute.make_layout((ring_len,)), 128)
         sRed = smem.allocate_tensor(Float32, cute.make_layout((2 * self.m, THREADS // 32)), 16)
-        if const_expr(self.cfg.math == "mma"):
-            acc_shape = (2, WARPS, TILE, 8)
-        else:
-            acc_shape = (2, GROUPS, WARPS_PER_GROUP, self.m * self.rmax)
-        sAcc = smem.allocate_tensor(Float32, cute.make_layout(acc_shape), 16)
+        sAcc = smem.allocate_tensor(Float32, cute.make_layout(self.cfg.acc_shape), 16)
         sXv = cute.zipped_divide(sX, (VEC,))
         sWv = cute.zipped_divide(sW, (VEC,))
         gY = cute.zipped_divide(mY, (VEC,))
@@ -387,10 +274,7 @@ class LayerChain(LayerElem):
         cnt = cute.recast_ptr(mW.iterator + (self.sizes["w"] - COUNTER), dtype=Int32)
         old = Int32(0)
         for i in cutlass.range_constexpr(len(self.stages)):
-            if const_expr(self.cfg.math == "mma"):
-                self._stage_mma(i, bufs, flat, gW, gY, sXv, sWv, sRed, sAcc, cnt, old, tidx, bidx)
-            else:
-                self._stage(i, bufs, flat, gW, gY, sXv, sWv, sRed, sAcc, cnt, old, tidx, bidx)
+            self._stage(i, bufs, flat, gW, gY, sXv, sWv, sRed, sAcc, cnt, old, tidx, bidx)
             if const_expr(i + 1 < len(self.stages)):  # arrive: this CTA's outputs are written
                 cute.arch.sync_threads()
                 if tidx == 0:

@@ -113,8 +113,7 @@ LAYER_FAMILIES: dict[str, Family] = {
     "layer_chain": Family(
         "kimictl.kernels.layer.chain", "CHAIN_SHIPPED", "_compile_chain",
         tuple(f"kimictl.kernels.layer.{n}" for n in ("chain", "chain_dsl", "elem", "elem_dsl",
-                                                       "ops"))
-        + _gemm("tcstream_gemm_dsl"),
+                                                       "ops")),
         arches=("sm_90a",),
     ),
 }  # fmt: skip
