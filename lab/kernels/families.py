@@ -47,7 +47,7 @@ LAB_FAMILIES: dict[str, Family] = {
     # the dense layer's elementwise ops with PDL
     "layer_elem": Family(
         "lab.kernels.layer_elem", "ELEM_CONFIGS", "_compile_elem",
-        _lab("layer_elem") + _layer("elem", "elem_dsl"),
+        _lab("layer_elem", "layer_elem_dsl") + _layer("elem", "elem_dsl"),
     ),
     # the dense layer as three persistent kernels: the search's sweep, the shipped SIMT kernel and
     # the lab's tensor-core form of it

@@ -1,4 +1,4 @@
-"""The layer's elementwise ops as kimictl PDL kernels (kimictl/kernels/layer/elem.py):
+"""The layer's elementwise ops as kimictl PDL kernels (lab/kernels/layer_elem.py):
 the variants follow the layer's op list, stay out of the shipped build, and compile for sm_90a to
 objects whose wrapper entry carries static-shape tensors (no DSL: the build test is skipped)."""
 
@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kimictl.kernels.layer.elem import LayerElemConfig
 from kimictl.kernels.layer.ops import dense_layer_ops
 from kimictl.kernels.toolchain import build as kbuild
 from lab.kernels.families import ALL_FAMILIES, LAB_FAMILIES
-from lab.kernels.layer_elem import LAYER_MS, elem_configs
+from lab.kernels.layer_elem import LAYER_MS, LayerElemConfig, elem_configs
 
 
 def test_variants_follow_the_layer_op_list():
