@@ -27,7 +27,6 @@ __all__ = ["KINDS", "VLLM_K3", "DenseOp", "dense_layer_ops"]
 
 VLLM_K3 = "vllm/models/kimi_k3/nvidia/"
 KINDS = ("mla", "kda")
-BF16 = 2
 # vLLM pads the KDA packed projection's per-rank rows to a multiple of this (kda.py:650)
 KDA_IN_ALIGN = 16
 
@@ -50,14 +49,6 @@ class DenseOp:
     fp32_out: bool = False  # the router's logits are fp32 (GateLinear out_dtype)
     residual: bool = False  # the output is added into a running sum (addmm_ epilogue)
     note: str = ""
-
-    @property
-    def weight_bytes(self) -> int:
-        if self.kind == "gemm":
-            return self.n * self.k * BF16
-        if self.kind in ("add_rmsnorm", "rmsnorm"):
-            return self.k * BF16
-        return 0
 
 
 def _attention_ops(kind: str, tp: int) -> list[DenseOp]:
