@@ -1,13 +1,16 @@
 """The one HTTP/1.1 client of bench and monitor: keep-alive connections on an asyncio Protocol.
 
 A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is stamped as
-it arrives and parsed right after: `data_received` only takes the time and queues the bytes, and the
-parse (chunked framing -> SSE lines split at the byte level -> one `orjson.loads` per `data:` line)
-runs in a callback after every read the loop's poll returned has been stamped, so one read's parse
-never delays the next read's timestamp. The arrival time and token count of each chunk are written
-straight into the request's record; the awaiting coroutine is woken once per request, not once per
-chunk. That keeps the client's CPU per streamed token below `vllm bench serve`'s
-aiohttp client (measured in lab/bench/client_overhead.py, figures in docs/results.md).
+it arrives, and its JSON decoded later, many events at once. `data_received` takes the time first
+(one clock call per socket read), then, for a read that is one whole HTTP chunk (the usual case;
+anything else takes the general framing parse), keeps its complete SSE lines as raw bytes with the
+read's time and a byte count of their `data:` lines: no JSON and no callback per read, so a read's
+stamp waits at most a few slices and finds for the reads before it in the same loop turn. Every
+DECODE_EVENTS events (in a callback after the turn's reads are stamped) and when the response
+ends, `_Response.decode` turns the kept lines into the arrival time and token count of each chunk
+in the request's record. The awaiting coroutine is woken once per request, not once per chunk.
+That keeps the client's CPU per streamed token below `vllm bench serve`'s aiohttp client
+(lab/bench/client_overhead.py, lab/bench/client_cpu_ab.py; figures in docs/results.md).
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class StreamRecord(Protocol):
 # HTTP/1.1 over an asyncio Protocol
 
 
+# Events decoded at once while a response streams: enough to amortise the decode, few enough that
+# one decode (~1 us an event) holds the loop, and so the next reads' stamps, only tens of us.
+DECODE_EVENTS = 32
+
+
 class _Response:
     __slots__ = (
         "record",
@@ -95,6 +103,9 @@ class _Response:
         "last_usage",
         "error",
         "t_last",
+        "blocks",
+        "stamps",
+        "decode_due",
     )
 
     def __init__(self, record: StreamRecord | None, t0: float, done: asyncio.Future[None]):
@@ -106,8 +117,109 @@ class _Response:
         self.sse = b""  # unfinished SSE line
         self.seen_done = False
         self.last_usage = 0
+        self.decode_due = False  # a decode is scheduled
         self.error: str | None = None  # why a request without a record failed
         self.t_last = t0  # perf_counter of the last read of this response
+        self.blocks: list[bytes] = []  # complete SSE lines of a read, not yet decoded
+        self.stamps: list[float] = []  # per data line in `blocks`: its read's time
+
+    def feed(self, data: bytes, now: float) -> None:
+        """A read's SSE bytes: keep its complete lines raw, with the read's time."""
+        buf = self.sse + data if self.sse else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self.sse = buf
+            return
+        self.sse = buf[cut + 1 :]
+        block = buf[:cut]
+        # a raw newline only ends a line (JSON escapes its own), so this counts the data lines
+        n = block.count(b"\ndata:") + (block[:5] == b"data:")
+        if n:
+            self.blocks.append(block)
+            if n == 1:
+                self.stamps.append(now)
+            else:
+                self.stamps.extend([now] * n)
+            if len(self.stamps) >= DECODE_EVENTS and not self.decode_due:
+                # after the reads this loop turn stamps, not before them
+                self.decode_due = True
+                self.done.get_loop().call_soon(self.decode)
+
+    def decode(self) -> None:
+        """Turn the kept SSE lines into the record: chunk times and tokens, usage, errors."""
+        self.decode_due = False
+        if not self.blocks:
+            return
+        rec = self.record
+        assert rec is not None
+        lines = b"\n".join(self.blocks).split(b"\n")
+        stamps = self.stamps
+        self.blocks, self.stamps = [], []
+        payloads = [line[5:].strip() for line in lines if line[:5] == b"data:"]
+        loads = orjson.loads
+        try:
+            objs = [loads(p) if p != b"[DONE]" else None for p in payloads]
+        except orjson.JSONDecodeError:
+            objs = []
+            for p in payloads:
+                try:
+                    objs.append(loads(p) if p != b"[DONE]" else None)
+                except orjson.JSONDecodeError:
+                    objs.append(_BAD)
+        t0 = self.t0
+        times: list[float] = []
+        tokens: list[int] = []
+        add_time, add_tokens = times.append, tokens.append
+        last = self.last_usage
+        text_len = 0
+        for obj, now, payload in zip(objs, stamps, payloads, strict=True):
+            if type(obj) is not dict:
+                if obj is None:
+                    self.seen_done = True
+                else:
+                    rec.error_kind = "malformed_sse"
+                    rec.error = (
+                        f"data line is not JSON: {payload[:80]!r}"
+                        if obj is _BAD
+                        else f"data line is not a JSON object: {payload[:80]!r}"
+                    )
+                continue
+            usage = obj.get("usage")
+            choices = obj.get("choices")
+            if choices:
+                add_time(now - t0)
+                if usage:
+                    total = usage.get("completion_tokens") or 0
+                    add_tokens(total - last)
+                    last = total
+                else:
+                    add_tokens(1)
+                choice = choices[0]
+                text = choice.get("text")
+                if text is None:
+                    text = (choice.get("delta") or {}).get("content")
+                if text:
+                    text_len += len(text)
+            elif "error" in obj:
+                rec.error_kind = "http_5xx"
+                rec.error = str(obj["error"])[:MAX_ERROR_BODY]
+            if usage:
+                done = usage.get("completion_tokens")
+                if done is not None:
+                    rec.output_tokens = last = int(done)
+                if usage.get("prompt_tokens") is not None:
+                    rec.prompt_tokens = int(usage["prompt_tokens"])
+        self.last_usage = last
+        rec.text_len += text_len
+        if times:
+            if rec.ttft is None:
+                rec.ttft = times[0]
+            rec.latency = times[-1]
+            rec.chunk_times += times
+            rec.chunk_tokens += tokens
+
+
+_BAD = object()  # a data line that is not JSON
 
 
 class _Conn(asyncio.Protocol):
@@ -125,18 +237,14 @@ class _Conn(asyncio.Protocol):
         self._remaining = 0  # length mode: body bytes left; chunked: bytes left in this chunk
         self._cbuf = b""  # chunked framing buffer
         self._stream = False
-        self._reads: list[tuple[bytes, float]] = []  # stamped, not yet parsed
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sse_chunks = False  # a chunked 200 event stream read into a record
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._reads:
-            self._parse_reads()
         self.closed = True
         resp = self.resp
         if resp is None or resp.done.done():
@@ -157,6 +265,7 @@ class _Conn(asyncio.Protocol):
         self._mode = ""
         self._cbuf = b""
         self._stream = False
+        self._sse_chunks = False
         assert self.transport is not None
         self.transport.write(data)
 
@@ -168,15 +277,20 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()  # first: the stamp is as close to the read as Python gets
         self.got_bytes = True
-        if not self._reads:
-            assert self._loop is not None
-            self._loop.call_soon(self._parse_reads)
-        self._reads.append((data, now))
-
-    def _parse_reads(self) -> None:
-        reads, self._reads = self._reads, []
-        for data, now in reads:
-            self._read(data, now)
+        resp = self.resp
+        # fast path: a streamed response's read that is exactly one whole HTTP chunk
+        if self._sse_chunks and not self._cbuf and self._remaining == 0 and resp is not None:
+            eol = data.find(b"\r\n", 0, 10)
+            if eol > 0 and data[-2:] == b"\r\n":
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:
+                    size = -1
+                if size > 0 and len(data) == eol + size + 4:
+                    resp.t_last = now
+                    resp.feed(data[eol + 2 : -2], now)
+                    return
+        self._read(data, now)
 
     def _read(self, data: bytes, now: float) -> None:
         if self.resp is None or self.resp.done.done():
@@ -233,6 +347,7 @@ class _Conn(asyncio.Protocol):
                 self._stream = True
         if chunked:
             self._mode = "chunked"
+            self._sse_chunks = self._stream and resp.status == 200 and resp.record is not None
         elif length is not None:
             self._mode = "length"
             self._remaining = length
@@ -245,23 +360,27 @@ class _Conn(asyncio.Protocol):
         return True
 
     def _feed_chunked(self, data: bytes, now: float) -> None:
+        """Undo the chunked framing of one read; its payload goes to `_body` in one piece."""
         buf = self._cbuf + data if self._cbuf else data
         pos = 0
         n = len(buf)
+        remaining = self._remaining
+        pieces: list[bytes] = []
+        end = False
         while pos < n:
-            if self._remaining > 0:
-                take = min(self._remaining, n - pos)
-                self._body(buf[pos : pos + take], now)
+            if remaining > 0:
+                take = remaining if remaining < n - pos else n - pos
+                pieces.append(buf[pos : pos + take])
                 pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._remaining = -2  # expect the CRLF after the chunk
+                remaining -= take
+                if remaining == 0:
+                    remaining = -2  # expect the CRLF after the chunk
                 continue
-            if self._remaining == -2:
+            if remaining == -2:
                 if n - pos < 2:
                     break
                 pos += 2
-                self._remaining = 0
+                remaining = 0
                 continue
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
@@ -269,14 +388,24 @@ class _Conn(asyncio.Protocol):
             try:
                 size = int(buf[pos:eol].split(b";", 1)[0], 16)
             except ValueError:
+                self._remaining = remaining
+                self._body_pieces(pieces, now)
                 self._fail("malformed_sse", "bad chunked framing")
                 return
             pos = eol + 2
             if size == 0:
-                self._finish()
-                return
-            self._remaining = size
-        self._cbuf = buf[pos:] if pos < n else b""
+                end = True
+                break
+            remaining = size
+        self._remaining = remaining
+        self._cbuf = buf[pos:] if pos < n and not end else b""
+        self._body_pieces(pieces, now)
+        if end:
+            self._finish()
+
+    def _body_pieces(self, pieces: list[bytes], now: float) -> None:
+        if pieces:
+            self._body(pieces[0] if len(pieces) == 1 else b"".join(pieces), now)
 
     def _body(self, data: bytes, now: float) -> None:
         resp = self.resp
@@ -285,68 +414,23 @@ class _Conn(asyncio.Protocol):
             if resp.record is None or len(resp.body) < 1 << 20:  # a GET keeps its whole body
                 resp.body += data
             return
-        buf = resp.sse + data if resp.sse else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            resp.sse = buf
-            return
-        resp.sse = buf[cut + 1 :]
-        rec = resp.record
-        for line in buf[:cut].split(b"\n"):
-            if line[:5] != b"data:":
-                continue  # blank separators, comments (":ping"), event:/id: fields
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                resp.seen_done = True
-                continue
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                rec.error_kind = "malformed_sse"
-                rec.error = f"data line is not JSON: {payload[:80]!r}"
-                continue
-            if not isinstance(obj, dict):
-                rec.error_kind = "malformed_sse"
-                rec.error = f"data line is not a JSON object: {payload[:80]!r}"
-                continue
-            usage = obj.get("usage")
-            if obj.get("choices"):
-                rel = now - resp.t0
-                if rec.ttft is None:
-                    rec.ttft = rel
-                rec.chunk_times.append(rel)
-                rec.latency = rel
-                if usage:
-                    total = usage.get("completion_tokens") or 0
-                    rec.chunk_tokens.append(total - resp.last_usage)
-                    resp.last_usage = total
-                else:
-                    rec.chunk_tokens.append(1)
-                choice = obj["choices"][0]
-                text = choice.get("text")
-                if text is None:
-                    text = (choice.get("delta") or {}).get("content")
-                if text:
-                    rec.text_len += len(text)
-            elif "error" in obj:
-                rec.error_kind = "http_5xx"
-                rec.error = str(obj["error"])[:MAX_ERROR_BODY]
-            if usage:
-                if usage.get("completion_tokens") is not None:
-                    rec.output_tokens = int(usage["completion_tokens"])
-                    resp.last_usage = rec.output_tokens
-                if usage.get("prompt_tokens") is not None:
-                    rec.prompt_tokens = int(usage["prompt_tokens"])
+        resp.feed(data, now)
 
     def _finish(self) -> None:
         resp = self.resp
         if resp is not None and not resp.done.done():
+            if resp.record is not None:
+                resp.decode()
             resp.done.set_result(None)
+        self._sse_chunks = False
         if not self.keep_alive:
             self.close()
 
     def _fail(self, kind: str, message: str) -> None:
         resp = self.resp
+        self._sse_chunks = False
+        if resp is not None and resp.record is not None and not resp.done.done():
+            resp.decode()
         if resp is not None and resp.record is not None and resp.record.error_kind is None:
             resp.record.error_kind = kind
             resp.record.error = message
@@ -427,6 +511,8 @@ class Endpoint:
             except (OSError, TimeoutError) as exc:
                 if conn is not None:
                     conn.close()
+                if record is not None:
+                    resp.decode()  # what arrived before the error stays in the record
                 if record is None:
                     raise
                 if record.error_kind is None:
@@ -440,6 +526,8 @@ class Endpoint:
             except asyncio.CancelledError:
                 if conn is not None:
                     conn.close()
+                if record is not None:
+                    resp.decode()
                 raise
             # A reused keep-alive connection the server had just closed: retry once, fresh.
             if reused and resp.status == 0 and not conn.got_bytes and attempt == 0:

@@ -12,6 +12,7 @@ kimictl must either read true or say "client lagged".
 
     python lab/bench/client_fidelity.py [--concurrency 64,256] [--interval-ms 1.2,2]
         [--workers 1,2] [--tokens 300] [--waves 3] [--hog] [--no-vllm] [--json OUT]
+        [--before DIR]
 
 Needs only the standard library, a C compiler and kimictl (run from the checkout); prints one
 table, and with --json writes every cell (the device machine's scaling run reads that file).
@@ -80,13 +81,16 @@ def truth(log: Path) -> dict[str, float]:
     }
 
 
-def kimictl_client(url: str, c: int, tokens: int, n: int, workers: int, out: Path) -> dict:
+def kimictl_client(
+    url: str, c: int, tokens: int, n: int, workers: int, out: Path, root: Path = ROOT
+) -> dict:
     cmd = [
         sys.executable, "-m", "kimictl", "bench", "--target", url, "--model", "m",
         "--input-len", "8", "--output-len", str(tokens), "--concurrency", str(c),
         "--num-prompts", str(n), "--workers", str(workers), "--no-metrics", "-o", str(out),
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
     if not out.exists():
         raise RuntimeError(f"kimictl bench failed: {proc.stderr[-1500:]}")
@@ -146,7 +150,8 @@ def cell(
         if client == "vllm bench":
             got = vllm_client(url, c, args.tokens, n, out)
         else:
-            got = kimictl_client(url, c, args.tokens, n, int(client.split("=")[1]), out)
+            root = args.before if client.startswith("before") else ROOT
+            got = kimictl_client(url, c, args.tokens, n, int(client.split("=")[1]), out, root)
     finally:
         for h in hogs:
             h.kill()
@@ -171,8 +176,17 @@ def main() -> None:
     ap.add_argument("--hog", action="store_true", help="also 64 x 1.2 ms beside two busy processes")
     ap.add_argument("--no-vllm", action="store_true", help="kimictl only")
     ap.add_argument("--json", type=Path, help="write every cell here")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        help="another kimictl (a folder holding its kimictl package, e.g. `git archive REV "
+        "kimictl | tar -x -C DIR`): its cells run beside this checkout's, as 'before w=N'",
+    )
     args = ap.parse_args()
-    clients = [f"kimictl w={w}" for w in args.workers.split(",")]
+    if args.before is not None:
+        args.before = args.before.resolve()
+    sides = ("kimictl", "before") if args.before is not None else ("kimictl",)
+    clients = [f"{side} w={w}" for w in args.workers.split(",") for side in sides]
     if not args.no_vllm and VLLM.exists() and TOKENIZER.exists():
         clients.append("vllm bench")
     cells: list[dict] = []
