@@ -64,7 +64,8 @@ def _run(exe: Path, path: Path, script: Path, c: int, us: int, tokens: int, n: i
     try:
         assert em.stdout is not None
         url = f"http://127.0.0.1:{int(em.stdout.readline().split()[1])}"
-        env = dict(os.environ, PYTHONPATH=str(path))
+        paths = (str(path), os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         cmd = [sys.executable, str(script), url, str(c), str(tokens), str(n)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     finally:
