@@ -1,21 +1,22 @@
 """The one HTTP/1.1 client of bench and monitor: keep-alive connections on an asyncio Protocol.
 
 A GET (/metrics scrapes, /v1/models) returns the body. A streamed completion (bench) is stamped as
-it arrives, and its JSON decoded later, many events at once. `data_received` takes the time first
-(one clock call per socket read), then, for a read that is one whole HTTP chunk (the usual case;
-anything else takes the general framing parse), keeps its complete SSE lines as raw bytes with the
+it arrives and its JSON decoded later, many events at once. `data_received` takes the time first
+(one clock call per socket read); a read that is one whole HTTP chunk (the usual case; any other
+takes the general framing parse) then only keeps its complete SSE lines as raw bytes, with the
 read's time and a byte count of their `data:` lines: no JSON and no callback per read, so a read's
-stamp waits at most a few slices and finds for the reads before it in the same loop turn. Every
-DECODE_EVENTS events (in a callback after the turn's reads are stamped) and when the response
-ends, `_Response.decode` turns the kept lines into the arrival time and token count of each chunk
-in the request's record. The awaiting coroutine is woken once per request, not once per chunk.
-That keeps the client's CPU per streamed token below `vllm bench serve`'s aiohttp client
-(lab/bench/client_overhead.py, lab/bench/client_cpu_ab.py; figures in docs/results.md).
+stamp waits for little more than a few slices of the reads before it in the same loop turn. Every
+DECODE_EVENTS events (in a callback after the turn's reads are stamped; streams in step take
+turns) and when the response ends, `_Response.decode` turns the kept lines into the arrival time
+and token count of each chunk in the request's record. The awaiting coroutine is woken once per
+request, not once per chunk. Client CPU per streamed token: lab/bench/client_overhead.py and
+lab/bench/client_cpu_ab.py, figures in docs/results.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl as _ssl
 import time
 from typing import Protocol
@@ -89,6 +90,9 @@ class StreamRecord(Protocol):
 # Events decoded at once while a response streams: enough to amortise the decode, few enough that
 # one decode (~1 us an event) holds the loop, and so the next reads' stamps, only tens of us.
 DECODE_EVENTS = 32
+# Streams started together stay in step; each response's first decode comes after its own share
+# of DECODE_EVENTS (0-31 events), so their decodes fall in different loop turns, not all in one.
+_stagger = itertools.count()
 
 
 class _Response:
@@ -106,6 +110,7 @@ class _Response:
         "blocks",
         "stamps",
         "decode_due",
+        "decode_at",
     )
 
     def __init__(self, record: StreamRecord | None, t0: float, done: asyncio.Future[None]):
@@ -118,6 +123,7 @@ class _Response:
         self.seen_done = False
         self.last_usage = 0
         self.decode_due = False  # a decode is scheduled
+        self.decode_at = 1 + next(_stagger) % DECODE_EVENTS  # kept events that call for one
         self.error: str | None = None  # why a request without a record failed
         self.t_last = t0  # perf_counter of the last read of this response
         self.blocks: list[bytes] = []  # complete SSE lines of a read, not yet decoded
@@ -140,7 +146,7 @@ class _Response:
                 self.stamps.append(now)
             else:
                 self.stamps.extend([now] * n)
-            if len(self.stamps) >= DECODE_EVENTS and not self.decode_due:
+            if len(self.stamps) >= self.decode_at and not self.decode_due:
                 # after the reads this loop turn stamps, not before them
                 self.decode_due = True
                 self.done.get_loop().call_soon(self.decode)
@@ -148,6 +154,7 @@ class _Response:
     def decode(self) -> None:
         """Turn the kept SSE lines into the record: chunk times and tokens, usage, errors."""
         self.decode_due = False
+        self.decode_at = DECODE_EVENTS
         if not self.blocks:
             return
         rec = self.record

@@ -28,21 +28,24 @@ from pathlib import Path
 from client_fidelity import ROOT, build, truth
 
 CLIENT = r"""
-import asyncio, json, sys, time
+import asyncio, json, resource, sys, time
 from kimictl.runtime.load.loadgen import LoadPoint, LoadSettings, LoadTarget, run_load
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 url, c, tokens, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 w = RandomWorkload(parse_length(8), parse_length(tokens))
 s = LoadSettings(points=(LoadPoint(concurrency=c),), num_prompts=n, workers=1,
                  scrape_metrics=False)
+u0 = resource.getrusage(resource.RUSAGE_SELF)
 c0, t0 = time.process_time(), time.perf_counter()
 recs = asyncio.run(run_load([LoadTarget("e", url, "m")], w, s))
 cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+u1 = resource.getrusage(resource.RUSAGE_SELF)
 ok = [r for r in recs if r.ok]
 gaps = sorted(g for r in ok for g in r.itls)
 print(json.dumps({"cpu_s": cpu, "wall_s": wall, "chunks": sum(len(r.chunk_times) for r in ok),
                   "tokens": sum(r.output_tokens for r in ok), "failed": len(recs) - len(ok),
                   "zero_pct": 100 * sum(g == 0 for g in gaps) / max(len(gaps), 1),
+                  "sleeps": u1.ru_nvcsw - u0.ru_nvcsw, "sys_s": u1.ru_stime - u0.ru_stime,
                   "itl_p50": 1e3 * gaps[len(gaps) // 2],
                   "itl_p90": 1e3 * gaps[len(gaps) * 9 // 10]}))
 """
