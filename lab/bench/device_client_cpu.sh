@@ -3,7 +3,9 @@
 # matrix (64, 256 streams x 1.2 ms; workers 1, 2, 4, 8) for this checkout and, beside it in the
 # same run, an older kimictl unpacked in .before (`git archive REV kimictl | tar -x -C .before`),
 # then the in-process CPU A/B (client_cpu_ab.py) of the two. kimictl's pure-Python deps come as
-# Python 3.12 wheels in .whl (the machine has no network). Results go to $OUT.
+# Python 3.12 wheels in .whl (the machine has no network). Results go to $OUT. The device tool
+# sends the checkout its session started in: from a helper's worktree, copy this tree with .whl
+# and .before into a folder of that checkout that .git/info/exclude ignores, carry it, cd there.
 set -u
 OUT=${OUT:-/tmp/kimictl-client-cpu}
 mkdir -p "$OUT"
