@@ -186,7 +186,11 @@ def main() -> None:
     if args.before is not None:
         args.before = args.before.resolve()
     sides = ("kimictl", "before") if args.before is not None else ("kimictl",)
-    clients = [f"{side} w={w}" for w in args.workers.split(",") for side in sides]
+    clients = [  # the two sides alternate which runs first
+        f"{side} w={w}"
+        for i, w in enumerate(args.workers.split(","))
+        for side in (sides if i % 2 == 0 else sides[::-1])
+    ]
     if not args.no_vllm and VLLM.exists() and TOKENIZER.exists():
         clients.append("vllm bench")
     cells: list[dict] = []
