@@ -3,6 +3,10 @@
 Inside each namespace the veth end has the same name (IFNAME), as a cluster's nodes name their
 shared network alike: one GLOO_SOCKET_IFNAME fits every rank a scheduler starts.
 
+`two_hosts(own_pids=True)` also gives each host its own PID namespace (and /proc): one machine
+has one process table, so a tool that scans it (`ray stop`) would otherwise see, and end, both
+hosts' processes. Each host's commands then run under that namespace's init (a reaper), by nsenter.
+
 `two_hosts()` needs root (ip netns) and the CPU runtime; it skips the test with the reason
 otherwise, and on the way out kills whatever the test left in its namespaces, then deletes them.
 """
@@ -15,9 +19,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,8 @@ class Host:
     ifname: str
     addr: str
     state: Path
+    init: int | None = None  # the PID namespace's init (as this machine numbers it), if any
+    keep: tuple[int, ...] = ()  # that init and its unshare: not the test's processes
 
     def cmd(self, *argv: str, env: dict[str, str] | None = None) -> list[str]:
         extra = {
@@ -45,11 +52,11 @@ class Host:
             "GLOO_SOCKET_IFNAME": self.ifname,
             **(env or {}),
         }
+        enter = ["ip", "netns", "exec", self.ns]
+        if self.init is not None:  # nsenter forks: the command is a child of nsenter
+            enter = ["nsenter", f"--target={self.init}", "--net", "--pid", "--mount"]
         return [
-            "ip",
-            "netns",
-            "exec",
-            self.ns,
+            *enter,
             "env",
             *(f"{k}={v}" for k, v in extra.items()),
             *argv,
@@ -57,7 +64,49 @@ class Host:
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.ns], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
+        return [int(p) for p in out.stdout.split() if int(p) not in self.keep]
+
+    def command_pid(self, proc: subprocess.Popen[bytes]) -> int:
+        """The pid (this machine's numbering) of the command `proc` runs through `cmd`: proc
+        itself, or under nsenter its one child."""
+        if self.init is None:
+            return proc.pid
+        for _ in range(100):
+            children = _children(proc.pid)
+            if children:
+                return children[0]
+            time.sleep(0.05)
+        raise AssertionError(f"nsenter (pid {proc.pid}) started no command")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+# PID 1 of a host's PID namespace: reaps the orphans that daemons (ray start) leave to it
+_REAPER = (
+    "import os, time\n"
+    "while True:\n"
+    "    try: os.wait()\n"
+    "    except ChildProcessError: time.sleep(0.5)"
+)
+
+
+def _own_pid_namespace(h: Host) -> Host:
+    unshare = subprocess.Popen(
+        ["ip", "netns", "exec", h.ns, "unshare", "--pid", "--fork", "--kill-child",
+         "--mount-proc", sys.executable, "-c", _REAPER],
+    )  # fmt: skip
+    for _ in range(100):
+        children = _children(unshare.pid)
+        if children:
+            return replace(h, init=children[0], keep=(unshare.pid, children[0]))
+        time.sleep(0.05)
+    unshare.kill()
+    pytest.skip("cannot give a host its own PID namespace (unshare --pid --mount-proc)")
 
 
 def bench(h: Host, port: int, report: Path, prompts: int, output_len: int) -> dict[str, Any]:
@@ -93,7 +142,7 @@ def _ip(*args: str) -> None:
 
 
 @contextmanager
-def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
+def two_hosts(tmp_path: Path, own_pids: bool = False) -> Iterator[tuple[Host, Host]]:
     why = _why_no_namespaces()
     if why:
         pytest.skip(why)
@@ -118,6 +167,9 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
             subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
         pytest.skip(f"cannot build two network namespaces: {exc.stderr.decode().strip()}")
     try:
+        if own_pids:
+            a = _own_pid_namespace(a)
+            b = _own_pid_namespace(b)
         yield a, b
     finally:
         _teardown(a, b)
@@ -125,7 +177,7 @@ def two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host]]:
 
 def _teardown(*hosts: Host) -> None:
     for h in hosts:  # whatever a failed test left in our own namespaces, then the namespaces
-        for pid in h.pids():
+        for pid in (*h.pids(), *h.keep):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

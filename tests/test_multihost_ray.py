@@ -2,16 +2,20 @@
 `kimictl serve cpu-demo-tp2 --ray`: TP2, one Ray rank per host.
 
 Host A (10.77.0.1) runs `ray start --head`, host B `ray start --address 10.77.0.1:6379`, each with
-one CPU for Ray and the Ray that `kimictl setup cpu-runtime --ray` adds to the CPU runtime (with
-kimictl's fix-ups for vLLM CPU 0.32's Ray executor); the cluster is started once for the module.
+one CPU for Ray, its own temp folder and its own PID namespace (so `ray stop` on one host sees
+that host's processes only, as on two machines), and the Ray that `kimictl setup cpu-runtime
+--ray` adds to the CPU runtime (with kimictl's fix-ups for vLLM CPU 0.32's Ray executor); the
+cluster is started once for the module.
 - the head's wait for both nodes (the code the Slurm and k8s renders run) passes; the cluster
   offers CPUs and no GPU;
 - vLLM's own CpuPlatform names no Ray device; with the fix-ups it names "CPU";
 - serve on host A: ready with one rank (a RayWorkerProc actor) on each host, a short bench, then
-  SIGTERM: no vLLM process or actor is left on either host;
-- again, then SIGKILL of host B's actor: kimictl exits 1 ("died") with no client request, and
-  nothing of vLLM is left;
-- `ray stop` on each host (the operator's part: kimictl never starts Ray) leaves no process.
+  `kimictl stop`: no vLLM process or actor is left on either host, while another job's detached
+  actor on the same cluster still answers and both nodes stay;
+- again, then SIGKILL of host B's actor: kimictl exits 1 ("died") with no client request,
+  quoting vLLM's own "RayWorkerProc rank=[1] died unexpectedly" line, and nothing of vLLM is left;
+- `ray stop` on host B (the operator's part: kimictl never starts or stops Ray) ends host B's
+  Ray only: host A's daemons run on and the head sees B's node dead; then `ray stop` on A.
 
 Skipped when not root or without `ip` (two_hosts says why), or when KIMICTL_SKIP_RAY=1; Ray or
 the fix-ups missing from the CPU runtime fails (CI runs `kimictl setup cpu-runtime --ray` first).
@@ -65,13 +69,14 @@ def _python(h: Host, code: str, timeout: float = 180) -> subprocess.CompletedPro
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Host]]:
     if os.environ.get("KIMICTL_SKIP_RAY") == "1":
         pytest.skip("KIMICTL_SKIP_RAY=1")
-    with two_hosts(tmp_path_factory.mktemp("ray")) as (a, b):
+    with two_hosts(tmp_path_factory.mktemp("ray"), own_pids=True) as (a, b):
         found = cpu_runtime.installed_versions(("ray",))["ray"]
         assert cpu_runtime.ray_ready(), (
             f"ray {found} (wanted {RAY_VERSION}) or kimictl's fix-ups missing in the CPU "
             "runtime: run `kimictl setup cpu-runtime --ray` (KIMICTL_SKIP_RAY=1 skips this)"
         )
-        # one CPU per node for Ray; its own temp folder per host (Unix socket paths stay short)
+        # one CPU per node for Ray; its own temp folder per host (docs/serve.md; Unix socket
+        # paths stay short)
         common = ["--num-cpus=1", "--disable-usage-stats"]
         t0 = time.monotonic()
         head = _ray(a, "start", "--head", f"--node-ip-address={a.addr}", f"--port={RAY_PORT}",
@@ -164,20 +169,44 @@ def _nothing_of_vllm_left(*hosts: Host) -> None:
         assert not _vllm_pids(h) and not _rank_pids(h), _procs(h)
 
 
+# someone else's work on the same Ray cluster: a detached actor of another job and namespace
+# (no CPU, so vLLM's placement group still finds one CPU per node)
+OTHER_JOB_START = (
+    "import ray\n"
+    "ray.init(namespace='someone-else', logging_level='ERROR')\n"
+    "@ray.remote(num_cpus=0)\n"
+    "class Keeper:\n"
+    "    def ping(self): return 'pong'\n"
+    "k = Keeper.options(name='keeper', lifetime='detached').remote()\n"
+    "print(ray.get(k.ping.remote()))"
+)
+OTHER_JOB_PING = (
+    "import ray; ray.init(namespace='someone-else', logging_level='ERROR'); "
+    "print(ray.get(ray.get_actor('keeper').ping.remote(), timeout=60))"
+)
+
+
 def test_serve_ray_on_two_hosts_answers_benches_and_stops(cluster, tmp_path):
     a, b = cluster
+    other = _python(a, OTHER_JOB_START)
+    assert other.returncode == 0 and other.stdout.split()[-1:] == ["pong"], other.stderr[-2000:]
     log = tmp_path / "serve.log"
     proc = _ready(a, b, log)
     run = bench(a, PORT, tmp_path / "bench.json", prompts=4, output_len=16)
     assert (run["completed"], run["failed"]) == (4, 0)
-    ps = subprocess.run(a.cmd(sys.executable, "-m", "kimictl", "ps", "--json"),
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    ps = _kimictl(a, "ps", "--json")
     (record,) = json.loads(ps.stdout)
     assert record["extra"]["ray"] == {"address": ADDRESS}, record["extra"]
-    proc.send_signal(signal.SIGTERM)  # the operator's Ctrl-C
-    assert _wait_exit(proc, STOP_S) == 0, log.read_text()[-3000:]
+    t0 = time.monotonic()
+    stop = _kimictl(a, "stop", record["id"], timeout=STOP_S)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    _wait_exit(proc, STOP_S)
     _nothing_of_vllm_left(a, b)  # both ranks' actors gone; Ray's own daemons stay
-    # the stop ended this deployment only: the operator's Ray cluster still has both nodes
+    print(f"kimictl stop: nothing of vLLM left {time.monotonic() - t0:.1f} s later")
+    # the stop ended this deployment only: another job's actor on the same cluster answers,
+    # and the operator's Ray cluster still has both nodes
+    other = _python(a, OTHER_JOB_PING)
+    assert other.returncode == 0 and other.stdout.split()[-1:] == ["pong"], other.stderr[-2000:]
     alive = _python(a, wait_for_nodes_code(2, timeout_s=30))
     assert alive.returncode == 0, alive.stderr[-2000:]
 
@@ -193,21 +222,58 @@ def test_sigkill_of_the_rank_on_host_b_brings_the_deployment_down(cluster, tmp_p
     text = log.read_text(errors="replace")
     print(f"kimictl serve exited {code} {time.monotonic() - t0:.1f} s after SIGKILL of host "
           f"B's rank")  # fmt: skip
-    print("\n".join(line for line in text.splitlines() if "died" in line)[-1500:])
+    print(text[text.find("error:") :][-1500:])
     assert code == 1, text[-3000:]
-    assert "died" in text, text[-3000:]
+    # the message quotes vLLM's own line naming the rank, not the traceback after it
+    (named,) = (ln for ln in text.splitlines() if "RayWorkerProc rank=[1] died unexpectedly" in ln)
+    assert named.strip().startswith("(EngineCore") and "Traceback" not in text, text[-3000:]
+    assert "likely cause: a rank's Ray actor died" in text, text[-3000:]
     _nothing_of_vllm_left(a, b)
 
 
-def test_ray_stop_on_each_host_leaves_nothing_running(cluster):
+def test_ray_stop_on_one_host_stops_that_hosts_ray_only(cluster):
     a, b = cluster
-    for h in (a, b):
-        stop = _ray(h, "stop")
-        assert stop.returncode == 0, stop.stderr[-2000:]
+    stop = _ray(b, "stop")
+    assert stop.returncode == 0, stop.stderr[-2000:]
     deadline = time.monotonic() + 30
-    while (a.pids() or b.pids()) and time.monotonic() < deadline:
+    while b.pids() and time.monotonic() < deadline:
         time.sleep(1)
-    assert a.pids() == [] and b.pids() == [], (_procs(a), _procs(b))
+    assert b.pids() == [], _procs(b)
+    assert {"gcs_server", "raylet"} <= _ray_daemons(a), _procs(a)  # host A's Ray runs on
+    # and the head sees host B's node gone, its own alive
+    nodes = _python(a, NODES_ALIVE)
+    assert nodes.returncode == 0, nodes.stderr[-2000:]
+    seen = json.loads(nodes.stdout.strip().splitlines()[-1])
+    assert seen == [["10.77.0.1", True], ["10.77.0.2", False]], seen
+    stop = _ray(a, "stop")
+    assert stop.returncode == 0, stop.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while a.pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert a.pids() == [], _procs(a)
+
+
+# the nodes as the head's GCS sees them, once host B's node is no longer alive (60 s at most)
+NODES_ALIVE = (
+    "import json, ray, time\n"
+    "ray.init(logging_level='ERROR')\n"
+    "for _ in range(60):\n"
+    "    nodes = sorted((n['NodeManagerAddress'], n['Alive']) for n in ray.nodes())\n"
+    "    if all(alive for addr, alive in nodes if addr == '10.77.0.1') and not any(\n"
+    "        alive for addr, alive in nodes if addr == '10.77.0.2'): break\n"
+    "    time.sleep(1)\n"
+    "print(json.dumps(nodes))"
+)
+
+
+def _kimictl(h: Host, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    argv = h.cmd(sys.executable, "-m", "kimictl", *args)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _ray_daemons(h: Host) -> set[str]:
+    names = ("gcs_server", "raylet")
+    return {n for _, args in _procs(h) for n in names if f"/{n} " in args or args.startswith(n)}
 
 
 def _procs(h: Host) -> list[tuple[int, str]]:

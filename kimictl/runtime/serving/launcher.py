@@ -44,7 +44,12 @@ from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.plan import LaunchPlan, check_port_free, leads_other_nodes
 from kimictl.runtime.serving.ray_cluster import ADDRESS_ENV
 from kimictl.runtime.serving.runs import RunRecord, RunState
-from kimictl.runtime.serving.startup import likely_cause, log_tail, read_phases
+from kimictl.runtime.serving.startup import (
+    likely_cause,
+    log_tail,
+    lost_member_line,
+    read_phases,
+)
 
 __all__ = [
     "DEATH_GRACE_S",
@@ -193,14 +198,25 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
     return Launch(plan=plan, record=record, process=process)
 
 
-def _startup_failure(launch: Launch, code: int | None, during: str) -> LaunchError:
-    tail = log_tail(launch.plan.log_path)
-    cause = likely_cause(tail, code)
-    launch.record = _mark(launch.record, RunState.FAILED, exit_code=code, reason=cause)
+def _log_evidence(log_path: Path, code: int | None) -> tuple[str, str | None, str]:
+    """(likely cause, vLLM's own line naming the member it lost or None, what to show): that
+    line alone where vLLM wrote one (the traceback after it says nothing more), else the tail."""
+    tail = log_tail(log_path)
+    named = lost_member_line(log_path)
+    cause = likely_cause([*tail, named] if named else tail, code)
+    if named:
+        return cause, named, f"vLLM's own line in {log_path}:\n  {named}"
     shown = "\n".join("  " + line for line in tail)
+    return cause, None, f"last {len(tail)} lines of {log_path}:\n{shown}"
+
+
+def _startup_failure(launch: Launch, code: int | None, during: str) -> LaunchError:
+    cause, named, shown = _log_evidence(launch.plan.log_path, code)
+    reason = f"{cause} ({named})" if named else cause
+    launch.record = _mark(launch.record, RunState.FAILED, exit_code=code, reason=reason)
     return LaunchError(
         f"vLLM ({launch.plan.name}) exited {during} with exit code {code}; likely cause: {cause}.\n"
-        f"last {len(tail)} lines of {launch.plan.log_path}:\n{shown}",
+        f"{shown}",
         hint=f"full log: {launch.plan.log_path}",
     )
 
@@ -562,9 +578,9 @@ def _probe_peers(launch: Launch, probed: dict[str, float], client: BlockingClien
 def _die(launch: Launch, what: str, grace: float) -> None:
     """Take the rest of the deployment down, record it as died with the cause, and raise."""
     record = launch.record
-    tail = log_tail(launch.plan.log_path)
     own = launch.returncode()  # the run's own exit, before our SIGTERM gives it a clean one
-    cause = likely_cause(tail, own)
+    cause, named, shown = _log_evidence(launch.plan.log_path, own)
+    tail = log_tail(launch.plan.log_path, 10)
     if runs.is_alive(record):
         runs.end_group(record, grace)
     left = len(runs.group_members(record))
@@ -572,17 +588,15 @@ def _die(launch: Launch, what: str, grace: float) -> None:
         record,
         RunState.DIED,
         exit_code=own,
-        reason=f"died after ready: {what}",
-        extra={**record.extra, "last_log_lines": tail[-10:]},
+        reason=f"died after ready: {what}" + (f"; vLLM: {named}" if named else ""),
+        extra={**record.extra, "last_log_lines": tail},
     )
-    shown = "\n".join("  " + line for line in tail)
     taken = "the rest of its process group was stopped" if not left else f"{left} process(es) left"
     # `what` already names the cause when the log does not (a lost remote rank: nothing of it
     # reaches this node's log), so "not recognised" would contradict it
     known = "" if cause.startswith("not recognised") else f"; likely cause: {cause}"
     raise EndpointError(
-        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}{known}.\n"
-        f"last lines of {launch.plan.log_path}:\n{shown}",
+        f"vLLM ({launch.plan.name}) died after it was ready: {what}; {taken}{known}.\n{shown}",
         hint=f"full log: {launch.plan.log_path}",
     )
 

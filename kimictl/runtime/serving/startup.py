@@ -13,8 +13,10 @@ __all__ = [
     "LOG_TAIL_LINES",
     "CAUSES",
     "PHASES",
+    "LOST_MEMBER",
     "likely_cause",
     "log_tail",
+    "lost_member_line",
     "read_phases",
 ]
 
@@ -52,12 +54,14 @@ def read_phases(text: str) -> list[str]:
     return found
 
 
-def log_tail(path: Path | str, lines: int = LOG_TAIL_LINES) -> list[str]:
+def log_tail(
+    path: Path | str, lines: int = LOG_TAIL_LINES, scan_bytes: int = 64 * 1024
+) -> list[str]:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
+            handle.seek(max(0, size - scan_bytes))
             data = handle.read().decode(errors="replace")
     except OSError:
         return []
@@ -106,7 +110,11 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
         "the model's config.json names an architecture this vLLM/transformers cannot load",
     ),
     (
-        re.compile(r"RayWorkerProc rank=\[\d+\] died unexpectedly"),
+        re.compile(r"Worker proc (\S+) died unexpectedly \(exit code: (-?\d+)\)"),
+        "vLLM's worker process {0} died (exit code {1})",
+    ),
+    (
+        re.compile(r"RayWorkerProc rank=\[[\d, ]+\] died unexpectedly"),
         "a rank's Ray actor died (its process on that node exited or was killed; that "
         "node's Ray logs say why)",
     ),
@@ -126,6 +134,28 @@ CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
         "(CPU) or reinstall vLLM",
     ),
 )
+
+
+# vLLM's own line naming the member it lost, as its executors log it (vLLM 0.32:
+# ray_executor_v2.py "RayWorkerProc rank=%s died unexpectedly, shutting down executor.",
+# multiproc_executor.py "Worker proc %s died unexpectedly (exit code: %s), ...", v1/utils.py
+# "Engine core process %s died unexpectedly."). The traceback that follows can push it out of
+# the tail, so it is looked for in the whole recent log.
+LOST_MEMBER = re.compile(
+    r"RayWorkerProc rank=\[[\d, ]+\] died unexpectedly|Worker proc \S+ died unexpectedly|"
+    r"Engine core process \S+ died unexpectedly"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_SCAN_BYTES = 1024 * 1024
+
+
+def lost_member_line(path: Path | str) -> str | None:
+    """The last line of vLLM's log (its last MiB) in which vLLM names the rank or process it
+    lost, without colour codes; None when vLLM named none."""
+    for line in reversed(log_tail(path, lines=100_000, scan_bytes=_SCAN_BYTES)):
+        if LOST_MEMBER.search(line):
+            return _ANSI.sub("", line).strip()
+    return None
 
 
 def likely_cause(lines: list[str], returncode: int | None) -> str:
