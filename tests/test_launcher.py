@@ -28,6 +28,10 @@ from kimictl.runtime.serving.runs import RunRecord, RunState
 
 FAKE = Path(__file__).parent / "fixtures" / "launcher" / "fake_vllm.py"
 REAL_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_cpu_startup.log"
+# host A's vllm.log from the SIGKILL of host B's Ray rank on (tests/test_multihost_ray.py): vLLM's
+# line naming the rank, then the engine core's and API server's tracebacks
+RAY_DEATH_LOG = Path(__file__).parent / "fixtures" / "launcher" / "vllm_ray_rank_died.log"
+RAY_NAMING = "RayWorkerProc rank=[1] died unexpectedly, shutting down executor."
 
 
 @pytest.fixture(autouse=True)
@@ -128,6 +132,15 @@ def test_phases_from_a_real_vllm_cpu_log():
 )
 def test_likely_cause(line, code, expected):
     assert expected in startup.likely_cause(["INFO start", line, "INFO end"], code)
+
+
+def test_vllms_line_naming_the_lost_ray_rank_is_found_beyond_the_traceback_tail():
+    tail = startup.log_tail(RAY_DEATH_LOG)
+    assert not any("RayWorkerProc" in line for line in tail)  # the tail is traceback only
+    assert "Traceback" in "\n".join(tail)
+    named = startup.lost_member_line(RAY_DEATH_LOG)
+    assert named is not None and named.endswith(RAY_NAMING) and "\x1b" not in named
+    assert "a rank's Ray actor died" in startup.likely_cause([*tail, named], -15)
 
 
 def test_tmp_dir_is_short_enough_for_unix_sockets(tmp_path):
@@ -331,6 +344,38 @@ def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     assert stopped.state is RunState.DIED and stopped.exit_code == own  # a stop keeps the cause
 
 
+def test_a_lost_ray_rank_is_reported_by_vllms_own_line_not_a_traceback():
+    plan = fake_plan("replay-death", env={"FAKE_DEATH_LOG": str(RAY_DEATH_LOG)})
+    launch = launcher.start(plan)
+    launcher.wait_ready([launch], timeout=30)
+    with pytest.raises(EndpointError) as died:
+        launcher.supervise([launch], stop_flag=lambda: False, poll_s=0.2, grace=2)
+    said = str(died.value)
+    named = startup.lost_member_line(RAY_DEATH_LOG)
+    assert f"vLLM's own line in {plan.log_path}:\n  {named}" in said
+    assert "likely cause: a rank's Ray actor died" in said and "Traceback" not in said
+    record = runs.get_run(plan.run_id)
+    assert record.state is RunState.DIED and record.exit_code == 1
+    assert (record.reason or "").endswith(f"; vLLM: {named}")
+    launcher.stop_run(record, process=launch.process, grace=1)
+
+
+def test_a_detached_runs_watcher_records_vllms_line_naming_the_lost_rank() -> None:
+    record = _detached("replay-death", env={"FAKE_DEATH_LOG": str(RAY_DEATH_LOG)})
+    try:
+
+        def recorded() -> RunRecord | None:  # by the watcher (ps only shows the death)
+            seen = runs.read_record(record.id)
+            return seen if seen is not None and seen.state is RunState.DIED else None
+
+        _wait(lambda: recorded() is not None, 10)
+        seen = recorded()
+        assert seen is not None, runs.read_record(record.id)
+        assert RAY_NAMING in (seen.reason or "")
+    finally:
+        launcher.stop_records([runs.get_run(record.id)], grace=2)
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -356,8 +401,8 @@ def test_multinode_leader_with_a_lost_peer_is_taken_down(monkeypatch, extra):
     launcher.stop_run(runs.get_run(plan.run_id), process=launch.process, grace=1)
 
 
-def _detached(mode: str) -> RunRecord:
-    plan = fake_plan(mode)
+def _detached(mode: str, env: dict[str, str] | None = None) -> RunRecord:
+    plan = fake_plan(mode, env=env)
     prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
     (record,) = workflow.run_serve(prepared, detach=True)
     return record

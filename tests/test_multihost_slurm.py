@@ -413,3 +413,34 @@ def test_serve_slurm_scancel_from_outside_is_reported_with_slurms_state(cluster)
     (run,) = [r for i, r in _ps(c, "--all").items() if i not in before]
     assert run["state"] == "failed" and "cancelled outside kimictl" in run["reason"], run
     _wait_gone(c, job)
+
+
+def test_a_job_past_its_time_limit_is_worded_with_slurms_state_and_reason(cluster):
+    """Slurm's own time limit as kimictl reads it (scontrol) and words it, while the job ends
+    (COMPLETING, Reason=TimeLimit) and once it has (TIMEOUT): a plain one-minute job, no vLLM.
+    A preemption needs a preempting partition: not built here."""
+    c = cluster
+    out = c.run(c.a, "sbatch", "--parsable", "--time=1", f"--output={c.root}/limit-%j.out",
+                f"--chdir={c.root}", "--wrap", "sleep 600")  # fmt: skip
+    assert out.returncode == 0, out.stderr + c.logs()
+    job = out.stdout.strip().split(";")[0]
+    read = ("import sys; from kimictl.runtime.serving import slurm; "
+            "print(slurm.job_info(sys.argv[1]).describe())")  # fmt: skip
+    t0 = time.monotonic()
+    seen: list[str] = []
+
+    def worded() -> str | None:
+        said = c.run(c.a, sys.executable, "-c", read, job).stdout.strip()
+        if not seen or seen[-1] != said:
+            seen.append(said)
+            print(f"time limit, {time.monotonic() - t0:.1f} s after sbatch: {said}")
+        return said if " TIMEOUT " in said else None
+
+    assert _until(worded, 180), seen
+    ending = [s for s in seen if " COMPLETING " in s]
+    for said in ending:  # Slurm's reason already says why while it ends
+        assert said.startswith(f"Slurm job {job} COMPLETING (TimeLimit"), seen
+        assert said.endswith(": it reached its time limit"), seen
+    assert seen[-1].startswith(f"Slurm job {job} TIMEOUT (TimeLimit"), seen
+    assert seen[-1].endswith(": it reached its time limit"), seen
+    _wait_gone(c, job)

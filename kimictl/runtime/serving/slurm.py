@@ -65,6 +65,9 @@ _MEANING = {
     "COMPLETED": "its script exited 0 (the server ended by itself)",
     "UNKNOWN": "neither scontrol nor sacct knows it any more",
 }
+# A job that is ending (COMPLETING) already names why in its Reason (Slurm 23.02: TimeLimit
+# for a time limit, before the final TIMEOUT state).
+_ENDING = {"TimeLimit": _MEANING["TIMEOUT"]}
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,11 @@ class JobInfo:
         code = self.exit_code if not self.active or self.state == "COMPLETING" else None
         said = [x for x in (self.reason, code and f"exit {code}") if x]
         text = f"Slurm job {self.job_id} {self.state}" + (f" ({', '.join(said)})" if said else "")
-        meaning = _MEANING.get(self.state)
-        return f"{text}: {meaning}" if meaning and not self.active else text
+        if self.state == "COMPLETING":
+            meaning = _ENDING.get(self.reason or "")
+        else:
+            meaning = None if self.active else _MEANING.get(self.state)
+        return f"{text}: {meaning}" if meaning else text
 
 
 def is_slurm(record: RunRecord) -> bool:

@@ -4,8 +4,9 @@ process group once `serve --detach` has returned.
 Every `WATCH_POLL_S` (0.25 s) it reads the run's record and its recorded members (API server, engine
 cores, workers) from /proc. When one is gone it ends the rest of the group (`runs.end_dead`:
 SIGKILL after `runs.ORPHAN_GRACE_S`, since processes orphaned by a dead API server ignore SIGTERM)
-and records the run as died with the cause. It exits then, or as soon as the record leaves
-`ready` (`kimictl stop` took over) or the group is gone. It imports only runs.py: about 20 MB.
+and records the run as died with the cause (and vLLM's own line naming a lost rank, where the log
+has one). It exits then, or as soon as the record leaves `ready` (`kimictl stop` took over) or
+the group is gone. It imports only runs.py and startup.py: about 20 MB.
 
 Run as `python -m kimictl.runtime.serving.watch RUN_ID`; `spawn_watcher` starts it.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from kimictl.runtime.serving import runs
 from kimictl.runtime.serving.runs import RunRecord, RunState
+from kimictl.runtime.serving.startup import lost_member_line
 
 __all__ = ["WATCH_POLL_S", "spawn_watcher", "watch"]
 
@@ -58,6 +60,8 @@ def watch(run_id: str, *, poll_s: float = WATCH_POLL_S) -> str:
             latest = runs.read_record(run_id)  # a `stop` may have begun meanwhile: it wins
             if latest is None or latest.state is not RunState.READY:
                 return "the run left ready while it was being checked"
+            named = lost_member_line(record.log_path)  # vLLM's own line, where it wrote one
+            reason = f"{reason}; vLLM: {named}" if named else reason
             ended = runs.end_dead(runs.update_record(record, state=state, reason=reason))
             return f"died: {ended.reason}"
         if not runs.is_alive(record):
