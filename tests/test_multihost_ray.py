@@ -233,24 +233,24 @@ def test_sigkill_of_the_rank_on_host_b_brings_the_deployment_down(cluster, tmp_p
 
 def test_ray_stop_on_one_host_stops_that_hosts_ray_only(cluster):
     a, b = cluster
-    stop = _ray(b, "stop")
-    assert stop.returncode == 0, stop.stderr[-2000:]
-    deadline = time.monotonic() + 30
-    while b.pids() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert b.pids() == [], _procs(b)
+    _ray_stop(b)
     assert {"gcs_server", "raylet"} <= _ray_daemons(a), _procs(a)  # host A's Ray runs on
     # and the head sees host B's node gone, its own alive
     nodes = _python(a, NODES_ALIVE)
     assert nodes.returncode == 0, nodes.stderr[-2000:]
     seen = json.loads(nodes.stdout.strip().splitlines()[-1])
     assert seen == [["10.77.0.1", True], ["10.77.0.2", False]], seen
-    stop = _ray(a, "stop")
+    _ray_stop(a)
+
+
+def _ray_stop(h: Host) -> None:
+    """`ray stop` on host h: nothing of it left there within 30 s."""
+    stop = _ray(h, "stop")
     assert stop.returncode == 0, stop.stderr[-2000:]
     deadline = time.monotonic() + 30
-    while a.pids() and time.monotonic() < deadline:
+    while h.pids() and time.monotonic() < deadline:
         time.sleep(1)
-    assert a.pids() == [], _procs(a)
+    assert h.pids() == [], _procs(h)
 
 
 # the nodes as the head's GCS sees them, once host B's node is no longer alive (60 s at most)
