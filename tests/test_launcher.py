@@ -125,6 +125,12 @@ def test_phases_from_a_real_vllm_cpu_log():
             "a rank's Ray actor died",
         ),
         ("  RuntimeError: Executor failed.", -15, "the executor lost a rank"),
+        (  # vLLM 0.32 multiproc_executor.py's own words for a lost worker process
+            "(EngineCore pid=7) ERROR 12-05 04:00:00 [multiproc_executor.py:316] Worker proc "
+            "VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
+            -15,
+            "vLLM's worker process VllmWorker-1 died (exit code -9)",
+        ),
         ("nothing useful", -9, "SIGKILL"),
         ("nothing useful", -11, "SIGSEGV"),
         ("nothing useful", 1, "not recognised"),
