@@ -100,6 +100,77 @@ def test_serve_refuses_an_edge_it_cannot_run(capsys: pytest.CaptureFixture[str])
         assert err.startswith("error:") and message in err, (args, err)
         assert "Traceback" not in err
     assert main(["serve", "--ab", "--canary", "150", "--dry-run"]) == 2
+    assert main(["serve", "cpu-demo-stock", "--ab", "--canary", "10", "--dry-run"]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("error:") and "has no stock twin" in err
+
+
+def test_missing_nginx_is_one_sentence_naming_the_package(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No nginx on PATH nor in /usr/sbin: serve refuses before any server starts."""
+    import kimictl.runtime.serving.proxy as proxy_mod
+    from kimictl.cli import main
+
+    which, access = shutil.which, os.access
+    monkeypatch.setattr(
+        proxy_mod.shutil, "which", lambda n, *a, **k: None if n == "nginx" else which(n, *a, **k)
+    )
+    monkeypatch.setattr(
+        proxy_mod.os, "access", lambda p, m: False if "nginx" in str(p) else access(p, m)
+    )
+    assert main(["serve", "--ab", "--shadow", "100", "--dry-run"]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("error: nginx is not installed") and "apt-get install nginx" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_hung_shadow_does_not_hold_the_clients_next_request(tmp_path: Path) -> None:
+    """Real nginx, shadow 100 %: the shadow accepts connections and never answers (a stopped
+    server); the primary (a one-line HTTP server) answers at once. nginx ends a request only
+    when its mirror does: on a kept-alive client connection the next request would wait for the
+    mirror's read timeout; the edge closes client connections instead, so it does not."""
+    import http.server
+    import threading
+    import time
+
+    _nginx()
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    stock = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=stock.serve_forever, daemon=True).start()
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)  # the kernel completes the handshakes; nobody reads
+        edge = plan_edge(
+            canary=None,
+            shadow=100,
+            host="127.0.0.1",
+            port=free_port(),
+            tuned=f"http://127.0.0.1:{hung.getsockname()[1]}",
+            stock=f"http://127.0.0.1:{stock.server_address[1]}",
+        )
+        with Proxy(edge, tmp_path) as proxy, httpx.Client() as client:
+            t0 = time.monotonic()
+            for _ in range(3):
+                reply = client.post(f"{proxy.plan.url}/v1/completions", json={}, timeout=10)
+                assert reply.text == "ok"
+                assert reply.headers.get("connection") == "close"
+            assert time.monotonic() - t0 < 3.0  # the mirrors are still hanging
+            proxy.stop(grace=0.2)  # a graceful stop would wait for the hung mirrors
+    stock.shutdown()
 
 
 def test_a_taken_proxy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ of a 10% canary reads tuned's warm-up as "tuned worse"); each run starts a
 fresh `kimictl monitor --canary PCT --no-tui --json` (a judgement every second), sends `kimictl
 bench` through the edge for DURATION seconds, and reads the monitor's last line. A run whose state
 was ever "tuned better/worse" is a false alarm (both arms are the same build). Shadow runs also
-report pairs by request id and unpaired mirrors.
+report pairs by request id and unpaired mirrors. `--slow-tuned S` makes it an A/B: tuned's
+processes are SIGSTOPped S of every 0.2 s, the true slowdown is measured apart first (each arm
+alone, the client's own TPOT), and a run's first "tuned worse" is its decision.
 
     PYTHONPATH=. python lab/bench/edge_live.py --canary 50 --runs 20 --duration 40 \
         --json lab/results/edge_aa.json     # under the vLLM lock
@@ -14,6 +16,7 @@ report pairs by request id and unpaired mirrors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from lab.bench._duty import DutyCycle, pgid_of_port
 from lab.bench.ab_false_alarms import wilson
 
 
@@ -65,7 +69,7 @@ def one_run(args: argparse.Namespace, edge: str, monitor: str, traces_port: int,
             "--no-tui",
             "--json",
             "--duration",
-            str(args.duration + 15),
+            str(args.duration + args.tail),
             "--traces-port",
             str(traces_port),
             "--record",
@@ -119,6 +123,55 @@ def one_run(args: argparse.Namespace, edge: str, monitor: str, traces_port: int,
     }
 
 
+def measure_apart(urls: list[str], args: argparse.Namespace) -> dict:
+    """The slowed arm's true slowdown, apart from the edge and the monitor: each arm alone in
+    alternating blocks (tuned, stock, stock, tuned) at half the edge's concurrency; the client's
+    own median TPOT, tuned over stock, per pair of blocks."""
+    import csv
+    import statistics
+
+    med: dict[str, list[float]] = {"tuned": [], "stock": []}
+    for i, arm in enumerate(("tuned", "stock", "stock", "tuned")):
+        url = urls[0 if arm == "tuned" else 1].split("=", 1)[1]
+        out = Path(args.out_dir) / f"apart{i}.csv"
+        subprocess.run(
+            kimictl(
+                "bench", "--target", url, "--input-len", "32:256", "--output-len", "16:64",
+                "--concurrency", str(max(1, args.concurrency // 2)), "--duration", "15",
+                "--num-prompts", "100000", "--no-metrics", "--seed", str(i), "--csv", str(out),
+            ),
+            capture_output=True,
+            check=True,
+        )  # fmt: skip
+        rows = [r for r in csv.DictReader(out.open()) if r["tpot_ms"] not in ("", "None")]
+        med[arm].append(statistics.median(float(r["tpot_ms"]) for r in rows))
+    ratios = [t / s for t, s in zip(med["tuned"], med["stock"], strict=True)]
+    return {"tpot_ms": med, "tuned_over_stock": [round(x, 3) for x in ratios]}
+
+
+def summary(args: argparse.Namespace, flag: list[str], runs: list[dict], t0: float) -> dict:
+    """The study so far; written to --json."""
+    k = sum(r["false_alarm"] for r in runs)
+    lo, hi = wilson(k, len(runs))
+    result = {
+        "mode": flag,
+        "runs": len(runs),
+        "duration_s": args.duration,
+        "concurrency": args.concurrency,
+        "slow_tuned_stopped_share": args.slow_tuned,
+        "true_slowdown": getattr(args, "truth", None),
+        "false_alarms": k,  # with --slow-tuned: detections (any better/worse)
+        "tuned_worse": sum("tuned worse" in r["states"] for r in runs),
+        "decision_s": sorted(r["alarm_at_s"] for r in runs if r["alarm_at_s"] is not None),
+        "wilson95": [round(lo, 4), round(hi, 4)],
+        "minutes": round((time.time() - t0) / 60, 1),
+        "per_run": runs,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -126,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--shadow", type=float)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of load a run")
+    ap.add_argument("--tail", type=float, default=15.0, help="monitor seconds after the load")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=32, help="requests to each arm first")
+    ap.add_argument(
+        "--slow-tuned",
+        type=float,
+        default=0.0,
+        help="A/B: SIGSTOP tuned's processes this share of every 0.2 s (0: A/A)",
+    )
     ap.add_argument("--out-dir", default="lab/results/edge_live")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -158,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         env=dict(os.environ, COLUMNS="400"),  # serve's lines unwrapped
     )
     runs = []
+    stack = contextlib.ExitStack()
     t0 = time.time()
     try:
         urls = wait_edge(serve, 900)
@@ -169,27 +230,23 @@ def main(argv: list[str] | None = None) -> int:
                     capture_output=True,
                     check=True,
                 )
+        if args.slow_tuned:
+            tuned_port = int(urls["monitor"].split()[0].rsplit(":", 1)[1])
+            slow = DutyCycle(pgid_of_port(tuned_port), stopped=args.slow_tuned)
+            stack.enter_context(slow)
+            args.truth = measure_apart(urls["monitor"].split()[:2], args)
+            print("true slowdown:", json.dumps(args.truth), file=sys.stderr)
         for n in range(args.runs):
             runs.append(one_run(args, urls["edge"], urls["monitor"], traces_port, n))
             print(json.dumps(runs[-1]), file=sys.stderr)
+            summary(args, flag, runs, t0)  # kept after every run: a cut study keeps its runs
     finally:
+        stack.close()
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=120)
-    k = sum(r["false_alarm"] for r in runs)
-    lo, hi = wilson(k, len(runs))
-    result = {
-        "mode": flag,
-        "runs": len(runs),
-        "duration_s": args.duration,
-        "concurrency": args.concurrency,
-        "false_alarms": k,
-        "wilson95": [round(lo, 4), round(hi, 4)],
-        "minutes": round((time.time() - t0) / 60, 1),
-        "per_run": runs,
-    }
+    result = summary(args, flag, runs, t0)
+    k, (lo, hi) = result["false_alarms"], result["wilson95"]
     print(f"false alarms {k}/{len(runs)} (95% {lo:.3f}-{hi:.3f}), {result['minutes']} min")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -47,9 +47,8 @@ __all__ = [
 CANARY = "canary"
 SHADOW = "shadow"
 NGINX_PACKAGE = "nginx"  # Debian: `apt-get install nginx` (or nginx-light, which pulls it in)
-MIRROR_TIMEOUT_S = (
-    5  # the mirror's connect/send limit: a dead shadow costs the primary this at most
-)
+MIRROR_TIMEOUT_S = 5  # the mirror's connect/send limit
+MIRROR_READ_TIMEOUT_S = 30  # the longest silence of a mirrored stream: a hung shadow frees nginx
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +145,10 @@ def render_nginx(plan: EdgePlan, run_dir: Path) -> str:
         {_pct(plan.pct)} yes;
         * "";
     }}"""
-        locations = f"""        location / {{
+        # a request ends for nginx only when its mirror does: without client keep-alive the
+        # client's next request takes a new connection instead of waiting behind the mirror
+        locations = f"""        keepalive_timeout 0;
+        location / {{
             mirror /_kimictl_mirror;
             mirror_request_body on;
             proxy_pass http://stock;
@@ -168,7 +170,7 @@ def render_nginx(plan: EdgePlan, run_dir: Path) -> str:
             proxy_set_header X-Request-Id $request_id;
             proxy_connect_timeout {MIRROR_TIMEOUT_S}s;
             proxy_send_timeout {MIRROR_TIMEOUT_S}s;
-            proxy_read_timeout 3600s;
+            proxy_read_timeout {MIRROR_READ_TIMEOUT_S}s;
         }}"""
     # nginx started by root runs its workers as `nobody`, who cannot write the run folder (the
     # mirror's stored body); the edge runs as whoever runs kimictl, as the servers do
