@@ -139,7 +139,7 @@ def test_a_hung_shadow_does_not_hold_the_clients_next_request(tmp_path: Path) ->
     class Ok(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Length", "2")

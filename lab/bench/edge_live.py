@@ -60,6 +60,15 @@ def wait_edge(proc: subprocess.Popen[str], timeout: float) -> dict[str, str]:
     raise RuntimeError("serve did not become ready")
 
 
+def bench_argv(target: str, concurrency: int, duration: float, seed: int, *extra: str) -> list[str]:
+    """`kimictl bench` with the studies' request mix for `duration` seconds."""
+    return kimictl(
+        "bench", "--target", target, "--input-len", "32:256", "--output-len", "16:64",
+        "--concurrency", str(concurrency), "--duration", str(duration),
+        "--num-prompts", "100000", "--seed", str(seed), *extra,
+    )  # fmt: skip
+
+
 def one_run(args: argparse.Namespace, edge: str, monitor: str, traces_port: int, n: int) -> dict:
     record = Path(args.out_dir) / f"run{n}.jsonl"
     mon = subprocess.Popen(
@@ -81,24 +90,7 @@ def one_run(args: argparse.Namespace, edge: str, monitor: str, traces_port: int,
     )
     time.sleep(2)
     bench = subprocess.run(
-        kimictl(
-            "bench",
-            "--target",
-            f"edge={edge}",
-            "--input-len",
-            "32:256",
-            "--output-len",
-            "16:64",
-            "--concurrency",
-            str(args.concurrency),
-            "--duration",
-            str(args.duration),
-            "--num-prompts",
-            "100000",
-            "--seed",
-            str(n),
-            "--json",
-        ),
+        bench_argv(f"edge={edge}", args.concurrency, args.duration, n, "--json"),
         capture_output=True,
         text=True,
         check=False,
@@ -131,18 +123,15 @@ def measure_apart(urls: list[str], args: argparse.Namespace) -> dict:
     import statistics
 
     med: dict[str, list[float]] = {"tuned": [], "stock": []}
+    half = max(1, args.concurrency // 2)
     for i, arm in enumerate(("tuned", "stock", "stock", "tuned")):
         url = urls[0 if arm == "tuned" else 1].split("=", 1)[1]
         out = Path(args.out_dir) / f"apart{i}.csv"
         subprocess.run(
-            kimictl(
-                "bench", "--target", url, "--input-len", "32:256", "--output-len", "16:64",
-                "--concurrency", str(max(1, args.concurrency // 2)), "--duration", "15",
-                "--num-prompts", "100000", "--no-metrics", "--seed", str(i), "--csv", str(out),
-            ),
+            bench_argv(url, half, 15, i, "--no-metrics", "--csv", str(out)),
             capture_output=True,
             check=True,
-        )  # fmt: skip
+        )
         rows = [r for r in csv.DictReader(out.open()) if r["tpot_ms"] not in ("", "None")]
         med[arm].append(statistics.median(float(r["tpot_ms"]) for r in rows))
     ratios = [t / s for t, s in zip(med["tuned"], med["stock"], strict=True)]

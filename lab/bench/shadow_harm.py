@@ -14,6 +14,7 @@ fixed concurrency through that edge; the primary's TTFT/TPOT come from the clien
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -22,11 +23,12 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kimictl.runtime.serving.proxy import nginx_binary, plan_edge, render_nginx
 from lab.bench._duty import DutyCycle, pgid_of_port
-from lab.bench.edge_live import free_port, kimictl, wait_edge
+from lab.bench.edge_live import bench_argv, free_port, kimictl, wait_edge
 
 VARIANTS = ("off", "keepalive", "on")
 
@@ -59,24 +61,13 @@ def start_nginx(name: str, tuned: str, stock: str, root: Path) -> tuple[subproce
 
 def block(edge: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
     subprocess.run(
-        kimictl(
-            "bench",
-            "--target",
+        bench_argv(
             f"edge={edge}",
-            "--input-len",
-            "32:256",
-            "--output-len",
-            "16:64",
-            "--concurrency",
-            str(args.concurrency),
-            "--duration",
-            str(args.block),
-            "--num-prompts",
-            "100000",
+            args.concurrency,
+            args.block,
+            seed,
             "--timeout",
             str(args.timeout),
-            "--seed",
-            str(seed),
             "--no-metrics",
             "--csv",
             str(out),
@@ -86,6 +77,9 @@ def block(edge: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
         text=True,
         check=False,
     )
+    if not out.exists():  # bench failed whole (its stderr is not kept)
+        return {"requests": 0, "ok": 0, "failed": 0, "ttft_ms": None, "tpot_ms": None,
+                "e2el_ms": None, "ttft_p90_ms": None}  # fmt: skip
     rows = [r for r in csv.DictReader(out.open()) if r["warmup"] in ("False", "0", "false", "")]
     ok = [r for r in rows if r["ok"] in ("True", "1", "true")]
 
@@ -133,6 +127,52 @@ def summarise(blocks: list[dict]) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def vllm_pair(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
+    """`serve --ab --shadow 100` (the cpu-demo pair), the primary warmed: (tuned, stock, tuned's
+    process group)."""
+    port = free_port()
+    serve = subprocess.Popen(
+        kimictl("serve", "--ab", "--shadow", "100", "--port", str(port), "--proxy-port",
+                str(port + 2)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip
+    try:
+        urls = wait_edge(serve, 900)
+        tuned, stock = (t.split("=", 1)[1] for t in urls["monitor"].split()[:2])
+        warm = bench_argv(stock, 4, 10, 0, "--no-metrics")
+        subprocess.run(warm, capture_output=True, check=True)  # the primary warmed alone
+        yield tuned, stock, pgid_of_port(int(tuned.rsplit(":", 1)[1]))
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=120)
+
+
+@contextlib.contextmanager
+def emitter_pair(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
+    """Two lab SSE emitters (TTFT 50 ms, TPOT 20 ms, one token a chunk) as a simulated pair."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "lab/bench/_sse_emitter.py", "--ttft-ms", "50", "--tpot-ms", "20"],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        urls = [f"http://127.0.0.1:{int(p.stdout.readline().split()[1])}" for p in procs]  # type: ignore[union-attr]
+        yield urls[0], urls[1], procs[0].pid
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
@@ -141,83 +181,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=45.0, help="bench's per-request limit")
     ap.add_argument("--slow", type=float, default=0.8, help="share of time the shadow stops")
     ap.add_argument("--states", default="slow,dead")
+    ap.add_argument(
+        "--emitters", action="store_true", help="simulated servers: lab SSE emitters, no vLLM"
+    )
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/shadow_harm"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    serve = subprocess.Popen(
-        kimictl(
-            "serve", "--ab", "--shadow", "100", "--port", str(port), "--proxy-port", str(port + 2)
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env=dict(os.environ, COLUMNS="400"),
-    )
-    edges: dict[str, str] = {}
     procs: list[subprocess.Popen] = []
     blocks: list[dict] = []
     t0 = time.time()
+    pair = emitter_pair if args.emitters else vllm_pair
     try:
-        urls = wait_edge(serve, 900)
-        tuned, stock = (t.split("=", 1)[1] for t in urls["monitor"].split()[:2])
-        for v in VARIANTS:
-            proc, edges[v] = start_nginx(v, tuned, stock, args.out_dir)
-            procs.append(proc)
-        subprocess.run(  # warm the primary alone
-            kimictl(
-                "bench",
-                "--target",
-                stock,
-                "--input-len",
-                "32:256",
-                "--output-len",
-                "16:64",
-                "--concurrency",
-                "4",
-                "--num-prompts",
-                "32",
-                "--no-metrics",
-            ),
-            capture_output=True,
-            check=True,
-        )
-        pgid = pgid_of_port(int(tuned.rsplit(":", 1)[1]))
-        for state in args.states.split(","):
-            stopped = 1.0 if state == "dead" else args.slow
-            with DutyCycle(pgid, stopped=stopped):
-                for r in range(args.rounds):
-                    order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
-                    for v in order:
-                        seed = 1000 * r + len(blocks)
-                        b = block(edges[v], args, args.out_dir / f"{state}-{r}-{v}.csv", seed)
-                        blocks.append({"state": state, "round": r, "variant": v} | b)
-                        print(json.dumps(blocks[-1]), file=sys.stderr)
-            time.sleep(3)  # the shadow drains what it was sent while stopped
-            result = {
-                "rounds": args.rounds,
-                "block_s": args.block,
-                "concurrency": args.concurrency,
-                "slow_stopped_share": args.slow,
-                "minutes": round((time.time() - t0) / 60, 1),
-                "summary": summarise(blocks),
-                "blocks": blocks,
-            }
-            if args.json:
-                args.json.write_text(json.dumps(result, indent=2) + "\n")
+        with pair(args) as (tuned, stock, pgid):
+            edges: dict[str, str] = {}
+            for v in VARIANTS:
+                proc, edges[v] = start_nginx(v, tuned, stock, args.out_dir)
+                procs.append(proc)
+            for state in args.states.split(","):
+                stopped = 1.0 if state == "dead" else args.slow
+                with DutyCycle(pgid, stopped=stopped):
+                    for r in range(args.rounds):
+                        for v in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:  # rotating order
+                            out = args.out_dir / f"{state}-{r}-{v}.csv"
+                            b = block(edges[v], args, out, 1000 * r + len(blocks))
+                            blocks.append({"state": state, "round": r, "variant": v} | b)
+                            print(json.dumps(blocks[-1]), file=sys.stderr)
+                time.sleep(3)  # the shadow drains what it was sent while stopped
+                result = {
+                    "servers": "lab SSE emitters (simulated)" if args.emitters else "vLLM CPU",
+                    "rounds": args.rounds,
+                    "block_s": args.block,
+                    "concurrency": args.concurrency,
+                    "slow_stopped_share": args.slow,
+                    "minutes": round((time.time() - t0) / 60, 1),
+                    "summary": summarise(blocks),
+                    "blocks": blocks,
+                }
+                if args.json:
+                    args.json.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGQUIT)
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=120)
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # SIGQUIT would wait for hung mirrors
+            proc.wait(timeout=5)
     print(json.dumps(summarise(blocks), indent=2))
     return 0
 
