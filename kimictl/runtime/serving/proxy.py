@@ -13,10 +13,10 @@ nginx (Debian's `nginx` / `nginx-light`, 1.22) does it with its own modules:
 - the edge id: `X-Request-Id: $request_id` on every proxied request, the same value on a request
   and its mirror (a subrequest shares its parent's variables), which vLLM reports as the span's
   request id (`cmpl-ID-0`, `chatcmpl-ID`): the live judge pairs by it.
-What nginx cannot do: mirror and split at once here (one `--canary` or one `--shadow`); mirror
-without holding the main request: nginx finishes a request only after its mirror subrequest, so a
-slow shadow delays the end of the primary's response and the next keep-alive request on that
-client connection (docs/serve.md: the settings that bound it).
+What nginx cannot do: mirror and split at once here (one `--canary` or one `--shadow`); let a
+mirror go: nginx finishes a request only after its mirror subrequest, so a slow shadow would hold
+the next request on a kept-alive client connection; the shadow edge closes client connections
+after each answer and drops a mirror silent for 30 s (docs/serve.md: measured).
 """
 
 from __future__ import annotations
