@@ -202,3 +202,21 @@ def test_the_screen_and_the_snapshot_carry_the_judge() -> None:
     snap = monitor_snapshot([], window_s=10.0, judge=doc)
     assert snap["judge"]["arms"]["tuned"]["n"] == 10
     assert judge_lines(None) == []
+
+
+def test_monitor_refuses_a_judge_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input of the live judge through the CLI: one `error:` line, exit 2, before it polls."""
+    from kimictl.cli import main
+
+    pair = ["tuned=http://127.0.0.1:9", "stock=http://127.0.0.1:10", "--once", "--json"]
+    cases = [
+        (["--canary", "10", "--shadow", "5"], "--canary and --shadow judge different set-ups"),
+        (["--canary", "10", "--no-traces"], "--canary judges from per-request spans"),
+        (["--canary", "150"], "--canary 150% is out of range"),
+        (["--shadow", "0"], "--shadow 0% is out of range"),
+    ]
+    for args, message in cases:
+        assert main(["monitor", *pair, *args]) == 2, args
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and message in err, (args, err)
+        assert "Traceback" not in err
