@@ -129,7 +129,7 @@ def summarise(blocks: list[dict]) -> dict:
 
 @contextlib.contextmanager
 def vllm_pair(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
-    """`serve --ab --shadow 100` (the cpu-demo pair), the primary warmed: (tuned, stock, tuned's
+    """`serve --ab --shadow 100` (the cpu-demo pair), both warmed: (tuned, stock, tuned's
     process group)."""
     port = free_port()
     serve = subprocess.Popen(
@@ -144,8 +144,9 @@ def vllm_pair(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
     try:
         urls = wait_edge(serve, 900)
         tuned, stock = (t.split("=", 1)[1] for t in urls["monitor"].split()[:2])
-        warm = bench_argv(stock, 4, 10, 0, "--no-metrics")
-        subprocess.run(warm, capture_output=True, check=True)  # the primary warmed alone
+        for url in (stock, tuned):  # each warmed alone: a cold server's first requests burn CPU
+            warm = bench_argv(url, 4, 10, 0, "--no-metrics")
+            subprocess.run(warm, capture_output=True, check=True)
         yield tuned, stock, pgid_of_port(int(tuned.rsplit(":", 1)[1]))
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
