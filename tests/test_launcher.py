@@ -327,6 +327,31 @@ def test_engine_process_gone_after_ready_is_reported():
     launcher.stop_run(launch.record, process=launch.process, grace=1)
 
 
+def test_a_shadow_dying_after_ready_is_taken_down_and_the_primary_serves_on():
+    """Behind a shadow edge the tuned server (the first launch) is expendable: when it turns
+    sick it is taken down and said, and the stock server is watched on."""
+    shadow, primary = launcher.start(fake_plan("sick-after")), launcher.start(fake_plan("ok"))
+    launcher.wait_ready([shadow, primary], timeout=30)
+    told: list[str] = []
+    told_at: list[float] = []
+    deadline = time.monotonic() + 30
+    launcher.supervise(
+        [shadow, primary],
+        stop_flag=lambda: time.monotonic() > (told_at[0] if told_at else deadline),
+        poll_s=0.2,
+        grace=1,
+        expendable=lambda launch, exc: (
+            told.append(str(exc)),
+            told_at.append(time.monotonic() + 1),
+        ),
+    )
+    assert len(told) == 1 and "/health answered 503" in told[0], told
+    assert group_gone(shadow.record.pgid)
+    assert runs.get_run(shadow.plan.run_id).state is RunState.DIED
+    assert launcher.health(primary.plan.url, timeout=5.0) == 200  # watched on, not stopped
+    launcher.stop_run(primary.record, process=primary.process, grace=1)
+
+
 @pytest.mark.parametrize("victim", ["API server", "engine core"])
 def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     plan = fake_plan("engine")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -42,12 +43,13 @@ class DutyCycle:
 
     def _loop(self) -> None:
         off, on = self.period * self.stopped, self.period * (1 - self.stopped)
-        while not self._halt.is_set():
-            os.killpg(self.pgid, signal.SIGSTOP)
-            self._halt.wait(off)
-            os.killpg(self.pgid, signal.SIGCONT)
-            if on:
-                self._halt.wait(on)
+        with contextlib.suppress(ProcessLookupError):  # the group is gone: nothing to slow
+            while not self._halt.is_set():
+                os.killpg(self.pgid, signal.SIGSTOP)
+                self._halt.wait(off)
+                os.killpg(self.pgid, signal.SIGCONT)
+                if on:
+                    self._halt.wait(on)
 
     def __enter__(self) -> DutyCycle:
         if self.stopped >= 1:
@@ -61,5 +63,6 @@ class DutyCycle:
         self._halt.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        os.killpg(self.pgid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # serve took a hung server down
+            os.killpg(self.pgid, signal.SIGCONT)
         time.sleep(0.05)

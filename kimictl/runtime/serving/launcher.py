@@ -489,12 +489,15 @@ def supervise(
     poll_s: float = 1.0,
     failures_to_dead: int = 2,
     grace: float = DEATH_GRACE_S,
+    expendable: Callable[[Launch, EndpointError], None] | None = None,
 ) -> None:
     """Watch ready runs until `stop_flag()`. When a member of a deployment dies (API server,
     engine core, worker) or its /health fails `failures_to_dead` polls in a row, take the rest of
-    its process group down, record it as died with the cause, and raise EndpointError."""
+    its process group down, record it as died with the cause, and raise EndpointError; except
+    for the first launch when `expendable` is given (a shadow): it is told, and the others are
+    watched on."""
     with _client() as client:
-        _supervise(launches, stop_flag, poll_s, failures_to_dead, grace, client)
+        _supervise(launches, stop_flag, poll_s, failures_to_dead, grace, client, expendable)
 
 
 def _death(launch: Launch) -> str | None:
@@ -528,7 +531,10 @@ def _supervise(
     failures_to_dead: int,
     grace: float,
     client: BlockingClient,
+    expendable: Callable[[Launch, EndpointError], None] | None = None,
 ) -> None:
+    launches = list(launches)
+    spare = launches[0] if expendable is not None else None
     bad: dict[str, int] = {}
     probed: dict[str, float] = {}
     while not stop_flag():
@@ -557,7 +563,13 @@ def _supervise(
                 )
             if _stopped_elsewhere(launch):
                 return  # `kimictl stop` from another shell: a stop, not a death
-            _die(launch, what, grace)
+            try:
+                _die(launch, what, grace)
+            except EndpointError as exc:
+                if launch is not spare or expendable is None:
+                    raise
+                launches.remove(launch)
+                expendable(launch, exc)
         deadline = time.monotonic() + poll_s
         while time.monotonic() < deadline and not stop_flag():
             time.sleep(0.1)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimictl.core.apikeys import read_api_key
-from kimictl.core.errors import InputError, KimictlError
+from kimictl.core.errors import EndpointError, InputError, KimictlError
 from kimictl.deployment.cluster import ClusterSettings
 from kimictl.runtime.serving import ray_cluster
 from kimictl.runtime.serving.launcher import (
@@ -32,7 +32,7 @@ from kimictl.runtime.serving.plan import (
     is_loopback,
     plan_launch,
 )
-from kimictl.runtime.serving.proxy import EdgePlan, Proxy, nginx_binary, plan_edge
+from kimictl.runtime.serving.proxy import SHADOW, EdgePlan, Proxy, nginx_binary, plan_edge
 from kimictl.runtime.serving.runs import RunRecord, update_record
 
 if TYPE_CHECKING:
@@ -502,6 +502,22 @@ def refuse_if_blocked(prepared: Prepared, *, dry_run: bool = False, forceable: b
     )
 
 
+def _shadow_loss(
+    edge: EdgePlan | None, on_phase: ProgressFn | None
+) -> Callable[[Launch, EndpointError], None] | None:
+    """Behind a shadow edge the tuned server answers nobody: its death is said, and stock and
+    the edge serve on (a copy to a closed port fails at connect, costing the primary nothing)."""
+    if edge is None or edge.mode != SHADOW:
+        return None
+
+    def lost(launch: Launch, exc: EndpointError) -> None:
+        if on_phase is not None:
+            first = str(exc).splitlines()[0]
+            on_phase(launch, f"{first} The shadow is gone; stock and the edge serve on.", 0.0)
+
+    return lost
+
+
 def run_serve(
     prepared: Prepared,
     *,
@@ -542,7 +558,7 @@ def run_serve(
                 return records
             if on_ready:
                 on_ready(records)
-            supervise(launches, stop_flag=flag)
+            supervise(launches, stop_flag=flag, expendable=_shadow_loss(edge, on_phase))
         except StopRequested:
             pass
         finally:
