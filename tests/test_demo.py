@@ -536,6 +536,22 @@ def test_demo_end_to_end_tunes_ab_tests_and_stops_everything(
     ]
     assert saved["verdict"] and (choice.chosen in saved["verdict"] or choice.is_defaults)
 
+    # 5/6: phase 2's own traffic (the defaults' first bench, captured from their spans) replayed
+    # paired to the A/B pair; the capture checked against the client's own totals
+    first = tune_runs[0]
+    trace = [json.loads(x) for x in (out / "capture.jsonl").read_text().splitlines()]
+    assert saved["capture"]["rows"] == len(trace) == first["completed"]
+    assert sum(r["input_length"] for r in trace) == first["total_input_tokens"]
+    assert sum(r["output_length"] for r in trace) == first["total_output_tokens"]
+    replay = saved["paired_replay"]
+    joins = replay["span_joins"]
+    assert joins["rows"] == len(trace)
+    assert [joins[k] for k in joins if k.endswith("_joined")] == [len(trace)] * 2
+    if replay["verdict"] is None:  # a client too busy to keep the trace's clock says so
+        assert "schedule" in replay["withheld"]
+    else:
+        assert replay["verdict"]["aa"] == choice.is_defaults
+
     plots = sorted(str(Path(p).relative_to(out)) for p in saved["plots"])
     assert plots == sorted(
         ["plots/ab.png"]

@@ -229,11 +229,14 @@ def _judged(tpot_b: float, **cfg: Any) -> Any:
     return _judge(config, rows, [], None)
 
 
-def test_a_decision_without_an_aa_floor_says_it_is_uncalibrated() -> None:
+def test_a_decision_without_an_aa_calibration_says_it_is_uncalibrated() -> None:
     from kimictl.runtime.load.paired import UNCALIBRATED
+    from kimictl.runtime.verdict.paired import aa_calibration
 
     faster = _judged(0.01)
     assert faster.verdict.decision == "B better" and UNCALIBRATED in faster.notes
-    # judged against a measured A/A floor, or an A/A run itself: no such note
-    assert UNCALIBRATED not in _judged(0.01, aa_floor=True).notes
+    # judged with an A/A calibration, or an A/A run itself: no such note
+    calibration = aa_calibration([0.01, -0.02, 0.0], [1e-4] * 3)
+    judged = _judged(0.01, calibration=calibration)
+    assert UNCALIBRATED not in judged.notes and judged.verdict.calibration == calibration
     assert UNCALIBRATED not in _judged(0.02).notes  # no difference: nothing to caveat

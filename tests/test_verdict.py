@@ -4,6 +4,7 @@ the decision, the interval covering the true ratio, the floor, rows needed, sess
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ import pytest
 from kimictl.runtime.verdict.paired import (
     BETTER,
     INCONCLUSIVE,
+    MIN_AA_PASSES,
     SAME,
     WORSE,
+    aa_calibration,
     decide,
     effective_floor,
     noise_floor,
@@ -124,3 +127,75 @@ def test_wilson() -> None:
     assert lo == 0 and 0.15 < hi < 0.17
     lo, hi = wilson(19, 20)
     assert 0.75 < lo < 0.77 and hi > 0.99
+
+
+def replay_logs(n: int, shift: float, offset: float, rng: np.random.Generator) -> np.ndarray:
+    """One replay's per-row log ratios: a mix of short and long rows (their own speeds cancel in
+    the paired ratio), row noise, this replay's server-level `offset` on every row (what a row
+    bootstrap cannot see), and B's true `shift`."""
+    mix = np.where(rng.random(n) < 0.8, 40.0, 12.0)
+    a = mix * rng.lognormal(0, 0.2, n)
+    b = a * shift * math.exp(offset) * rng.lognormal(0, 0.1, n)
+    return np.log(b / a)
+
+
+def calibrate(passes: int, rows: int, bias: float, tau: float, rng: np.random.Generator) -> Any:
+    verdicts = [
+        paired_verdict(replay_logs(rows, 1.0, bias + rng.normal(0, tau), rng), aa=True, n_boot=400)
+        for _ in range(passes)
+    ]
+    return aa_calibration([v.raw_log for v in verdicts], [v.boot_var for v in verdicts])
+
+
+def test_a_calibration_measures_the_offset_and_the_between_pass_spread() -> None:
+    rng = np.random.default_rng(10)
+    cal = calibrate(40, 60, bias=0.12, tau=0.2, rng=rng)
+    assert cal.offset == pytest.approx(0.12, abs=0.08)
+    assert math.sqrt(cal.between) == pytest.approx(0.2, rel=0.3)
+    assert cal.within < cal.spread and cal.added_var > cal.between
+    # no server-level spread: the passes' means vary only as their rows do
+    assert calibrate(40, 60, bias=0.0, tau=0.0, rng=rng).between < 0.002
+    with pytest.raises(ValueError, match="needs 3"):
+        aa_calibration([0.1, 0.2], [0.01, 0.01])
+    assert MIN_AA_PASSES == 3
+
+
+def test_calibrated_false_alarms_stay_near_5_percent_where_a_row_bootstrap_fails() -> None:
+    """A/A replays whose instances differ by a per-replay offset (sd 15%) and a fixed slot bias
+    (B's slot 12% faster): a row bootstrap calls most of them; judged with a calibration of 8
+    other A/A passes (a fresh one each time), about the nominal 5%."""
+    rng = np.random.default_rng(11)
+    raw = calibrated = 0
+    runs = 200
+    for _ in range(runs):
+        cal = calibrate(8, 16, bias=0.12, tau=0.15, rng=rng)
+        logs = replay_logs(16, 1.0, 0.12 + rng.normal(0, 0.15), rng)
+        raw += paired_verdict(logs, n_boot=400).decision in (BETTER, WORSE)
+        judged = paired_verdict(logs, n_boot=400, calibration=cal)
+        calibrated += judged.decision in (BETTER, WORSE)
+    assert raw / runs > 0.5
+    assert calibrated / runs <= 0.08
+
+
+def test_a_calibrated_verdict_detects_a_slower_b_and_covers_its_true_ratio() -> None:
+    """B 2x slower on the same noisy path, rows in another mix than the A/A passes had: called
+    worse in nearly every replay, the interval (net of the slot bias) holding 0.5 mostly."""
+    rng = np.random.default_rng(12)
+    worse = covered = 0
+    for _ in range(100):
+        cal = calibrate(8, 16, bias=0.12, tau=0.15, rng=rng)
+        logs = replay_logs(16, 0.5, 0.12 + rng.normal(0, 0.15), rng)
+        v = paired_verdict(logs, n_boot=400, calibration=cal)
+        worse += v.decision == WORSE
+        covered += v.lo <= 0.5 <= v.hi
+        assert v.raw_log - v.calibration.offset == pytest.approx(math.log(v.ratio))
+    assert worse >= 90 and covered >= 90
+
+
+def test_a_calibration_that_cannot_be_beaten_by_rows_needs_no_rows() -> None:
+    rng = np.random.default_rng(13)
+    cal = calibrate(5, 16, bias=0.0, tau=0.3, rng=rng)
+    v = paired_verdict(replay_logs(400, 1.06, 0.0, rng), calibration=cal)
+    assert v.decision == INCONCLUSIVE and v.rows_needed is None  # the spread is between passes
+    assert "net of 5 A/A passes" in v.sentence()
+    assert v.to_json()["calibration"]["passes"] == 5

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from kimictl.runtime.load.paired import PairedOutcome
     from kimictl.runtime.load.records import LoadTarget
     from kimictl.runtime.serving.runs import Target
+    from kimictl.runtime.verdict.paired import AaCalibration
 
 __all__ = ["load_targets", "run_paired_cli"]
 
@@ -27,20 +28,28 @@ def load_targets(targets: Sequence[Target], model: str | None, key: str | None) 
     return [LoadTarget(t.name, t.url, model or t.model or "", key) for t in targets]
 
 
-def _aa_noise(path: Path) -> float:
-    """The measured noise floor of an A/A paired replay's JSON report (`bench --paired --aa`)."""
+def _aa_calibration(paths: Sequence[Path]) -> AaCalibration:
+    """The A/A calibration of several A/A passes' JSON reports (`bench --paired --aa -o`)."""
     from kimictl.core.outputs import read_json_input
+    from kimictl.runtime.verdict.paired import MIN_AA_PASSES, aa_calibration
 
-    def parse(doc: Any) -> float:
+    def parse(doc: Any) -> tuple[float, float]:
         verdict = doc["verdict"]
         if not verdict["aa"]:
             raise ValueError("not an A/A run")
-        value = float(verdict["noise_floor"])
-        if not 0 <= value < 1:
-            raise ValueError(value)
-        return value
+        return float(verdict["raw_log"]), float(verdict["boot_var"])
 
-    return read_json_input(path, "the JSON report of `kimictl bench --paired --aa`", parse)
+    if len(paths) < MIN_AA_PASSES:
+        raise InputError(
+            f"--aa-report: {len(paths)} A/A report(s); a calibration needs {MIN_AA_PASSES} or "
+            "more passes (`bench --paired --aa -o aaN.json`, each given with --aa-report)."
+        )
+    what = "the JSON report of `kimictl bench --paired --aa`"
+    passes = [read_json_input(p, what, parse) for p in paths]
+    try:
+        return aa_calibration([m for m, _ in passes], [v for _, v in passes])
+    except ValueError as error:
+        raise InputError(f"--aa-report: {error}.") from None
 
 
 def run_paired_cli(
@@ -54,7 +63,7 @@ def run_paired_cli(
     chat: bool,
     floor: float,
     aa: bool,
-    aa_report: Path | None,
+    aa_report: list[Path] | None,
     max_lag_ms: float,
     seed: int,
     json_out: bool,
@@ -71,7 +80,6 @@ def run_paired_cli(
     from kimictl.deployment.traces import DEFAULT_TRACES_PORT
     from kimictl.runtime.load.bench import resolve_models
     from kimictl.runtime.load.paired import PairedConfig, run_paired
-    from kimictl.runtime.verdict.paired import effective_floor
 
     if trace is None:
         raise InputError("--paired replays a trace: give --trace FILE.jsonl.")
@@ -81,14 +89,12 @@ def run_paired_cli(
         raise InputError(f"--floor {floor:g} must be a fraction in [0, 1), e.g. 0.05 for 5%.")
     if not 0 < max_lag_ms < math.inf:
         raise InputError(f"--max-lag-ms {max_lag_ms:g} must be a number of ms > 0.")
-    if aa and aa_report is not None:
-        raise InputError("--aa measures the noise floor; --aa-report uses one: give one of them.")
     for flag, path, suffix in (("--output", output, ".json"), ("--csv", csv_out, ".csv")):
         if path is not None:
             check_new_file(path, flag=flag, suffix=suffix)
     if plot is not None:
         check_new_file(plot, flag="--plot", suffix=".png")
-    noise = _aa_noise(aa_report) if aa_report is not None else None
+    calibration = _aa_calibration(aa_report) if aa_report else None
     from kimictl.runtime.load.mooncake import scan_trace
 
     scan = scan_trace(trace)  # a bad trace is refused before any server is asked anything
@@ -100,9 +106,9 @@ def run_paired_cli(
         limit=limit,
         timeout=timeout,
         chat=chat,
-        floor=effective_floor(floor, noise),
+        floor=floor,
         aa=aa,
-        aa_floor=noise is not None,
+        calibration=calibration,
         max_lag_ms=max_lag_ms,
         seed=seed,
     )
@@ -122,7 +128,7 @@ def run_paired_cli(
     outcome = asyncio.run(main())
     _write(outcome, json_out, output, csv_out, plot)
     if not json_out:
-        _render(outcome, noise)
+        _render(outcome)
     if outcome.stop_reason == "interrupted":
         raise typer.Exit(130)
     if outcome.verdict is None:
@@ -161,7 +167,7 @@ def _write(
         raise lost[0]
 
 
-def _render(outcome: PairedOutcome, noise: float | None) -> None:
+def _render(outcome: PairedOutcome) -> None:
     from rich.table import Table
 
     from kimictl.commands._output import console
@@ -194,8 +200,6 @@ def _render(outcome: PairedOutcome, noise: float | None) -> None:
         return
     for name, e in v.figures.items():
         console.print(f"  {name} B/A {e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]")
-    if noise is not None:
-        console.print(f"floor raised to the A/A noise floor {noise:.1%}" if noise > 0 else "")
     style = {"B better": "green", "B worse": "red"}.get(v.decision, "bold")
     console.print(f"[{style}]{v.sentence()}[/]")
     if v.aa and v.decision in ("B better", "B worse"):

@@ -130,8 +130,11 @@ AaOpt = Annotated[
     bool, typer.Option("--aa", help="--paired: an A/A run (identical arms): the noise floor.")
 ]
 AaReportOpt = Annotated[
-    Path | None,
-    typer.Option(help="--paired: the JSON of an A/A run; its noise floor raises --floor."),
+    list[Path] | None,
+    typer.Option(
+        help="--paired: the JSON of an A/A pass (`--aa -o`), 3 or more times: the verdict is "
+        "judged net of their offset, their spread between passes added to its interval."
+    ),
 ]
 FloorOpt = Annotated[
     float,

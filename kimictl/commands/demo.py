@@ -132,6 +132,29 @@ def _print_result(result: DemoResult) -> None:
         )
     console.print(f"demo wall time {result.wall_s:.0f} s", highlight=False)
     _print_decision(result)
+    _print_paired(result)
+
+
+def _print_paired(result: DemoResult) -> None:
+    """The last screen: the paired verdict on the replay of phase 2's own traffic."""
+    from kimictl.commands._output import console
+
+    paired = result.paired
+    if paired is None:
+        return
+    a, b = paired.arms
+    j = paired.joins
+    console.rule("[bold]paired replay of phase 2's traffic[/]")
+    console.print(
+        f"{j['rows']} captured requests sent to {a} (A) and {b} (B) at once; spans joined "
+        f"{j[f'{a}_joined']}/{j['rows']} and {j[f'{b}_joined']}/{j['rows']}",
+        highlight=False,
+    )
+    for note in paired.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    v = paired.verdict
+    text = f"no verdict: {paired.withheld}" if v is None else v.sentence()
+    console.print(f"[bold]paired verdict:[/] {text}", highlight=False)
 
 
 def _print_decision(result: DemoResult) -> None:

@@ -1,25 +1,26 @@
 """How often the paired replay verdict (`kimictl bench --paired`) is wrong, on REAL servers.
 
-Starts two identical traced vLLM CPU servers (the tiny K2-architecture model, the same flags,
-each sending its spans to one receiver port). Then:
+Starts two identical traced vLLM CPU servers (the tiny K2-architecture model, the same flags, each
+engine bound to its own core, `--cores`, each sending its spans to one receiver port). Then:
 
-1. `--runs` A/A replays: each a fresh synthetic Mooncake trace (`--rows` rows, Poisson arrivals at
-   `--rate` rows/s, input 16-96 and output 16-40 tokens, seeded by the run) replayed paired to the
-   two identical servers through `run_paired` (what the command runs); a "B better"/"B worse" is a
-   false alarm. Rate and its Wilson 95% interval.
-   Each engine is bound to its own core (`--cores`, vLLM's VLLM_CPU_OMP_THREADS_BIND): with
-   vLLM's `auto` binding both engines take core 0 and, loaded at once, one starves the other
-   for seconds (the first study, lab/data/paired_aa_study_shared_core.json: 14/20 false).
-2. B made slower: a busy loop pinned to B's core, niced and grouped as the servers are, so B's
-   engine gets about half of its core. `--runs` replays; the rate of "B worse" (detection).
-3. The true slowdown measured apart: B alone (no paired load, one request at a time, client
-   timings, `run_bench`), interactivity p50 with the busy loop / without it.
+1. `--aa-runs` A/A replays: each a fresh synthetic Mooncake trace (`--rows` rows, Poisson arrivals
+   at `--rate` rows/s, input 16-96 and output 16-40 tokens, seeded by the run) replayed paired to
+   the two identical servers through `run_paired` (what the command runs). Each replay keeps its
+   per-row log ratios, so `paired_aa_calibrated.py` can judge it as the product does, with or
+   without an A/A calibration made of the other A/A replays.
+2. B made slower: B's whole process group (API server and engine) is stopped with SIGSTOP for
+   `--stop` of every `--period-ms` and continued with SIGCONT (what cpulimit does): whatever B's
+   threads do when they run (vLLM CPU's OMP threads spin, so a busy loop beside them did not slow
+   them), B runs only (1 - stop) of the wall time. `--runs` paired replays; "B worse" = detected.
+3. The true slowdown, measured apart: the same traces replayed to one server at a time (A alone,
+   B alone, B alone duty-cycled, `--apart` rounds), the same requests and span figures; B slowed
+   / B plain and B / A of the per-row geometric mean interactivity.
 
 `--million`: only the checking pass over a million-row trace, time and peak Python memory
 (tracemalloc); no server.
 
     PYTHONPATH=. flock /tmp/kimictl-vllm.lock nice python lab/bench/paired_aa_study.py \
-        --runs 20 --rows 16 --rate 4 --out lab/results/paired_aa_study.json
+        --aa-runs 25 --runs 20 --rows 16 --rate 4 --stop 0.5 --out lab/data/paired_study.json
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -34,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -96,15 +99,27 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit(f"server {url} not ready")
 
 
-def start_hog(core: int) -> subprocess.Popen[bytes]:
-    """A busy loop on `core`, niced and grouped as the servers are: B's engine gets about half of
-    its core while it runs."""
-    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass\n"
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        start_new_session=True,
-        preexec_fn=launcher.child_setup(os.getpid(), cpu_runtime.SERVER_NICE),
-    )
+class DutyCycle:
+    """Stop a process group for `stop` of every `period_s` (SIGSTOP, then SIGCONT), in a thread,
+    as cpulimit does; `close()` always leaves the group running."""
+
+    def __init__(self, pgid: int, stop: float, period_s: float) -> None:
+        self.pgid, self.stop, self.period = pgid, stop, period_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            os.killpg(self.pgid, signal.SIGSTOP)
+            time.sleep(self.stop * self.period)
+            os.killpg(self.pgid, signal.SIGCONT)
+            self.done.wait((1.0 - self.stop) * self.period)
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        os.killpg(self.pgid, signal.SIGCONT)
 
 
 def write_trace(path: Path, rows: int, rate: float, seed: int) -> Path:
@@ -124,6 +139,16 @@ def write_trace(path: Path, rows: int, rate: float, seed: int) -> Path:
         t += rng.expovariate(rate)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def row_logs(rows: list[Any], a: str, b: str) -> list[float | None]:
+    """Per row, log(interactivity B / A) from the spans (TPOT A / TPOT B); None if unjoined."""
+    out: list[float | None] = []
+    for r in rows:
+        sa, sb = r.arms[a].span, r.arms[b].span
+        ok = sa is not None and sb is not None and sa.tpot_s and sb.tpot_s
+        out.append(math.log(sa.tpot_s / sb.tpot_s) if ok else None)
+    return out
 
 
 async def replay(
@@ -148,7 +173,46 @@ async def replay(
         "withheld": doc["withheld"],
         "joins": doc["span_joins"],
         "late_p99_ms": doc["fidelity"]["late_p99_ms"],
+        "logs": row_logs(out.rows, "a", "b"),
     }
+
+
+async def replay_alone(
+    trace: Path, url: str, arm: str, store: TraceStore, seed: int
+) -> list[float]:
+    """The trace replayed to ONE server on its clock (the paired replay's requests, ids and span
+    join, no second arm): per row, the span's interactivity (1 / TPOT); nan if unjoined."""
+    from kimictl.core.http1 import Endpoint
+    from kimictl.runtime.load import paired as P
+    from kimictl.runtime.load.mooncake import iter_trace
+
+    t = LoadTarget(arm, url, "tiny-k2")
+    cfg = PairedConfig(trace=trace, targets=(t, t), traces_port=0, seed=seed)
+    spans = P._Spans(time.time())
+    store.listeners.append(spans.take)
+    ep = Endpoint(url, None)
+    results = []
+    try:
+        t_run = time.perf_counter()
+        tasks = []
+        for row in iter_trace(trace):
+            await asyncio.sleep(max(0.0, t_run + row.at_s - time.perf_counter()))
+            res = P.ArmResult(row.at_s)
+            results.append((row.index, res))
+            prompt = P._prompt(seed, row)
+            tasks.append(asyncio.create_task(P._send(ep, t, row, prompt, res, cfg, t_run)))
+        await asyncio.gather(*tasks)
+        deadline = time.monotonic() + P.SPAN_WAIT_S
+        while len(spans.by_key) < len(results) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        store.listeners.remove(spans.take)
+        ep.close()
+    out = []
+    for i, _ in results:
+        span = spans.by_key.get(f"{i}-{arm}")
+        out.append(1.0 / span.tpot_s if span is not None and span.tpot_s else math.nan)
+    return out
 
 
 def million_rows(tmp: Path) -> dict[str, Any]:
@@ -170,34 +234,29 @@ def million_rows(tmp: Path) -> dict[str, Any]:
     }
 
 
-async def alone(url: str) -> float:
-    """B alone (no paired load), one request at a time: interactivity p50 from the client."""
-    from kimictl.runtime.load.bench import BenchConfig, run_bench
-    from kimictl.runtime.load.records import LoadPoint
-    from kimictl.runtime.load.workloads import RandomWorkload, parse_length
-
-    cfg = BenchConfig(
-        targets=(LoadTarget("b", url, "tiny-k2"),),
-        workload=RandomWorkload(parse_length("16:96"), parse_length("16:40")),
-        points=(LoadPoint(concurrency=1),),
-        num_prompts=12,
-        warmup=2,
-        scrape_metrics=False,
-    )
-    out = await run_bench(cfg)
-    return float(out.summaries[0]["kimictl"]["interactivity_tok_s_per_user"]["p50"])
-
-
-def command_run(tmp: Path, urls: list[str], traces_port: int) -> str:
-    """`kimictl bench --paired --aa` as an operator runs it (docs/bench.md quotes it)."""
-    trace = write_trace(tmp / "command.jsonl", 24, 4.0, 99)
-    argv = [sys.executable, "-m", "kimictl", "bench", "--paired", "--aa", "--trace", str(trace),
-            "--target", f"a={urls[0]}", "--target", f"b={urls[1]}",
-            "--traces-port", str(traces_port), "-o", str(tmp / "command.json")]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    return f"$ kimictl bench --paired --aa --trace trace.jsonl ... (exit {done.returncode})\n" + (
-        done.stdout + done.stderr
-    )
+def command_run(tmp: Path, urls: list[str], traces_port: int, slow: Any) -> str:
+    """`kimictl bench --paired` as an operator runs it (docs/bench.md quotes it): 3 A/A passes,
+    then the A/B (B duty-cycled) judged net of them with --aa-report."""
+    base = [sys.executable, "-m", "kimictl", "bench", "--paired", "--target", f"a={urls[0]}",
+            "--target", f"b={urls[1]}", "--traces-port", str(traces_port)]  # fmt: skip
+    shown = []
+    reports: list[str] = []
+    for i in range(4):
+        trace = write_trace(tmp / f"command-{i}.jsonl", 24, 4.0, 90 + i)
+        extra = ["--aa"] if i < 3 else [x for r in reports for x in ("--aa-report", r)]
+        out = tmp / f"aa{i + 1}.json" if i < 3 else tmp / "ab.json"
+        cycle = slow() if i == 3 else None
+        try:
+            argv = [*base, "--trace", str(trace), *extra, "-o", str(out)]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        finally:
+            if cycle is not None:
+                cycle.close()
+        reports.append(str(out))
+        shown.append(
+            f"$ {' '.join(argv[3:])}  (exit {done.returncode})\n{done.stdout}{done.stderr}"
+        )
+    return "\n".join(shown)
 
 
 def tally(runs: list[dict[str, Any]], hit: tuple[str, ...]) -> dict[str, Any]:
@@ -207,11 +266,45 @@ def tally(runs: list[dict[str, Any]], hit: tuple[str, ...]) -> dict[str, Any]:
     return {"runs": len(runs), "judged": len(judged), "hits": k, "wilson95": [lo, hi]}
 
 
+def gmean_ratio(num: list[float], den: list[float]) -> float:
+    pairs = [(x, y) for x, y in zip(num, den, strict=True) if x > 0 and y > 0]
+    return math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs))
+
+
+def apart(
+    tmp: Path, urls: list[str], store: TraceStore, rounds: int, slow: Any, rows: int, rate: float
+) -> dict[str, Any]:
+    """A alone, B alone, B alone slowed: the same traces, one server at a time, `rounds` each."""
+    got: dict[str, list[float]] = {"a": [], "b": [], "b_slowed": []}
+    for i in range(rounds):
+        trace = write_trace(tmp / f"apart-{i}.jsonl", rows, rate, 1000 + i)
+        for name in ("a", "b", "b_slowed"):
+            cycle = slow() if name == "b_slowed" else None
+            try:
+                url = urls[0] if name == "a" else urls[1]
+                got[name] += asyncio.run(replay_alone(trace, url, name[0], store, 1000 + i))
+            finally:
+                if cycle is not None:
+                    cycle.close()
+            time.sleep(1)
+    return {
+        "rows": len(got["a"]),
+        "b_slowed_over_b": gmean_ratio(got["b_slowed"], got["b"]),
+        "b_over_a": gmean_ratio(got["b"], got["a"]),
+        "b_slowed_over_a": gmean_ratio(got["b_slowed"], got["a"]),
+        "per_row": got,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--aa-runs", type=int, default=25)
+    ap.add_argument("--runs", type=int, default=20, help="replays with B slowed")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--stop", type=float, default=0.5, help="share of each period B is stopped")
+    ap.add_argument("--period-ms", type=float, default=100.0)
+    ap.add_argument("--apart", type=int, default=4, help="rounds of the slowdown measured apart")
     ap.add_argument("--max-lag-ms", type=float, default=250.0)
     ap.add_argument("--cores", default="0,1", help="the engines' cores (vLLM's OMP binding)")
     ap.add_argument("--out", type=Path, required=True)
@@ -225,13 +318,15 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=2))
         print("million rows:", result["million_rows"], flush=True)
         return 0
-    # one receiver for the whole study, after the command's own run below: each server's exporter
-    # keeps its connection to the receiver it meets
     traces_port = free_port()
-    receiver = OtlpReceiver(port=traces_port)
+    receiver = None
     procs = []
-    hog = None
     t0 = time.monotonic()
+
+    def save() -> None:
+        result["wall_s"] = time.monotonic() - t0
+        args.out.write_text(json.dumps(result, indent=2))
+
     try:
         for name in ("a", "b"):
             (tmp / name).mkdir()
@@ -240,40 +335,44 @@ def main() -> int:
             wait_ready(url, proc)
         urls = [url for _, url in procs]
         print(f"servers ready after {time.monotonic() - t0:.0f} s", flush=True)
-        result["command_run"] = command_run(tmp, urls, traces_port)
+
+        def slow() -> DutyCycle:
+            return DutyCycle(procs[1][0].pid, args.stop, args.period_ms / 1000.0)
+
+        # the command's own receiver first, then the study's on the same port
+        result["command_run"] = command_run(tmp, urls, traces_port, slow)
         print(result["command_run"], flush=True)
-        receiver.start()
-        for phase, aa in (("aa", True), ("b_slower", False)):
-            if phase == "b_slower":
-                hog = start_hog(int(args.cores.split(",")[1]))
+        save()
+        receiver = OtlpReceiver(port=traces_port).start()
+
+        for phase, aa, n in (("aa", True, args.aa_runs), ("b_slower", False, args.runs)):
+            cycle = slow() if phase == "b_slower" else None
             runs = []
-            for i in range(args.runs):
-                trace = write_trace(tmp / f"{phase}-{i}.jsonl", args.rows, args.rate, i)
-                r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
-                runs.append(r)
-                print(phase, i, r, flush=True)
+            try:
+                for i in range(n):
+                    trace = write_trace(tmp / f"{phase}-{i}.jsonl", args.rows, args.rate, i)
+                    r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
+                    runs.append(r)
+                    print(phase, i, {k: v for k, v in r.items() if k != "logs"}, flush=True)
+            finally:
+                if cycle is not None:
+                    cycle.close()
             result[phase] = {
                 "runs": runs,
                 "called": tally(runs, ("B better", "B worse") if aa else ("B worse",)),
             }
-        slowed = asyncio.run(alone(urls[1]))
-        assert hog is not None
-        hog.kill()
-        hog.wait()
-        plain = asyncio.run(alone(urls[1]))
-        result["apart"] = {"b_alone_p50_hog": slowed, "b_alone_p50": plain, "ratio": slowed / plain}
-        print("apart:", result["apart"], flush=True)
+            save()
+        result["apart"] = apart(tmp, urls, receiver.store, args.apart, slow, args.rows, args.rate)
+        print("apart:", {k: v for k, v in result["apart"].items() if k != "per_row"}, flush=True)
     finally:
-        if hog is not None and hog.poll() is None:
-            hog.kill()
-        receiver.close()
+        if receiver is not None:
+            receiver.close()
         for proc, _ in procs:
             if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=60)
-    result["wall_s"] = time.monotonic() - t0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+        save()
     print(json.dumps({k: v["called"] for k, v in result.items() if k in ("aa", "b_slower")}))
     return 0
 

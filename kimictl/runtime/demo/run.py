@@ -6,7 +6,12 @@ vLLM: (1) the gate, as `kimictl serve` runs it; (2) a measured tune over a small
 speed), each candidate served in turn and benched with the same seeded agentic workload; (3) the
 choice, by a stated rule over those measurements (tune.choose) against an interactivity SLO
 derived from the defaults; (4) an A/B of the chosen configuration against vLLM's defaults with
-bootstrap CIs; (5) the verdict, demo.json and the plots in a new folder, and every server stopped.
+bootstrap CIs; (5) a paired replay of the traffic phase 2 served: every server is traced to the
+demo's own span receiver, the first bench (vLLM's defaults alone) is captured from those spans as
+a Mooncake trace (observe.capture, `capture.jsonl` in the folder), and that trace is replayed to
+the A/B pair, row by row on its clock, for one paired verdict (load.paired, verdict.paired; no
+A/A calibration: the verdict says so when it decides); (6) the verdicts, demo.json and the plots
+in a new folder, and every server stopped.
 
 Nothing here is new machinery: profiles -> `workflow.prepare_serve` (the gate) and
 `serving.plan.plan_launch`, `launcher.start`/`wait_ready`/`stop_launches` for the servers' lifetime,
@@ -25,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -35,6 +42,7 @@ from typing import Any
 
 from kimictl.core.errors import InputError, LaunchError, Unsupported, WriteFailed
 from kimictl.core.outputs import check_new_folder, save_or_keep
+from kimictl.deployment.traces import DEFAULT_TRACES_PORT, kimictl_endpoint
 from kimictl.runtime.demo.tune import (
     CANDIDATES,
     DEFAULTS,
@@ -64,9 +72,11 @@ __all__ = [
 
 DEMO_PROFILE = workflow.CPU_DEMO
 JSON_NAME = "demo.json"
+CAPTURE_NAME = "capture.jsonl"
 PLOTS_DIR = "plots"
 TUNE_PLOTS_DIR = "plots/tune"
 REQUEST_TIMEOUT_S = 120.0
+SPAN_WAIT_S = 10.0  # after phase 2's first bench, the longest wait for its last spans
 CONTROL = "defaults-control"  # A's name when the choice is vLLM's defaults (a control run)
 TAKEAWAY = (
     "interactivity p10 (slow tail) tok/s/user",
@@ -109,6 +119,7 @@ class DemoPlan:
     candidates: list[tuple[Candidate, LaunchPlan]]
     ab_group: str
     notes: list[str] = field(default_factory=list)
+    traces_port: int | None = None  # the demo's span receiver (phase 2's capture, the replay)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -149,6 +160,8 @@ class DemoResult:
     wall_s: float
     timings: dict[str, float]
     write_error: Any = None  # core.errors.WriteFailed: the report is kept in the state folder
+    paired: Any = None  # load.paired.PairedOutcome of the replay of phase 2's capture
+    capture: dict[str, Any] | None = None  # the capture's status (rows, files, left out)
 
     def takeaway(self) -> list[dict[str, Any]]:
         """The A/B rows the story needs: per-user speed (the SLO's metric), what it costs."""
@@ -206,6 +219,8 @@ class DemoResult:
             "runs": [r.to_json() for r in self.records],
             "plots": [str(p) for p in self.plots],
             "plots_error": self.plots_error,
+            "capture": self.capture,
+            "paired_replay": None if self.paired is None else self.paired.to_json(),
             "interrupted": self.interrupted,
             "kept_running": self.kept,
             "wall_s": self.wall_s,
@@ -301,6 +316,10 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
     # vLLM's defaults = the profile with every tuning knob unset; max_model_len and
     # enforce_eager stay (the CPU build needs both).
     base = profile.spec.with_(**dict.fromkeys(KNOBS))
+    # every server sends its per-request spans to the demo's receiver: phase 2's capture, and the
+    # paired replay's join
+    traces_port = _free_block("127.0.0.1", DEFAULT_TRACES_PORT + 1, 1)
+    base = base.with_(otlp_traces_endpoint=kimictl_endpoint(traces_port))
     ab_group = f"ab-{os.urandom(2).hex()}"
     planned = []
     for i, cand in enumerate(candidates):
@@ -328,6 +347,8 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
         "On CPU there is no specialized K3 decode path: the demo tunes stock vLLM settings "
         "on this machine. It shows the workflow (gate, measured tune, A/B, verdict), not the K3 "
         "speed-up.",
+        f"Every server is traced (--otlp-traces-endpoint, port {traces_port}): its spans are the "
+        "demo's capture of phase 2 and the paired replay's per-request figures.",
     ]
     return DemoPlan(
         request=request,
@@ -336,6 +357,7 @@ def prepare_demo(request: DemoRequest) -> DemoPlan:
         candidates=planned,
         ab_group=ab_group,
         notes=notes,
+        traces_port=traces_port,
     )
 
 
@@ -368,7 +390,23 @@ def _bench(
     )
     live, on_point, on_record = bench_ui(num_prompts) if bench_ui else (None, None, None)
 
-    async def bench() -> Any:
+    async def bench(stop: asyncio.Event) -> Any:
+        resolved = await resolve_models(cfg.targets)
+        with live if live is not None else contextlib.nullcontext():
+            return await run_bench(
+                replace(cfg, targets=tuple(resolved)),
+                stop=stop,
+                on_record=on_record,
+                on_point=on_point,
+            )
+
+    return _watched(flag, bench)
+
+
+def _watched(flag: Callable[[], bool], body: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
+    """asyncio.run of `body(stop)`, `stop` set when the signal flag is."""
+
+    async def main() -> Any:
         stop = asyncio.Event()
 
         async def watch() -> None:  # the signal flag, seen from inside the event loop
@@ -378,18 +416,102 @@ def _bench(
 
         watcher = asyncio.create_task(watch())
         try:
-            resolved = await resolve_models(cfg.targets)
-            with live if live is not None else contextlib.nullcontext():
-                return await run_bench(
-                    replace(cfg, targets=tuple(resolved)),
-                    stop=stop,
-                    on_record=on_record,
-                    on_point=on_point,
-                )
+            return await body(stop)
         finally:
             watcher.cancel()
 
-    return asyncio.run(bench())
+    return asyncio.run(main())
+
+
+class _Capture:
+    """The demo's span receiver, and phase 2's capture: the spans of the first bench (vLLM's
+    defaults alone) written as a Mooncake trace in a private folder until the report's is made."""
+
+    def __init__(self, port: int | None) -> None:
+        from kimictl.runtime.observe.capture import CaptureWriter
+        from kimictl.runtime.observe.otlp import OtlpReceiver
+
+        self.folder = Path(tempfile.mkdtemp(prefix="kimictl-demo-"))
+        self.writer = CaptureWriter(self.folder / CAPTURE_NAME)
+        self.receiver = None
+        self.error: str | None = None
+        try:
+            self.receiver = OtlpReceiver(port=port).start() if port else None
+        except OSError as exc:  # the port was taken since the plan was made
+            self.error = f"no span receiver on port {port}: {exc.strerror or exc}"
+
+    def begin(self) -> None:
+        if self.receiver is not None:
+            self.receiver.store.listeners.append(self.writer.take)
+
+    def end(self, expected: int) -> None:
+        """Wait (a few seconds at most) for the spans of `expected` requests, write the trace."""
+        if self.receiver is None or self.writer.take not in self.receiver.store.listeners:
+            return
+        deadline = time.monotonic() + SPAN_WAIT_S
+        while time.monotonic() < deadline:
+            status = self.writer.status()
+            if status["rows"] + status["held"] >= expected:
+                break
+            time.sleep(0.1)
+        self.receiver.store.listeners.remove(self.writer.take)
+        self.writer.close()
+
+    @property
+    def trace(self) -> Path | None:
+        return self.writer.files[0] if self.writer.rows else None
+
+    def status(self) -> dict[str, Any]:
+        return self.writer.status() | {"error": self.error}
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()  # idempotent
+
+    def close(self, keep_in: Path | None) -> None:
+        """Stop receiving; move the trace into `keep_in` (the report's folder) or drop it."""
+        self.stop()
+        if keep_in is not None and self.trace is not None:
+            target = keep_in / CAPTURE_NAME
+            with contextlib.suppress(OSError):
+                shutil.move(str(self.trace), target)
+                self.writer.files[0] = target
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _replay(
+    plan: DemoPlan,
+    pair: list[tuple[str, LaunchPlan]],
+    capture: _Capture,
+    flag: Callable[[], bool],
+) -> Any:
+    """Phase 2's capture replayed to the A/B pair, paired (A/A when both are one server)."""
+    from kimictl.runtime.load.bench import resolve_models
+    from kimictl.runtime.load.paired import PairedConfig, run_paired
+    from kimictl.runtime.load.records import LoadTarget
+
+    assert capture.trace is not None and capture.receiver is not None and plan.traces_port
+    store = capture.receiver.store
+    targets = [
+        LoadTarget(name=name.replace("-", "_"), url=p.url, model=p.model, api_key=p.api_key)
+        for name, p in pair
+    ]
+    cfg = PairedConfig(
+        trace=capture.trace,
+        targets=(targets[0], targets[1]),
+        traces_port=plan.traces_port,
+        timeout=REQUEST_TIMEOUT_S,
+        aa=pair[0][1] is pair[1][1],
+        seed=plan.request.seed,
+    )
+
+    async def replay(stop: asyncio.Event) -> Any:
+        resolved = await resolve_models(cfg.targets)
+        return await run_paired(
+            replace(cfg, targets=(resolved[0], resolved[1])), stop=stop, store=store
+        )
+
+    return _watched(flag, replay)
 
 
 def _line(m: Measured, choice: Choice) -> str:
@@ -455,7 +577,9 @@ def run_demo(
         check_port_free(p.host, p.port)
     checks = plan.prepared.checks
     passed = sum(1 for c in checks if c.status.value == "pass")
-    step(f"1/5 gate (as `kimictl serve` runs it): {passed} of {len(checks)} checks pass")
+    step(f"1/6 gate (as `kimictl serve` runs it): {passed} of {len(checks)} checks pass")
+    capture = _Capture(plan.traces_port)
+    paired = None
 
     stopped: set[str] = set()
 
@@ -468,7 +592,7 @@ def run_demo(
     with launcher.stop_signals() as flag:
         try:
             step(
-                f"2/5 tune: {total} configurations served in turn, each benched back to back with "
+                f"2/6 tune: {total} configurations served in turn, each benched back to back with "
                 f"vLLM's defaults: agentic workload (small preset, {request.sessions} sessions, "
                 f"{request.tune_prompts} requests, seed {request.seed})"
             )
@@ -495,7 +619,11 @@ def run_demo(
                 targets = [(cand.name, lp)]
                 if cand.name != DEFAULTS:
                     targets.append((DEFAULTS, plan.candidates[0][1]))
+                else:
+                    capture.begin()  # phase 2's traffic: the defaults' own bench
                 result = _bench(plan, targets, request.tune_prompts, flag, bench_ui)
+                if cand.name == DEFAULTS:
+                    capture.end(sum(int(s.get("completed", 0)) for s in result.summaries))
                 timings[f"{cand.name}.bench"] = round(time.monotonic() - t1, 1)
                 if flag():
                     raise launcher.StopRequested()
@@ -520,7 +648,7 @@ def run_demo(
                 # Keep only the baseline and the current choice: the next candidate gets the CPU.
                 stop([n for n in launches if n not in (DEFAULTS, choice.chosen)])
             assert choice is not None
-            step(f"3/5 choice: {choice.chosen}: {choice.reason}")
+            step(f"3/6 choice: {choice.chosen}: {choice.reason}")
             base_plan = plan.candidates[0][1]
             if choice.is_defaults:
                 names = (CONTROL, DEFAULTS)
@@ -534,21 +662,34 @@ def run_demo(
                     launch.record, role="tuned", ab_group=plan.ab_group
                 )
             step(
-                f"4/5 A/B: {names[0]} vs {names[1]}, {request.num_prompts} requests each, one "
+                f"4/6 A/B: {names[0]} vs {names[1]}, {request.num_prompts} requests each, one "
                 "server at a time"
             )
             t2 = time.monotonic()
             outcome = _bench(plan, pair, request.num_prompts, flag, bench_ui)
             timings["ab.bench"] = round(time.monotonic() - t2, 1)
             interrupted = flag() or outcome.stop_reason == "interrupted"
+            if not interrupted and capture.trace is not None:
+                step(
+                    f"5/6 paired replay: the {capture.writer.rows} requests phase 2 served to "
+                    f"vLLM's defaults (captured from their spans), replayed to {names[0]} and "
+                    f"{names[1]} at once, row by row on their clock"
+                )
+                t3 = time.monotonic()
+                paired = _replay(plan, pair, capture, flag)
+                timings["paired.replay"] = round(time.monotonic() - t3, 1)
+                interrupted = flag() or paired.stop_reason == "interrupted"
+            elif not interrupted:
+                step(f"5/6 paired replay: skipped, nothing captured ({capture.status()})")
         except launcher.StopRequested:
             interrupted = True
         finally:
+            capture.stop()
             keep_pair = request.keep and not interrupted and outcome is not None
             kept = list(dict.fromkeys([DEFAULTS, choice.chosen])) if keep_pair and choice else []
             rest = [n for n in launches if n not in kept and n not in stopped]
             if rest:
-                step("5/5 stopping " + ", ".join(rest))
+                step("6/6 stopping " + ", ".join(rest))
             launcher.stop_launches(
                 [launches[n] for n in rest],
                 grace=0.0 if flag.count > 1 else launcher.STOP_GRACE_S,
@@ -564,6 +705,7 @@ def run_demo(
         with contextlib.suppress(OSError):  # taken or read-only meanwhile: the JSON is kept
             plan.out.mkdir(parents=True, exist_ok=False)
             made = True
+    capture.close(plan.out if made else None)
     if made:
         step(f"writing the report and plots into {plan.out}")
         plots, plots_error = _plots(plan.out, outcome, tune)
@@ -582,6 +724,8 @@ def run_demo(
         kept=handed_over,
         wall_s=round(time.monotonic() - begin, 1),
         timings=timings,
+        paired=paired,
+        capture=capture.status(),
     )
     if not interrupted and outcome is not None:  # a whole demo: the next one's estimate
         from kimictl.runtime.serving.estimate import record_demo

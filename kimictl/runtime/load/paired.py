@@ -46,7 +46,9 @@ from kimictl.runtime.observe.window import percentile
 from kimictl.runtime.verdict.paired import (
     BETTER,
     DEFAULT_FLOOR,
+    MIN_AA_PASSES,
     WORSE,
+    AaCalibration,
     BootstrapEstimate,
     Verdict,
     paired_verdict,
@@ -91,7 +93,7 @@ class PairedConfig:
     chat: bool = False
     floor: float = DEFAULT_FLOOR
     aa: bool = False
-    aa_floor: bool = False  # the floor was raised to a measured A/A noise floor (--aa-report)
+    calibration: AaCalibration | None = None  # judged net of these A/A passes (--aa-report)
     max_lag_ms: float = MAX_LAG_MS
     seed: int = 0
 
@@ -367,12 +369,12 @@ async def run_paired(
 
 # A row bootstrap sees only the noise inside one replay; twin servers differ from replay to replay
 # by more than that (docs/results.md, paired A/A rows: 10 of 20 twin replays were called better or
-# worse on the 2-core test box). A decision with no A/A floor says so.
+# worse on the 2-core test box). A decision with no A/A calibration says so.
 UNCALIBRATED = (
-    "one replay judged without an A/A noise floor: twin servers differ between replays by more "
+    "one replay judged without an A/A calibration: twin servers differ between replays by more "
     "than a row bootstrap sees (on a 2-core test box, 10 of 20 A/A replays were called better or "
-    "worse this way); run `bench --paired --aa` through the same path and pass its JSON with "
-    "--aa-report"
+    "worse this way); run `bench --paired --aa -o aaN.json` through the same path "
+    f"{MIN_AA_PASSES} or more times and pass each with --aa-report"
 )
 
 
@@ -413,7 +415,7 @@ def _judge(
     if (
         verdict is not None
         and not cfg.aa
-        and not cfg.aa_floor
+        and cfg.calibration is None
         and verdict.decision in (BETTER, WORSE)
     ):
         notes.append(UNCALIBRATED)
@@ -455,6 +457,7 @@ def _verdict(cfg: PairedConfig, rows: list[PairedRow], a: str, b: str) -> Verdic
         aa=cfg.aa,
         seed=cfg.seed,
         figures=figures,
+        calibration=cfg.calibration,
     )
 
 

@@ -12,9 +12,19 @@ mean over rows, or over sessions (clusters) where the rows have them, and decide
 - "inconclusive": none of these; `rows_needed` says about how many rows would settle it (the
   interval's half-width shrinks as 1/sqrt(n)).
 
-`floor` is relative (0.05 = 5%); in log space it is log(1 + floor). An A/A run (the same path,
-identical arms) measures the noise floor: `noise_floor(verdict)` is the largest ratio its interval
-reaches away from 1; an A/B judged on that path should not use a smaller floor (`effective_floor`).
+`floor` is relative (0.05 = 5%); in log space it is log(1 + floor).
+
+A row bootstrap sees only the noise inside one replay. Two server instances also differ as a whole,
+and by an amount that changes from one replay to the next (load beside them, placement, caches):
+a constant offset on every row of a replay, which no resampling of rows can see. An A/A
+calibration measures it: several A/A passes (identical arms, the same two targets and path as the
+A/B) give each a mean log ratio and a bootstrap variance (`AaCalibration`, `aa_calibration`). Their
+mean is the path's own offset (B's slot faster or slower than A's, e.g. a less loaded host); the
+spread of the pass means beyond what their bootstraps explain is the between-pass variance
+component. A verdict judged with a calibration subtracts the offset and adds, to every bootstrap
+draw, a Student-t draw (passes - 1 degrees of freedom: the component is estimated) scaled by the
+component plus the offset's own uncertainty: the interval is then one for "a replay of this path",
+not only for "these rows". `noise_floor(verdict)` of one A/A pass is kept as a figure.
 `quantile_ratio` gives B/A of one percentile (p10/p50/p90 of interactivity, TTFT p50/p90) with
 the same paired resampling (the same rows, or sessions, are drawn for both arms).
 Pure arithmetic over numbers (numpy): no I/O.
@@ -27,17 +37,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kimictl.runtime.verdict.common import DEFAULT_FLOOR, log_band, wilson
+from kimictl.runtime.verdict.common import DEFAULT_FLOOR, log_band, mean_var, wilson
 
 __all__ = [
     "BETTER",
     "DECISIONS",
     "DEFAULT_FLOOR",
     "INCONCLUSIVE",
+    "MIN_AA_PASSES",
     "SAME",
     "WORSE",
+    "AaCalibration",
     "BootstrapEstimate",
     "Verdict",
+    "aa_calibration",
     "decide",
     "effective_floor",
     "noise_floor",
@@ -54,6 +67,53 @@ INCONCLUSIVE = "inconclusive"
 DECISIONS = (BETTER, WORSE, SAME, INCONCLUSIVE)
 N_BOOT = 2000
 _CHUNK = 200  # bootstrap samples per block (bounds memory at _CHUNK x rows)
+MIN_AA_PASSES = 3  # an A/A calibration: fewer passes leave the between-pass spread unmeasured
+
+
+@dataclass(frozen=True)
+class AaCalibration:
+    """What `passes` A/A passes through one path say about it, on the log-ratio scale (B/A):
+    `offset` the mean of the passes' mean log ratios (the path's own offset), `spread` their
+    sample variance (everything a pass's mean varies by: rows and the instances' state),
+    `within` the mean of the passes' bootstrap variances (what rows alone explain)."""
+
+    passes: int
+    offset: float
+    spread: float
+    within: float
+
+    @property
+    def between(self) -> float:
+        """The between-pass variance component: spread beyond the rows' own noise (>= 0)."""
+        return max(0.0, self.spread - self.within)
+
+    @property
+    def added_var(self) -> float:
+        """What a judged replay's mean gets beyond its own bootstrap: this replay's own offset
+        (`between`) and the uncertainty of the subtracted `offset` (spread / passes)."""
+        return self.between + self.spread / self.passes
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out |= {"between": self.between, "added_var": self.added_var}
+        out["offset_ratio"] = math.exp(self.offset)
+        out["between_sd_pct"] = math.expm1(math.sqrt(self.between)) * 100
+        return out
+
+
+def aa_calibration(means: Sequence[float], variances: Sequence[float]) -> AaCalibration:
+    """The calibration of A/A passes from each pass's mean log ratio (B/A) and the variance of
+    its bootstrap mean (`Verdict.raw_log`, `Verdict.boot_var`): a method-of-moments variance
+    component (as in random-effects meta-analysis). Needs `MIN_AA_PASSES` passes."""
+    if len(means) != len(variances):
+        raise ValueError(f"{len(means)} means for {len(variances)} variances")
+    if len(means) < MIN_AA_PASSES:
+        raise ValueError(f"{len(means)} A/A passes: a calibration needs {MIN_AA_PASSES} or more")
+    values = [float(m) for m in means]
+    if not all(math.isfinite(m) for m in values) or not all(v >= 0 for v in variances):
+        raise ValueError("A/A passes need finite means and variances >= 0")
+    offset, spread = mean_var(values)
+    return AaCalibration(len(values), offset, spread, math.fsum(variances) / len(variances))
 
 
 @dataclass(frozen=True)
@@ -91,11 +151,15 @@ class Verdict:
     aa: bool = False  # an A/A run: any "better"/"worse" is a false alarm
     figures: dict[str, BootstrapEstimate] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    raw_log: float = math.nan  # mean log ratio B/A of these rows, before any calibration
+    boot_var: float = math.nan  # variance of its bootstrap (what the rows alone explain)
+    calibration: AaCalibration | None = None  # the A/A calibration it was judged with
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["figures"] = {k: v.to_json() for k, v in self.figures.items()}
         out["notes"] = list(self.notes)
+        out["calibration"] = None if self.calibration is None else self.calibration.to_json()
         if self.aa:
             out["noise_floor"] = noise_floor(self)
             out["false_alarm"] = self.decision in (BETTER, WORSE)
@@ -113,6 +177,12 @@ class Verdict:
             text += f"; about {self.rows_needed} rows would settle it"
         if self.aa:
             text += f"; A/A noise floor {noise_floor(self):.1%}"
+        if self.calibration is not None:
+            c = self.calibration
+            text += (
+                f"; net of {c.passes} A/A passes (offset x{math.exp(c.offset):.3f}, between-pass "
+                f"spread {math.expm1(math.sqrt(c.between)):.1%})"
+            )
         return text
 
 
@@ -163,17 +233,21 @@ def decide(lo: float, est: float, hi: float, floor: float) -> str:
     return INCONCLUSIVE
 
 
-def rows_needed(lo: float, est: float, hi: float, floor: float, n: int) -> int | None:
-    """About how many rows would turn an inconclusive interval into a decision: the half-width
-    shrinks as 1/sqrt(n) around the same estimate; to exclude 0 when the estimate is beyond the
-    floor, to fit inside the floor band when it is within. None when the estimate sits on the
-    band's edge (no n settles it)."""
+def rows_needed(
+    lo: float, est: float, hi: float, floor: float, n: int, fixed_half: float = 0.0
+) -> int | None:
+    """About how many rows would turn an inconclusive interval into a decision: the rows' part of
+    the half-width shrinks as 1/sqrt(n) around the same estimate (`fixed_half`, an A/A
+    calibration's part, does not; halves add in quadrature); to exclude 0 when the estimate is
+    beyond the floor, to fit inside the floor band when it is within. None when no n settles it
+    (the estimate on the band's edge, or the calibration's part alone too wide)."""
     band = log_band(floor)
     half = (hi - lo) / 2.0
     target = abs(est) if abs(est) >= band else band - abs(est)
-    if half <= 0 or target <= 1e-9 or n < 1:
+    if half <= 0 or target <= fixed_half + 1e-9 or n < 1:
         return None
-    need = math.ceil(n * (half / target) ** 2)
+    rows_half2 = max(half * half - fixed_half * fixed_half, 1e-12)
+    need = math.ceil(n * rows_half2 / (target * target - fixed_half * fixed_half))
     return need if need > n else n + 1
 
 
@@ -235,10 +309,13 @@ def paired_verdict(
     seed: int = 0,
     aa: bool = False,
     figures: dict[str, BootstrapEstimate] | None = None,
+    calibration: AaCalibration | None = None,
 ) -> Verdict:
     """The verdict on per-row log ratios log(B/A) of a metric (`higher_is_better` says which way
     is good; the decision is always about B). Resamples rows, or `clusters` (session ids, one per
-    row) where given. Non-finite ratios are left out (and counted in the notes)."""
+    row) where given. Non-finite ratios are left out (and counted in the notes). With an A/A
+    `calibration` (of the same metric and path), judged net of its offset with its between-pass
+    variance added to the interval (module docstring)."""
     np = _np()
     if not 0 <= floor < 1:
         raise ValueError(f"floor {floor!r} must be in [0, 1)")
@@ -275,13 +352,23 @@ def paired_verdict(
         w = _unit_weights(units, size, rng)
         means.append((w @ values) / w.sum(axis=1))
     samples = np.concatenate(means)
+    raw, boot_var = float(values.mean()), float(samples.var())
+    est = raw
+    fixed_half = 0.0  # the part of the interval's half-width more rows do not shrink
+    if calibration is not None:
+        scale = math.sqrt(calibration.added_var)
+        df = calibration.passes - 1
+        samples = samples - calibration.offset + scale * rng.standard_t(df, size=len(samples))
+        est = raw - calibration.offset
+        fixed_half = scale * float(np.quantile(rng.standard_t(df, size=20000), (1 + level) / 2))
     lo, hi = _interval(samples, level)
-    est = float(values.mean())
     sign = 1.0 if higher_is_better else -1.0
     # the decision is on "B better" = sign * log ratio > 0
     s_lo, s_est, s_hi = sorted((sign * lo, sign * hi))[0], sign * est, max(sign * lo, sign * hi)
     decision = decide(s_lo, s_est, s_hi, floor)
-    needed = rows_needed(s_lo, s_est, s_hi, floor, n) if decision == INCONCLUSIVE else None
+    needed = (
+        rows_needed(s_lo, s_est, s_hi, floor, n, fixed_half) if decision == INCONCLUSIVE else None
+    )
     return Verdict(
         decision,
         metric,
@@ -298,6 +385,9 @@ def paired_verdict(
         aa,
         dict(figures or {}),
         tuple(notes),
+        raw,
+        boot_var,
+        calibration,
     )
 
 
