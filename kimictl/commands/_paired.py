@@ -79,6 +79,7 @@ def run_paired_cli(
     from kimictl.core.outputs import check_new_file
     from kimictl.deployment.traces import DEFAULT_TRACES_PORT
     from kimictl.runtime.load.bench import resolve_models
+    from kimictl.runtime.load.mooncake import scan_trace
     from kimictl.runtime.load.paired import PairedConfig, run_paired
 
     if trace is None:
@@ -89,14 +90,11 @@ def run_paired_cli(
         raise InputError(f"--floor {floor:g} must be a fraction in [0, 1), e.g. 0.05 for 5%.")
     if not 0 < max_lag_ms < math.inf:
         raise InputError(f"--max-lag-ms {max_lag_ms:g} must be a number of ms > 0.")
-    for flag, path, suffix in (("--output", output, ".json"), ("--csv", csv_out, ".csv")):
+    for flag, path, suffix in (("--output", output, ".json"), ("--csv", csv_out, ".csv"),
+                               ("--plot", plot, ".png")):  # fmt: skip
         if path is not None:
             check_new_file(path, flag=flag, suffix=suffix)
-    if plot is not None:
-        check_new_file(plot, flag="--plot", suffix=".png")
     calibration = _aa_calibration(aa_report) if aa_report else None
-    from kimictl.runtime.load.mooncake import scan_trace
-
     scan = scan_trace(trace)  # a bad trace is refused before any server is asked anything
     cfg = PairedConfig(
         trace=trace,
