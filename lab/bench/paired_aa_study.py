@@ -309,6 +309,7 @@ def main() -> int:
     ap.add_argument("--cores", default="0,1", help="the engines' cores (vLLM's OMP binding)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--million", action="store_true", help="only check a million-row trace")
+    ap.add_argument("--no-command", action="store_true", help="skip the command's own run")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="paired-study-"))
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
@@ -340,9 +341,10 @@ def main() -> int:
             return DutyCycle(procs[1][0].pid, args.stop, args.period_ms / 1000.0)
 
         # the command's own receiver first, then the study's on the same port
-        result["command_run"] = command_run(tmp, urls, traces_port, slow)
-        print(result["command_run"], flush=True)
-        save()
+        if not args.no_command:
+            result["command_run"] = command_run(tmp, urls, traces_port, slow)
+            print(result["command_run"], flush=True)
+            save()
         receiver = OtlpReceiver(port=traces_port).start()
 
         for phase, aa, n in (("aa", True, args.aa_runs), ("b_slower", False, args.runs)):
