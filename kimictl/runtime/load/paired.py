@@ -368,11 +368,11 @@ async def run_paired(
 
 
 # A row bootstrap sees only the noise inside one replay; twin servers differ from replay to replay
-# by more than that (docs/results.md, paired A/A rows: 10 of 20 twin replays were called better or
+# by more than that (docs/results.md, paired A/A rows: 13 of 25 twin replays were called better or
 # worse on the 2-core test box). A decision with no A/A calibration says so.
 UNCALIBRATED = (
     "one replay judged without an A/A calibration: twin servers differ between replays by more "
-    "than a row bootstrap sees (on a 2-core test box, 10 of 20 A/A replays were called better or "
+    "than a row bootstrap sees (on a 2-core test box, 13 of 25 A/A replays were called better or "
     "worse this way); run `bench --paired --aa -o aaN.json` through the same path "
     f"{MIN_AA_PASSES} or more times and pass each with --aa-report"
 )
