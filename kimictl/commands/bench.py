@@ -127,7 +127,7 @@ PairedOpt = Annotated[
     ),
 ]
 AaOpt = Annotated[
-    bool, typer.Option("--aa", help="--paired: an A/A run (identical arms): the noise floor.")
+    bool, typer.Option("--aa", help="--paired: an A/A pass (identical arms), for --aa-report.")
 ]
 AaReportOpt = Annotated[
     list[Path] | None,
