@@ -52,7 +52,6 @@ __all__ = [
     "Verdict",
     "aa_calibration",
     "decide",
-    "effective_floor",
     "noise_floor",
     "paired_verdict",
     "quantile_ratio",
@@ -398,10 +397,3 @@ def noise_floor(aa: Verdict) -> float:
         return math.nan
     reach = max(abs(math.log(aa.lo)), abs(math.log(aa.hi)))
     return math.expm1(reach)
-
-
-def effective_floor(floor: float, aa_noise: float | None) -> float:
-    """The floor an A/B uses: the operator's, or the A/A's measured noise when that is larger."""
-    if aa_noise is None or math.isnan(aa_noise):
-        return floor
-    return max(floor, aa_noise)
