@@ -6,6 +6,7 @@ real HTTP server that prints vLLM's own log lines); the real vLLM CPU server is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -515,6 +516,85 @@ def test_stop_of_a_died_run_returns_in_seconds() -> None:
     assert group_gone(record.pgid)
     seen = runs.read_record(record.id)
     assert seen is not None and seen.state is RunState.DIED  # the stop keeps the cause
+
+
+def test_stop_marks_the_run_before_its_first_signal(monkeypatch) -> None:
+    """The race behind a flaky `stop --all` (states stopped, died): `stop` used to SIGTERM first,
+    so the detached run's watcher saw a member go while the record still said ready and wrote
+    died. Every signal of a stop is now sent after the record says a stop has begun."""
+    record = _detached("engine")
+    watcher = record.extra["watcher"]["pid"]
+    seen: list[tuple[str, float | None]] = []
+
+    def spy(pgid: int, sig: int) -> None:
+        stored = runs.read_record(record.id)
+        assert stored is not None
+        seen.append((stored.state.value, stored.stop_begun_at))
+        with_signal(pgid, sig)
+
+    with_signal = launcher._signal_group
+    monkeypatch.setattr(launcher, "_signal_group", spy)
+    monkeypatch.setattr(runs, "_signal_group", spy)
+    (stopped,) = launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert seen and all(state == "stopping" and begun for state, begun in seen), seen
+    assert stopped.state is RunState.STOPPED and group_gone(record.pgid)
+    assert _wait(lambda: runs.process_start_ticks(watcher) is None, 3) < 3
+    stored = runs.read_record(record.id)
+    assert stored is not None and stored.state is RunState.STOPPED
+
+
+def _stop_begins_when_the_member_goes(record: RunRecord, member: str) -> None:
+    """What `kimictl stop` does, with the worst timing for a watcher: the stop is marked, then the
+    member goes (the stop's SIGTERM) just after the watcher read the record as ready."""
+    stored = runs.read_record(record.id)
+    assert stored is not None and stored.state is RunState.READY
+    runs.begin_stop(stored)
+    pid = next(m["pid"] for m in record.members if m["role"] == member)
+    os.kill(pid, signal.SIGKILL)
+    assert _wait(lambda: runs.process_start_ticks(pid) is None, 3) < 3
+
+
+def test_a_watcher_that_sees_a_member_go_after_a_stop_began_writes_no_death(monkeypatch) -> None:
+    from kimictl.runtime.serving import watch
+
+    record = _detached("engine-deaf")
+    os.kill(record.extra["watcher"]["pid"], signal.SIGKILL)  # its decision is driven here
+    observed = runs.observed_state
+
+    def stop_meanwhile(seen: RunRecord) -> tuple[RunState, str | None]:
+        monkeypatch.setattr(runs, "observed_state", observed)  # once
+        _stop_begins_when_the_member_goes(record, "engine core")
+        return observed(seen)  # the member is gone: died, as far as /proc tells
+
+    monkeypatch.setattr(runs, "observed_state", stop_meanwhile)
+    try:
+        assert watch.watch(record.id, poll_s=0.01) == "a stop began: kimictl stop took over"
+        stored = runs.read_record(record.id)
+        assert stored is not None and stored.state is RunState.STOPPING
+        assert runs.process_start_ticks(record.leader_pid) is not None  # it signalled nothing
+        # ps's net (end_dead) with the same stale view: nothing written, nothing signalled
+        stale = dataclasses.replace(record, state=RunState.DIED, reason="engine core gone")
+        assert runs.end_dead(stale).state is RunState.STOPPING
+        assert runs.process_start_ticks(record.leader_pid) is not None
+    finally:
+        (stopped,) = launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert stopped.state is RunState.STOPPED and group_gone(record.pgid)
+
+
+def test_a_death_written_before_the_stop_began_is_kept() -> None:
+    """The other order: the member died on its own and the watcher wrote it down first; the
+    stop that follows ends the rest and keeps died."""
+    from kimictl.runtime.serving import watch
+
+    record = _detached("engine-deaf")
+    os.kill(record.extra["watcher"]["pid"], signal.SIGKILL)
+    engine = next(m["pid"] for m in record.members if m["role"] == "engine core")
+    os.kill(engine, signal.SIGKILL)
+    _wait(lambda: runs.process_start_ticks(engine) is None, 3)
+    assert watch.watch(record.id, poll_s=0.01).startswith("died: its engine core")
+    (stopped,) = launcher.stop_records([runs.get_run(record.id)], grace=2)
+    assert stopped.state is RunState.DIED and stopped.stop_begun_at is not None
+    assert group_gone(record.pgid)
 
 
 def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():

@@ -32,7 +32,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -561,8 +561,9 @@ def _supervise(
                     if status is None
                     else f"/health answered {status}"
                 )
-            if _stopped_elsewhere(launch):
-                return  # `kimictl stop` from another shell: a stop, not a death
+            seen = replace(launch.record, state=RunState.DIED, reason=f"died after ready: {what}")
+            if runs.claim_death(seen) is None:
+                return  # `kimictl stop` from another shell began: a stop, not a death
             try:
                 _die(launch, what, grace)
             except EndpointError as exc:
@@ -639,12 +640,15 @@ def stop_run(
     reason: str | None = None,
 ) -> RunRecord:
     """SIGTERM the run's group, SIGKILL after `grace` seconds (ORPHAN_GRACE_S at most for a died
-    deployment: what is left of it ignores SIGTERM), reap, clean, mark stopped."""
+    deployment: what is left of it ignores SIGTERM), reap, clean, mark stopped. The stop is
+    marked in the record (`runs.begin_stop`, under its lock) before the first signal, so a
+    watcher or `ps` that sees a member go takes it for the stop, not a death; the end is written
+    under the same lock. A run that had died (or failed) before the stop began keeps that end."""
+    record = runs.begin_stop(record)
     final = record.state if record.state in (RunState.FAILED, RunState.DIED) else RunState.STOPPED
     if record.state is RunState.DIED:
         grace = min(grace, runs.ORPHAN_GRACE_S)
     if runs.is_alive(record):
-        record = runs.update_record(record, state=RunState.STOPPING)
         runs.end_group(record, grace)
     code = record.exit_code
     if process is not None:
@@ -659,7 +663,8 @@ def stop_run(
     changes: dict[str, Any] = {"exit_code": code, "supervisor_pid": None}
     if reason:
         changes["reason"] = reason
-    return _mark(record, final, **changes)
+    with runs.record_lock(record):
+        return _mark(record, final, **changes)
 
 
 def stop_records(records: list[RunRecord], *, grace: float = STOP_GRACE_S) -> list[RunRecord]:
@@ -667,18 +672,20 @@ def stop_records(records: list[RunRecord], *, grace: float = STOP_GRACE_S) -> li
     is cancelled through Slurm (slurm.cancel)."""
     from kimictl.runtime.serving import slurm
 
-    local = [r for r in records if not slurm.is_slurm(r)]
-    for record in local:
-        if runs.is_alive(record):
+    begun = [r if slurm.is_slurm(r) else runs.begin_stop(r) for r in records]  # before signals
+    for record in begun:
+        if not slurm.is_slurm(record) and runs.is_alive(record):
             _signal_group(record.pgid, signal.SIGTERM)
     return [
         slurm.cancel(record) if slurm.is_slurm(record) else stop_run(record, grace=grace)
-        for record in records
+        for record in begun
     ]
 
 
 def stop_launches(launches: list[Launch], *, grace: float = STOP_GRACE_S) -> None:
     """Stop several at once: SIGTERM all first, so their grace periods overlap."""
+    for launch in launches:
+        launch.record = runs.begin_stop(launch.record)  # marked before any signal
     for launch in launches:
         if runs.is_alive(launch.record):
             _signal_group(launch.record.pgid, signal.SIGTERM)

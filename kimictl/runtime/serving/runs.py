@@ -6,6 +6,10 @@ log and the run's private cache/temp folders. Records are the contract other com
 `resolve_target`, and find the latest A/B pair through `latest_ab_pair`.
 
 States: starting -> ready -> stopping -> stopped; failed (never ready) or died (after ready).
+Who writes an end (a stop, a watcher or `ps` that saw a death) decides under the run's lock
+(`record_lock`): `begin_stop` marks the record before any signal is sent, and a death is only
+written down (`claim_death`) while no stop has begun, so a member ended by a stop is never taken
+for a death.
 A record's stored state is what the launcher last wrote; `observed_state` corrects it with what is
 true now: a run is only as alive as the members recorded when it became ready (API server, engine
 core, workers), so a "ready" run with one of them gone is reported as died, never as ready.
@@ -14,6 +18,7 @@ core, workers), so a "ready" run with one of them gone is reported as died, neve
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -45,6 +50,8 @@ __all__ = [
     "is_alive",
     "ORPHAN_GRACE_S",
     "ab_targets",
+    "begin_stop",
+    "claim_death",
     "end_dead",
     "end_group",
     "latest_ab_pair",
@@ -53,6 +60,7 @@ __all__ = [
     "observed_state",
     "process_start_ticks",
     "read_record",
+    "record_lock",
     "resolve_target",
     "resolve_targets",
     "run_dir_for",
@@ -62,6 +70,7 @@ __all__ = [
 ]
 
 RECORD_FILE = "run.json"
+LOCK_FILE = "run.lock"  # flock'ed around every read-decide-write of an end (see record_lock)
 # What is left of a deployment whose API server or a member died gets this long to exit on
 # SIGTERM before SIGKILL: engine cores and workers re-parented to pid 1 ignore SIGTERM, and a
 # worker holds its whole share of the model's memory meanwhile.
@@ -115,6 +124,9 @@ class RunRecord:
     # means the deployment is broken, whatever the others still answer.
     members: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # When `kimictl stop` (or a foreground stop) began, written before its first signal: from
+    # then on a member gone is the stop's doing, never a death.
+    stop_begun_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -189,6 +201,64 @@ def _read_record(path: Path) -> RunRecord | None:
         return RunRecord.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         return None  # a half-deleted or foreign folder is not a run
+
+
+def _stored(record: RunRecord) -> RunRecord | None:
+    return _read_record(Path(record.run_dir) / RECORD_FILE)
+
+
+@contextlib.contextmanager
+def record_lock(record: RunRecord) -> Iterator[None]:
+    """Hold the run's lock (flock on `run.lock` beside its record) for a read-decide-write of
+    its end; without a run folder (it was removed) there is nothing to guard."""
+    try:
+        fd = os.open(Path(record.run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
+
+
+_ENDED = (RunState.STOPPED, RunState.FAILED, RunState.DIED)
+
+
+def begin_stop(record: RunRecord) -> RunRecord:
+    """Mark the run as being stopped, under its lock, before any signal: a live run becomes
+    stopping; an end already known (died, failed: stored, or as `record` observed it) is kept.
+    Returns the record as stored now (a stop already begun is left as it is)."""
+    with record_lock(record):
+        stored = _stored(record) or record
+        if stored.stop_begun_at is not None:
+            return stored
+        if stored.state in _ENDED:
+            state = stored.state
+        elif record.state in _ENDED:
+            state, stored = record.state, replace(stored, reason=record.reason or stored.reason)
+        else:
+            state = RunState.STOPPING
+        return update_record(stored, state=state, stop_begun_at=time.time())
+
+
+def claim_death(record: RunRecord) -> RunRecord | None:
+    """Write down `record` (observed died, with its reason) as died, under the run's lock, unless
+    a stop has begun: then a member gone is the stop's doing, and None is returned (nothing is
+    written, nothing should be signalled). A death already written is returned as stored."""
+    with record_lock(record):
+        stored = _stored(record)
+        if stored is None:
+            return record
+        if stored.stop_begun_at is not None or stored.state not in (RunState.READY, RunState.DIED):
+            return None
+        if stored.state is RunState.DIED:
+            return stored
+        return update_record(
+            stored, state=RunState.DIED, reason=record.reason, ended_at=time.time()
+        )
 
 
 # ---------------------------------------------------------------- liveness
@@ -343,6 +413,13 @@ def observed_state(record: RunRecord) -> tuple[RunState, str | None]:
 # ---------------------------------------------------------------- queries
 
 
+def _as_observed(record: RunRecord) -> RunRecord:
+    state, reason = observed_state(record)
+    if state is not record.state:
+        return replace(record, state=state, reason=reason or record.reason)
+    return replace(record, reason=reason) if reason else record
+
+
 def list_runs(*, include_finished: bool = False) -> list[RunRecord]:
     """Runs with a record, oldest first, with their observed state. Finished ones (stopped, or
     failed with no process left) only when `include_finished`."""
@@ -358,11 +435,7 @@ def list_runs(*, include_finished: bool = False) -> list[RunRecord]:
             found += _slurm_listed(record, include_finished)
             continue
         stored = record.state
-        state, reason = observed_state(record)
-        if state is not record.state:
-            record = replace(record, state=state, reason=reason or record.reason)
-        elif reason:
-            record = replace(record, reason=reason)
+        record = _as_observed(record)
         # a death nobody saw (a detached run) stays listed until `kimictl stop` records it
         unseen = record.state is RunState.DIED and stored in LIVE_STATES
         live = record.state in LIVE_STATES or unseen or is_alive(record)
@@ -547,15 +620,23 @@ def end_dead(record: RunRecord, *, grace: float = ORPHAN_GRACE_S) -> RunRecord:
     supervisor = record.supervisor_pid
     if supervisor is not None and process_start_ticks(supervisor) is not None:
         return record
-    before = _live_count(record.pgid)
-    if not before:
+    if not _live_count(record.pgid):
         return record
-    end_group(record, grace)
+    claimed = claim_death(record)
+    if claimed is None:  # a stop has begun: it ends the group and writes the end
+        stored = _stored(record)
+        return _as_observed(stored) if stored is not None else record
+    before = _live_count(record.pgid)
+    end_group(claimed, grace)
     left = _live_count(record.pgid)
-    cause = (record.reason or "a member died after ready").split("; kimictl ended", 1)[0]
+    cause = (claimed.reason or "a member died after ready").split("; kimictl ended", 1)[0]
     ended = f"kimictl ended the {before - left} process(es) left of its group"
     reason = f"{cause}; {ended}" + (f"; {left} could not be ended" if left else "")
-    return update_record(record, state=RunState.DIED, reason=reason, supervisor_pid=None)
+    with record_lock(record):
+        stored = _stored(record)
+        if stored is not None and stored.stop_begun_at is not None:
+            return _as_observed(stored)  # a stop began meanwhile: its end is the one written
+        return update_record(claimed, state=RunState.DIED, reason=reason, supervisor_pid=None)
 
 
 def wait_gone(record: RunRecord, timeout: float) -> bool:

@@ -5,8 +5,9 @@ Every `WATCH_POLL_S` (0.25 s) it reads the run's record and its recorded members
 cores, workers) from /proc. When one is gone it ends the rest of the group (`runs.end_dead`:
 SIGKILL after `runs.ORPHAN_GRACE_S`, since processes orphaned by a dead API server ignore SIGTERM)
 and records the run as died with the cause (and vLLM's own line naming a lost rank, where the log
-has one). It exits then, or as soon as the record leaves `ready` (`kimictl stop` took over) or
-the group is gone. It imports only runs.py and startup.py: about 20 MB.
+has one), unless a stop has begun (`runs.claim_death`, under the run's lock: a member ended by
+`kimictl stop` is no death). It exits then, or as soon as the record leaves `ready` (`kimictl
+stop` took over) or the group is gone. It imports only runs.py and startup.py: about 20 MB.
 
 Run as `python -m kimictl.runtime.serving.watch RUN_ID`; `spawn_watcher` starts it.
 """
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +59,14 @@ def watch(run_id: str, *, poll_s: float = WATCH_POLL_S) -> str:
             return f"the run is {record.state.value}: kimictl stop or its supervisor took over"
         state, reason = runs.observed_state(record)
         if state is RunState.DIED:
-            latest = runs.read_record(run_id)  # a `stop` may have begun meanwhile: it wins
-            if latest is None or latest.state is not RunState.READY:
-                return "the run left ready while it was being checked"
             named = lost_member_line(record.log_path)  # vLLM's own line, where it wrote one
             reason = f"{reason}; vLLM: {named}" if named else reason
-            ended = runs.end_dead(runs.update_record(record, state=state, reason=reason))
+            # a `stop` may have begun since the read above (its SIGTERM is what took the member):
+            # the death is written only under the run's lock and only while no stop has begun
+            claimed = runs.claim_death(replace(record, state=state, reason=reason))
+            if claimed is None:
+                return "a stop began: kimictl stop took over"
+            ended = runs.end_dead(claimed)
             return f"died: {ended.reason}"
         if not runs.is_alive(record):
             return "the run's processes are gone"
