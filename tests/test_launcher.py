@@ -597,6 +597,36 @@ def test_a_death_written_before_the_stop_began_is_kept() -> None:
     assert group_gone(record.pgid)
 
 
+def test_serve_says_how_long_a_start_of_the_profile_took_here(capsys) -> None:
+    """`serve` prints an estimate before it launches, from this machine's own recorded starts of
+    the profile (none yet: it says so); the load sentence is test_estimate's."""
+    from types import SimpleNamespace
+
+    from kimictl.commands.serve import _launch
+
+    said, ids = [], []
+    try:
+        for _ in range(2):
+            plan = dataclasses.replace(fake_plan("ok"), profile="fake")
+            prepared = workflow.Prepared(profile="fake", runtime="gpu", plans=[plan], checks=[])
+            _launch(prepared, SimpleNamespace(timeout=30), detach=True, json_out=False)  # type: ignore[arg-type]
+            ids.append(plan.run_id)
+            said.append(
+                next(x for x in capsys.readouterr().out.splitlines() if "start to ready" in x)
+            )
+        assert said[0].startswith(
+            "  start to ready: no estimate (no start of fake measured on this"
+        )
+        first = runs.read_record(ids[0])
+        assert first is not None and first.ready_at is not None
+        took = first.ready_at - first.started_at
+        assert said[1].startswith(
+            f"  start to ready: about {took:.0f} s (median of 1 start(s) of fake on this machine)"
+        )
+    finally:
+        launcher.stop_records([r for r in map(runs.read_record, ids) if r is not None], grace=2)
+
+
 def test_sigterm_ignored_escalates_to_sigkill_for_the_whole_group():
     plan = fake_plan("ignore-term")
     launch = launcher.start(plan)

@@ -372,6 +372,7 @@ def _launch(prepared: Prepared, request: ServeRequest, *, detach: bool, json_out
     from kimictl.commands._output import console, emit_json
     from kimictl.commands._render import phase_printer, print_gate, print_notes, print_plan
     from kimictl.runtime.serving import workflow
+    from kimictl.runtime.serving.estimate import start_estimate
 
     if not json_out:
         print_notes(prepared)
@@ -381,6 +382,9 @@ def _launch(prepared: Prepared, request: ServeRequest, *, detach: bool, json_out
         for plan in prepared.plans:
             print_plan(plan, with_env=False)  # --dry-run shows the environment too
             console.print(f"  log: {plan.log_path}", highlight=False, soft_wrap=True)
+            if plan.profile:  # from this machine's own starts of the profile, load said
+                said = start_estimate(plan.profile).line("  start to ready")
+                console.print(said, highlight=False, markup=False, soft_wrap=True)
         _print_edge(prepared.edge)
     records = workflow.run_serve(
         prepared,
