@@ -160,6 +160,20 @@ def test_api_key_rules(capsys, tmp_path):
     assert code == 0 and "--host 0.0.0.0" in out
 
 
+def test_plan_lines_summarise_the_bucket_list(capsys):
+    """A plan line shows one word per histogram family, not the 60-value JSON; the exact argv
+    (what is run) is `--dry-run --json`'s, and the summary is computed from it."""
+    _, out, _ = run_cli("serve", "k3-tp8-latency", "--dry-run", "--json", capsys=capsys)
+    (run,) = json.loads(out)["runs"]
+    exact = json.loads(run["argv"][run["argv"].index("--custom-histogram-buckets") + 1])
+    _, out, _ = run_cli("serve", "k3-tp8-latency", "--dry-run", capsys=capsys)  # 1: no GPU
+    (line,) = [x for x in out.splitlines() if "--custom-histogram-buckets" in x]
+    for family, bounds in exact.items():
+        assert f"{family}: {len(bounds)} bounds, {min(bounds):g}-{max(bounds):g} s" in line
+    assert "[" not in line.split("--custom-histogram-buckets", 1)[1]  # no list of values
+    assert "(bucket list summarised; `--dry-run --json` has the exact argv)" in out
+
+
 def test_multinode_flags(capsys):
     code, _, err = run_cli("serve", "k3-tp16-latency", "--nnodes", "4", "--dry-run", capsys=capsys)
     assert code == 2 and "--master-addr" in err
