@@ -304,7 +304,8 @@ def _records(state: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(STARTUP_S * 2 + 120)
 def test_ab_detach_ps_bench_stop_end_to_end(_state_dir):
-    """The README's main job: serve --ab --detach, bench --ab, stop --all."""
+    """The README's main job: serve --ab --detach, bench --ab, stop --all; on the way, the
+    detached engine-core SIGKILL on a real server (sharing this pair's start)."""
     _require_runtime()
     port = free_port(pair=True)
     try:
@@ -354,12 +355,33 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
     )
     assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 5
 
+    # Detached, the engine core SIGKILLed (no start of its own: the stock arm of this pair): its
+    # watcher ends the rest within 10 s and records died; the tuned arm is untouched.
+    stock = next(r for r in live if r["role"] == "stock")
+    engine = next(m["pid"] for m in stock["members"] if m["role"] == "engine core")
+    pids = [m["pid"] for m in stock["members"]]
+    rss = _rss_kib(pids)
+    os.kill(engine, signal.SIGKILL)
+    began = time.monotonic()
+    while not _group_gone(stock["pgid"]) and time.monotonic() - began < 10:
+        time.sleep(0.1)
+    took = time.monotonic() - began
+    assert _group_gone(stock["pgid"]), "a process of the deployment outlived it by 10 s"
+    assert _rss_kib(pids) == 0  # every member's RSS freed
+    print(f"detached, engine core killed: group gone in {took:.1f} s, {rss // 1024} MiB freed")
+    shown = _ps_all()
+    assert shown[stock["id"]]["state"] == "died", shown[stock["id"]]
+    assert f"engine core (pid {engine})" in shown[stock["id"]]["reason"]
+    tuned = next(r for r in live if r["role"] == "tuned")
+    assert shown[tuned["id"]]["state"] == "ready" and shown[tuned["id"]]["health"] == 200
+
     stop = subprocess.run(
         [sys.executable, "-m", "kimictl", "stop", "--all"], capture_output=True, text=True
     )
-    assert stop.returncode == 0 and stop.stdout.count("stopped ") == 2
+    assert stop.returncode == 0 and stop.stdout.count("stopped ") == 1  # the live one
     records = _records(_state_dir)
-    assert [r["state"] for r in records] == ["stopped", "stopped"]
+    # a stop is never taken for a death (the watcher), a death never for a stop
+    assert {r["role"]: r["state"] for r in records} == {"tuned": "stopped", "stock": "died"}
     assert all(_group_gone(r["pgid"]) for r in records)
     assert _leftover_sockets(_state_dir, records) == []
 
@@ -436,9 +458,8 @@ def _rss_kib(pids: list[int]) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(STARTUP_S + 120)
 # The API server is the issue's case (engine and worker orphaned, deaf to SIGTERM); the worker
-# holds the model. The engine core detached takes the same path (a recorded member gone) and is
-# covered by the fast fake-process test and the foreground test above: one start per case costs
-# 30-60 s of CI on 2 cores.
+# holds the model. The engine core detached is killed in the A/B test above, on its stock arm:
+# one start per case costs 30-60 s of CI on 2 cores.
 @pytest.mark.parametrize("victim", ["API server", "worker"])
 def test_detached_deployment_with_a_killed_member_is_ended_within_10s(_state_dir, victim):
     """Once detached the watcher owns the group: SIGKILL one member and nothing of the
