@@ -329,8 +329,8 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
     assert sorted(r["role"] for r in live) == ["stock", "tuned"]
     assert {r["state"] for r in live} == {"ready"} and {r["health"] for r in live} == {200}
     assert live[0]["ab_group"] == live[1]["ab_group"]
-    for record in live:  # the whole server tree runs niced
-        assert niceness(record["pids"][0]) == os.nice(0) + cpu_runtime.SERVER_NICE
+    for record in live:  # the whole server tree runs niced (the kernel stops at 19)
+        assert niceness(record["pids"][0]) == min(19, os.nice(0) + cpu_runtime.SERVER_NICE)
     for record in live:  # both answer a real completion on their own port
         reply = httpx.post(
             f"{record['url']}/v1/completions",
