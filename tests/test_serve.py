@@ -379,6 +379,11 @@ def _ab_flow(_state_dir: Path, port: int) -> None:
         [sys.executable, "-m", "kimictl", "stop", "--all"], capture_output=True, text=True
     )
     assert stop.returncode == 0 and stop.stdout.count("stopped ") == 1  # the live one
+    # the died one is acknowledged by name (ps said so): its folder is cleaned, its cause kept
+    ack = subprocess.run(
+        [sys.executable, "-m", "kimictl", "stop", stock["id"]], capture_output=True
+    )
+    assert ack.returncode == 0
     records = _records(_state_dir)
     # a stop is never taken for a death (the watcher), a death never for a stop
     assert {r["role"]: r["state"] for r in records} == {"tuned": "stopped", "stock": "died"}
