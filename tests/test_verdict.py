@@ -81,6 +81,9 @@ def test_sessions_widen_the_interval_when_rows_of_a_session_move_together() -> N
     by_session = paired_verdict(np.log(b / a), clusters=list(sessions))
     assert by_session.unit == "sessions" and by_session.units == 30
     assert (by_session.hi - by_session.lo) > 2 * (by_row.hi - by_row.lo)
+    # the sentence names the resampled unit only when it is not the row itself
+    assert "over 600 rows (30 sessions)," in by_session.sentence()
+    assert "over 600 rows, floor" in by_row.sentence()
 
 
 def test_quantile_ratios_recover_a_scale_shift_whatever_the_mix() -> None:

@@ -167,10 +167,11 @@ class Verdict:
     def sentence(self) -> str:
         """One line: the decision, the ratio and its interval, the floor, the rows behind it."""
         pct = f"{int(round(self.level * 100))}%"
+        # the resampled unit is named only when it is not the row itself (sessions)
+        units = "" if self.unit == "rows" else f" ({self.units} {self.unit})"
         text = (
             f"{self.decision}: {self.metric} B/A {self.ratio:.3f} [{pct} {self.lo:.3f}, "
-            f"{self.hi:.3f}] over {self.rows} rows ({self.units} {self.unit}), floor "
-            f"{self.floor:.1%}"
+            f"{self.hi:.3f}] over {self.rows} rows{units}, floor {self.floor:.1%}"
         )
         if self.rows_needed:
             text += f"; about {self.rows_needed} rows would settle it"
