@@ -353,6 +353,22 @@ def test_a_shadow_dying_after_ready_is_taken_down_and_the_primary_serves_on():
     launcher.stop_run(primary.record, process=primary.process, grace=1)
 
 
+def test_the_shadows_death_is_said_with_its_time_since_start():
+    from types import SimpleNamespace
+
+    said: list[tuple[str, float]] = []
+    lost = workflow._shadow_loss(
+        SimpleNamespace(mode="shadow"), lambda _launch, text, t: said.append((text, t))
+    )
+    assert lost is not None
+    shadow = SimpleNamespace(record=SimpleNamespace(started_at=time.time() - 42.0))
+    lost(shadow, EndpointError("vLLM (tuned) died: /health answered 503.\nmore"))
+    ((text, elapsed),) = said
+    assert text.startswith("vLLM (tuned) died: /health answered 503. The shadow is gone")
+    assert 42.0 <= elapsed < 60.0  # seconds since the shadow started, not 0
+    assert workflow._shadow_loss(SimpleNamespace(mode="canary"), print) is None
+
+
 @pytest.mark.parametrize("victim", ["API server", "engine core"])
 def test_any_member_dying_takes_the_group_down_and_is_recorded(victim):
     plan = fake_plan("engine")

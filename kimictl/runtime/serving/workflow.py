@@ -4,6 +4,7 @@ supervise them."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -513,7 +514,8 @@ def _shadow_loss(
     def lost(launch: Launch, exc: EndpointError) -> None:
         if on_phase is not None:
             first = str(exc).splitlines()[0]
-            on_phase(launch, f"{first} The shadow is gone; stock and the edge serve on.", 0.0)
+            said = f"{first} The shadow is gone; stock and the edge serve on."
+            on_phase(launch, said, time.time() - launch.record.started_at)  # since its start
 
     return lost
 
