@@ -151,8 +151,8 @@ def emitter_process(tmp_path: Path) -> Iterator[str]:
 async def _bench(url: str, *, hog: bool, spin: bool = False, model: str = "ok") -> BenchOutcome:
     async def block_the_loop() -> None:
         while True:
-            if spin:  # burn the process's own CPU, 8 ms at a time
-                end = time.perf_counter() + 0.008
+            if spin:  # burn the process's own CPU, 30 ms at a time (over LAG_WARN_MS)
+                end = time.perf_counter() + 0.03
                 while time.perf_counter() < end:
                     pass
                 await asyncio.sleep(0.002)
