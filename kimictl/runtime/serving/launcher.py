@@ -198,20 +198,21 @@ def start(plan: LaunchPlan, *, detach: bool = False) -> Launch:
     return Launch(plan=plan, record=record, process=process)
 
 
-def _log_evidence(log_path: Path, code: int | None) -> tuple[str, str | None, str]:
-    """(likely cause, vLLM's own line naming the member it lost or None, what to show): that
-    line alone where vLLM wrote one (the traceback after it says nothing more), else the tail."""
+def _log_evidence(log_path: Path, code: int | None) -> tuple[str, str | None, str, list[str]]:
+    """(likely cause, vLLM's own line naming the member it lost or None, what to show, the
+    log's tail): that line alone where vLLM wrote one (the traceback after it says nothing
+    more), else the tail."""
     tail = log_tail(log_path)
     named = lost_member_line(log_path)
     cause = likely_cause([*tail, named] if named else tail, code)
     if named:
-        return cause, named, f"vLLM's own line in {log_path}:\n  {named}"
+        return cause, named, f"vLLM's own line in {log_path}:\n  {named}", tail
     shown = "\n".join("  " + line for line in tail)
-    return cause, None, f"last {len(tail)} lines of {log_path}:\n{shown}"
+    return cause, None, f"last {len(tail)} lines of {log_path}:\n{shown}", tail
 
 
 def _startup_failure(launch: Launch, code: int | None, during: str) -> LaunchError:
-    cause, named, shown = _log_evidence(launch.plan.log_path, code)
+    cause, named, shown, _tail = _log_evidence(launch.plan.log_path, code)
     reason = f"{cause} ({named})" if named else cause
     launch.record = _mark(launch.record, RunState.FAILED, exit_code=code, reason=reason)
     return LaunchError(
@@ -592,8 +593,7 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     """Take the rest of the deployment down, record it as died with the cause, and raise."""
     record = launch.record
     own = launch.returncode()  # the run's own exit, before our SIGTERM gives it a clean one
-    cause, named, shown = _log_evidence(launch.plan.log_path, own)
-    tail = log_tail(launch.plan.log_path, 10)
+    cause, named, shown, tail = _log_evidence(launch.plan.log_path, own)
     if runs.is_alive(record):
         runs.end_group(record, grace)
     left = len(runs.group_members(record))
@@ -602,7 +602,7 @@ def _die(launch: Launch, what: str, grace: float) -> None:
         RunState.DIED,
         exit_code=own,
         reason=f"died after ready: {what}" + (f"; vLLM: {named}" if named else ""),
-        extra={**record.extra, "last_log_lines": tail},
+        extra={**record.extra, "last_log_lines": tail[-10:]},
     )
     taken = "the rest of its process group was stopped" if not left else f"{left} process(es) left"
     # `what` already names the cause when the log does not (a lost remote rank: nothing of it
