@@ -92,11 +92,21 @@ class AaCalibration:
         (`between`) and the uncertainty of the subtracted `offset` (spread / passes)."""
         return self.between + self.spread / self.passes
 
+    @property
+    def offset_ratio(self) -> float:
+        """The path's own offset as a ratio B/A."""
+        return math.exp(self.offset)
+
+    @property
+    def between_sd(self) -> float:
+        """The between-pass spread as a relative ratio (0.1 = a replay moves about 10%)."""
+        return math.expm1(math.sqrt(self.between))
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out |= {"between": self.between, "added_var": self.added_var}
-        out["offset_ratio"] = math.exp(self.offset)
-        out["between_sd_pct"] = math.expm1(math.sqrt(self.between)) * 100
+        out["offset_ratio"] = self.offset_ratio
+        out["between_sd_pct"] = self.between_sd * 100
         return out
 
 
@@ -180,8 +190,8 @@ class Verdict:
         if self.calibration is not None:
             c = self.calibration
             text += (
-                f"; net of {c.passes} A/A passes (offset x{math.exp(c.offset):.3f}, between-pass "
-                f"spread {math.expm1(math.sqrt(c.between)):.1%})"
+                f"; net of {c.passes} A/A passes (offset x{c.offset_ratio:.3f}, between-pass "
+                f"spread {c.between_sd:.1%})"
             )
         return text
 
