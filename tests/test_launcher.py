@@ -150,6 +150,28 @@ def test_vllms_line_naming_the_lost_ray_rank_is_found_beyond_the_traceback_tail(
     assert "a rank's Ray actor died" in startup.likely_cause([*tail, named], -15)
 
 
+def test_vllms_line_is_cut_from_another_process_write_it_was_run_onto(tmp_path):
+    # recorded from a 2-host Ray run: the worker's unfinished write and the engine core's
+    # record share one line of the log
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(RayWorkerProc pid=193, ip=10.77.0.2) (Worker_TP1 pid=193) INFO 12-05 07:01:36 "
+        "[unquantized.py:528] Using MoEPrepareAndFinalizeNoDPEPModular"
+        "(EngineCore pid=554) ERROR 12-05 07:01:44 [ray_executor_v2.py:522] " + RAY_NAMING + "\n"
+        "Traceback (most recent call last):\n"
+    )
+    named = startup.lost_member_line(log)
+    assert (
+        named == "(EngineCore pid=554) ERROR 12-05 07:01:44 [ray_executor_v2.py:522] " + RAY_NAMING
+    )
+    alone = tmp_path / "alone.log"
+    alone.write_text("ERROR 12-05 07:01:44 [ray_executor_v2.py:522] " + RAY_NAMING + "\n")
+    assert (
+        startup.lost_member_line(alone)
+        == "ERROR 12-05 07:01:44 [ray_executor_v2.py:522] " + RAY_NAMING
+    )
+
+
 def test_tmp_dir_is_short_enough_for_unix_sockets(tmp_path):
     deep = tmp_path / ("d" * 80) / "runs" / "cpu-demo-1234"
     chosen = plan_module.run_tmp_dir(deep, "cpu-demo-1234")

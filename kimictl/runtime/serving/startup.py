@@ -147,14 +147,23 @@ LOST_MEMBER = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SCAN_BYTES = 1024 * 1024
+# Where one of vLLM's log records begins: its process prefixes ("(EngineCore pid=554) ",
+# "(RayWorkerProc pid=193, ip=10.77.0.2) (Worker_TP1 pid=193) "), if any, then the level and date.
+# Processes share the log file, so a record can start mid-line after another's unfinished write.
+_RECORD_START = re.compile(
+    r"(?:\(\w+ pid=\d+[^()]*\)\s*)*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:"
+)
 
 
 def lost_member_line(path: Path | str) -> str | None:
     """The last line of vLLM's log (its last MiB) in which vLLM names the rank or process it
     lost, without colour codes; None when vLLM named none."""
-    for line in reversed(log_tail(path, lines=100_000, scan_bytes=_SCAN_BYTES)):
-        if LOST_MEMBER.search(line):
-            return _ANSI.sub("", line).strip()
+    for raw in reversed(log_tail(path, lines=100_000, scan_bytes=_SCAN_BYTES)):
+        line = _ANSI.sub("", raw)
+        match = LOST_MEMBER.search(line)
+        if match:
+            starts = [m.start() for m in _RECORD_START.finditer(line, 0, match.start())]
+            return line[starts[-1] if starts else 0 :].strip()
     return None
 
 
