@@ -140,8 +140,10 @@ def measure_apart(urls: list[str], args: argparse.Namespace) -> dict:
 
 def summary(args: argparse.Namespace, flag: list[str], runs: list[dict], t0: float) -> dict:
     """The study so far; written to --json."""
+    # a decision either way: a false alarm in an A/A study, a detection with --slow-tuned
     k = sum(r["false_alarm"] for r in runs)
     lo, hi = wilson(k, len(runs))
+    called = "detections" if args.slow_tuned else "false_alarms"
     result = {
         "mode": flag,
         "runs": len(runs),
@@ -149,7 +151,7 @@ def summary(args: argparse.Namespace, flag: list[str], runs: list[dict], t0: flo
         "concurrency": args.concurrency,
         "slow_tuned_stopped_share": args.slow_tuned,
         "true_slowdown": getattr(args, "truth", None),
-        "false_alarms": k,  # with --slow-tuned: detections (any better/worse)
+        called: k,
         "tuned_worse": sum("tuned worse" in r["states"] for r in runs),
         "decision_s": sorted(r["alarm_at_s"] for r in runs if r["alarm_at_s"] is not None),
         "wilson95": [round(lo, 4), round(hi, 4)],
@@ -234,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=120)
     result = summary(args, flag, runs, t0)
-    k, (lo, hi) = result["false_alarms"], result["wilson95"]
-    print(f"false alarms {k}/{len(runs)} (95% {lo:.3f}-{hi:.3f}), {result['minutes']} min")
+    called = "detections" if args.slow_tuned else "false_alarms"
+    k, (lo, hi), minutes = result[called], result["wilson95"], result["minutes"]
+    print(f"{called.replace('_', ' ')} {k}/{len(runs)} (95% {lo:.3f}-{hi:.3f}), {minutes} min")
     return 0
 
 
