@@ -501,6 +501,8 @@ def test_detached_run_with_a_dead_member_is_ended_by_its_watcher(victim: str) ->
     watcher = record.extra["watcher"]["pid"]
     try:
         assert runs.process_start_ticks(watcher) is not None
+        made = _bind_socket_files(record)
+        assert set(made) <= set(_socket_files(record))
         pids = {m["role"]: m["pid"] for m in record.members}
         os.kill(pids[victim], signal.SIGKILL)
         took = _wait(lambda: group_gone(record.pgid), 10)
@@ -510,10 +512,32 @@ def test_detached_run_with_a_dead_member_is_ended_by_its_watcher(victim: str) ->
         assert seen is not None and seen.state is RunState.DIED
         assert f"{victim} (pid {pids[victim]}) died after ready" in (seen.reason or "")
         assert "kimictl ended the 1 process(es) left of its group" in (seen.reason or "")
+        # what the dead processes left is removed without waiting for `stop`; the log stays
+        assert _socket_files(record) == [] and Path(record.log_path).exists()
         (shown,) = _kimictl_json("ps", "--all")
         assert shown["state"] == "died" and shown["alive"] is False
     finally:
         launcher.stop_records([runs.get_run(record.id)], grace=2)
+
+
+def _socket_places(record: RunRecord) -> list[Path]:
+    """Where vLLM leaves socket files: the run folder and the run's temp folder."""
+    run_dir = Path(record.run_dir)
+    return [run_dir, Path(record.extra.get("tmp_dir") or run_dir / "tmp")]
+
+
+def _bind_socket_files(record: RunRecord) -> list[Path]:
+    made = []
+    for place in _socket_places(record):
+        place.mkdir(parents=True, exist_ok=True)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(place / "left.sock"))
+        made.append(place / "left.sock")
+    return made
+
+
+def _socket_files(record: RunRecord) -> list[Path]:
+    return [p for place in _socket_places(record) if place.exists() for p in place.rglob("*.sock")]
 
 
 def test_without_its_watcher_ps_ends_a_died_run_and_counts_what_is_left() -> None:

@@ -494,6 +494,11 @@ def test_detached_deployment_with_a_killed_member_is_ended_within_10s(_state_dir
             assert "kimictl ended the" in shown["reason"]
         else:  # vLLM's engine may take the rest down itself before the watcher's next look
             assert "died after ready" in shown["reason"], shown["reason"]
+        # the watcher removes the dead run's sockets itself, before any `stop`
+        deadline = time.monotonic() + 5
+        while _leftover_sockets(_state_dir, [record]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _leftover_sockets(_state_dir, [record]) == []
     finally:
         began = time.monotonic()
         subprocess.run([sys.executable, "-m", "kimictl", "stop", record["id"]])

@@ -26,9 +26,7 @@ import contextlib
 import ctypes
 import json
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -597,6 +595,8 @@ def _die(launch: Launch, what: str, grace: float) -> None:
     if runs.is_alive(record):
         runs.end_group(record, grace)
     left = len(runs.group_members(record))
+    if not left:
+        runs.clean_run_files(record)
     launch.record = _mark(
         record,
         RunState.DIED,
@@ -620,16 +620,6 @@ def _die(launch: Launch, what: str, grace: float) -> None:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def _clean_run_dir(run_dir: Path, tmp_dir: str | None) -> None:
-    """Remove the run's temp folder and any socket file left in the run folder."""
-    for folder in {run_dir / "tmp", *([Path(tmp_dir)] if tmp_dir else [])}:
-        shutil.rmtree(folder, ignore_errors=True)
-    for path in run_dir.rglob("*"):
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()
 
 
 def stop_run(
@@ -659,7 +649,7 @@ def stop_run(
             code = process.wait()
     if final is not RunState.STOPPED:  # keep the run's own end, not our stop's
         code = record.exit_code
-    _clean_run_dir(Path(record.run_dir), record.extra.get("tmp_dir"))
+    runs.clean_run_files(record)
     changes: dict[str, Any] = {"exit_code": code, "supervisor_pid": None}
     if reason:
         changes["reason"] = reason

@@ -23,7 +23,9 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -52,6 +54,7 @@ __all__ = [
     "ab_targets",
     "begin_stop",
     "claim_death",
+    "clean_run_files",
     "end_dead",
     "end_group",
     "latest_ab_pair",
@@ -636,7 +639,25 @@ def end_dead(record: RunRecord, *, grace: float = ORPHAN_GRACE_S) -> RunRecord:
         stored = _stored(record)
         if stored is not None and stored.stop_begun_at is not None:
             return _as_observed(stored)  # a stop began meanwhile: its end is the one written
-        return update_record(claimed, state=RunState.DIED, reason=reason, supervisor_pid=None)
+        ended_record = update_record(
+            claimed, state=RunState.DIED, reason=reason, supervisor_pid=None
+        )
+    if not left:
+        clean_run_files(ended_record)
+    return ended_record
+
+
+def clean_run_files(record: RunRecord) -> None:
+    """Remove what a run's processes leave that nothing reads once they are gone: its temp
+    folder (vLLM's zmq sockets) and any socket file in the run folder. Logs and the record stay."""
+    run_dir = Path(record.run_dir)
+    tmp_dir = record.extra.get("tmp_dir")
+    for folder in {run_dir / "tmp", *([Path(tmp_dir)] if tmp_dir else [])}:
+        shutil.rmtree(folder, ignore_errors=True)
+    for path in run_dir.rglob("*"):
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
 
 
 def wait_gone(record: RunRecord, timeout: float) -> bool:

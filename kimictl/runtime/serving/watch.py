@@ -67,6 +67,8 @@ def watch(run_id: str, *, poll_s: float = WATCH_POLL_S) -> str:
             if claimed is None:
                 return "a stop began: kimictl stop took over"
             ended = runs.end_dead(claimed)
+            if not runs.is_alive(ended):  # vLLM may have ended its own group before end_dead
+                runs.clean_run_files(ended)
             return f"died: {ended.reason}"
         if not runs.is_alive(record):
             return "the run's processes are gone"
