@@ -121,7 +121,9 @@ def _print_result(result: DemoResult) -> None:
 
         ids = [r.id for r in kept]
         console.print(f"kept running (--keep): {' '.join(ids)}", highlight=False)
-        print_command("  monitor: ", ["kimictl", "monitor", *ids])
+        # the pair keeps exporting its spans to the demo's receiver port: the monitor listens there
+        traces = [f"--traces-port={result.plan.traces_port}"] if result.plan.traces_port else []
+        print_command("  monitor: ", ["kimictl", "monitor", *ids, *traces])
         print_command("  stop:    ", ["kimictl", "stop", *ids])
     others = [r for r in result.records if r not in kept]
     if others:
