@@ -66,6 +66,7 @@ def run_paired_cli(
     aa_report: list[Path] | None,
     max_lag_ms: float,
     seed: int,
+    loop: str,
     json_out: bool,
     output: Path | None,
     csv_out: Path | None,
@@ -76,6 +77,7 @@ def run_paired_cli(
     import signal
     from dataclasses import replace
 
+    from kimictl.core.loops import run
     from kimictl.core.outputs import check_new_file
     from kimictl.deployment.traces import DEFAULT_TRACES_PORT
     from kimictl.runtime.load.bench import resolve_models
@@ -113,17 +115,17 @@ def run_paired_cli(
 
     async def main() -> PairedOutcome:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, stop.set)
+                running.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
         resolved = await resolve_models(cfg.targets)
         paired = replace(cfg, targets=(resolved[0], resolved[1]))
         return await run_paired(paired, stop=stop, scan=scan)
 
-    outcome = asyncio.run(main())
+    outcome = run(main(), loop)
     _write(outcome, json_out, output, csv_out, plot)
     if not json_out:
         _render(outcome)

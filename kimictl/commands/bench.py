@@ -13,6 +13,7 @@ import typer
 
 from kimictl.commands._options import ApiKeyFileOpt, JsonOpt, OutputOpt
 from kimictl.core.errors import EndpointError, InputError, WriteFailed
+from kimictl.core.loops import EventLoop
 from kimictl.runtime.load.records import Schedule
 from kimictl.runtime.load.request import Arrivals, Endpoint, WorkloadKind
 
@@ -114,6 +115,10 @@ WorkersOpt = Annotated[
         "half the idle cores).",
     ),
 ]
+LoopOpt = Annotated[
+    EventLoop,
+    typer.Option(help="The client's event loop: auto (uvloop when installed), uvloop or asyncio."),
+]
 CsvOpt = Annotated[Path | None, typer.Option("--csv", help="Write one row per request.")]
 PlotOpt = Annotated[
     Path | None, typer.Option(help="Write PNG plots into DIR (--paired: one PNG file).")
@@ -197,6 +202,7 @@ def bench(
     schedule: ScheduleOpt = Schedule.abba,
     interleave: InterleaveOpt = False,
     workers: WorkersOpt = None,
+    loop: LoopOpt = EventLoop.auto,
     api_key_file: ApiKeyFileOpt = None,
     json_out: JsonOpt = False,
     output: OutputOpt = None,
@@ -231,6 +237,7 @@ def bench(
             aa_report=aa_report,
             max_lag_ms=max_lag_ms,
             seed=seed,
+            loop=loop,
             json_out=json_out,
             output=output,
             csv_out=csv_out,
@@ -332,6 +339,7 @@ def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
     import signal
 
     from kimictl.commands._render import bench_progress
+    from kimictl.core.loops import run
     from kimictl.runtime.load.bench import resolve_models, run_bench
 
     progress, on_point, on_record = bench_progress(cfg.num_prompts, cfg.repeat, quiet=quiet)
@@ -355,7 +363,7 @@ def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
                 on_point=on_point,
             )
 
-    return asyncio.run(main())
+    return run(main(), cfg.loop)
 
 
 def _write(outcome: BenchOutcome, json_out: bool, request: BenchRequest) -> list[WriteFailed]:

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import ssl as _ssl
 import time
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -248,8 +248,8 @@ class _Conn(asyncio.Protocol):
 
     # asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport; uvloop's is not an asyncio.Transport subclass, so no isinstance
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

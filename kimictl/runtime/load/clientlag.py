@@ -10,7 +10,8 @@ tells them apart is the client's own lag, measured while the load runs, in every
 - start lag: how late each request was sent after it was due (its arrival time in an open loop,
   the previous response's last read in a closed loop): past LAG_WARN_MS the load asked for was
   not the load sent;
-- CPU: the worker's process CPU time, so CPU per received token (one core carries ~1/that).
+- CPU: the worker's process CPU time, so CPU per received token (one core carries ~1/that);
+- the event loop that ran (uvloop or asyncio, core/loops.py), per worker and as `client_loop`.
 `client_health` turns them, with the point's zero gaps, into one verdict: "client lagged" (the
 loop ran late against the token gaps: the timings are not the server's), "server bunched" (zero
 gaps while the loop was on time: the server sent chunks together) or "ok".
@@ -61,6 +62,7 @@ class ClientTrace:
     lag: list[tuple[float, float]] = field(default_factory=list)  # (t, loop lag ms)
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (t, process CPU s)
     start_lag: list[tuple[float, float]] = field(default_factory=list)  # (t, ms late)
+    loop: str = "asyncio"  # the event loop that ran: core.loops.running_loop
 
     def cpu_in(self, window: tuple[float, float] | None) -> float | None:
         """CPU seconds this worker spent inside `window` (between the samples bounding it)."""
@@ -116,7 +118,10 @@ class LagProbe:
         self.trace.cpu.append((rel, time.process_time()))
 
     def start(self) -> None:
+        from kimictl.core.loops import running_loop
+
         self._loop = asyncio.get_running_loop()
+        self.trace.loop = running_loop()
         self.trace.cpu.append((time.perf_counter() - self.t0, time.process_time()))
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _TICKER, str(TICK_S)],
@@ -169,6 +174,7 @@ def client_health(
     workers = [
         {
             "worker": tr.worker,
+            "loop": tr.loop,
             "lag_ms_p50": percentile(_inside(tr.lag, window), 50),
             "lag_ms_p99": percentile(_inside(tr.lag, window), 99),
             "start_lag_ms_p99": percentile(_inside(tr.start_lag, window), 99),
@@ -226,6 +232,7 @@ def client_health(
         "client_cpu_us_per_token": 1e6 * sum(cpus) / tokens if cpus and tokens else None,
         "client_cpu_cores": sum(cpus) / span if cpus and span else None,
         "client_workers": workers,
+        "client_loop": "+".join(sorted({tr.loop for tr in traces})) or None,
         "client_batched_gaps_pct": batched_pct,
         "client_collapsed_requests": collapsed,
         "client_warning": warning,

@@ -28,6 +28,7 @@ import orjson
 from kimictl.core.errors import InputError
 from kimictl.core.http1 import MAX_ERROR_BODY, Endpoint, own_request_headers
 from kimictl.core.http1 import fetch_text as fetch_text
+from kimictl.core.loops import sleep_until
 from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.records import ERROR_KINDS as ERROR_KINDS
 from kimictl.runtime.load.records import SCHEDULES
@@ -347,9 +348,7 @@ class _PointRun:
                 due += _gap(point, self.rng)
             if self._skip:  # another worker's arrival
                 continue
-            delay = t_start + due - time.perf_counter()
-            if delay > 0:
-                await _sleep_or_stop(delay, self.stop)
+            await sleep_until(t_start + due, self.stop)
             if self._exhausted():
                 break
             task = asyncio.create_task(run_one(sess, t_start + due))
@@ -405,13 +404,6 @@ def _gap(point: LoadPoint, rng: random.Random) -> float:
     # Gamma with shape k=burstiness and mean 1/rate; k=1 is Poisson (exponential gaps).
     k = point.burstiness
     return rng.gammavariate(k, 1.0 / (rate * k))
-
-
-async def _sleep_or_stop(delay: float, stop: asyncio.Event) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), delay)
-    except TimeoutError:
-        pass
 
 
 # Streams one worker's loop reads true at fast-path rates (64 x 1.2 ms; docs/bench.md).

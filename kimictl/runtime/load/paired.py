@@ -32,6 +32,7 @@ import orjson
 
 from kimictl.core.errors import InputError
 from kimictl.core.http1 import MAX_ERROR_BODY, Endpoint, fetch_text
+from kimictl.core.loops import sleep_until
 from kimictl.runtime.load.mooncake import (
     TraceRow,
     TraceScan,
@@ -304,12 +305,7 @@ async def run_paired(
         t_run = time.perf_counter()
         for row in iter_trace(cfg.trace, limit=total):
             due = row.at_s / cfg.speed
-            delay = t_run + due - time.perf_counter()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
+            await sleep_until(t_run + due, stop)
             if stop.is_set():
                 stop_reason = "interrupted"
                 break

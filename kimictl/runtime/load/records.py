@@ -84,6 +84,7 @@ class LoadSettings:
     # worker processes (one event loop each) the streams are spread over; None: loadgen's
     # default_workers (from the cores, their load and the largest concurrency)
     workers: int | None = 1
+    loop: str = "auto"  # the event loop of each worker process: core.loops.EventLoop
 
 
 # How several targets take a point (run_load): "abba" splits each target's requests into turns of

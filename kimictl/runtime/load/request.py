@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kimictl.core.errors import InputError
+from kimictl.core.loops import EventLoop
 from kimictl.runtime.load.records import LoadPoint, LoadTarget, Schedule
 from kimictl.runtime.observe.session import NamedEndpoint
 
@@ -89,6 +90,7 @@ class BenchRequest:
     schedule: Schedule = Schedule.abba
     interleave: bool = False
     workers: int | None = None  # client worker processes; None: loadgen.default_workers
+    loop: EventLoop = EventLoop.auto  # each client process's event loop
     api_key: str | None = None
     save_result: Path | None = None  # --save-result FILE: one (target, point, repeat) in it
     output: Path | None = None  # -o FILE: the report JSON
@@ -157,6 +159,7 @@ class BenchRequest:
             schedule=schedule.value,
             slo=slo,
             workers=self.workers,
+            loop=self.loop.value,
         )
 
     def _schedule(self) -> Schedule:

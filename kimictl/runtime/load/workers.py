@@ -61,8 +61,11 @@ worker_main(conn)
 
 def worker_main(conn: Connection) -> None:
     """A worker process's body (started by run_workers): its arguments come on `conn`."""
+    from kimictl.core.loops import run
+
     try:
-        asyncio.run(_worker(conn, *conn.recv()))
+        args = conn.recv()
+        run(_worker(conn, *args), args[-1].loop)
     finally:
         conn.close()
 

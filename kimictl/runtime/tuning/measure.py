@@ -141,6 +141,7 @@ def measure(
     progress: Callable[[str], Any] | None = None,
 ) -> MeasureResult:
     """Sweep concurrency on a live endpoint (URL, NAME=URL or run id) and find the SLO's limit."""
+    from kimictl.core.loops import run as run_loop
     from kimictl.runtime.load.bench import BenchConfig, resolve_models, run_bench
     from kimictl.runtime.load.records import LoadPoint, LoadTarget
     from kimictl.runtime.load.slo import parse_slo
@@ -189,7 +190,7 @@ def measure(
             slo=slo,
             timeout=120.0,
         )
-        outcome = asyncio.run(run_bench(cfg))
+        outcome = run_loop(run_bench(cfg), cfg.loop)
         if not outcome.summaries:
             raise EndpointError(
                 f"no request to {target.url} completed at concurrency {concurrency}",
