@@ -12,7 +12,7 @@ kimictl must either read true or say "client lagged".
 
     python lab/bench/client_fidelity.py [--concurrency 64,256] [--interval-ms 1.2,2]
         [--workers 1,2] [--tokens 300] [--waves 3] [--hog] [--no-vllm] [--json OUT]
-        [--before DIR]
+        [--before DIR] [--loop auto|uvloop|asyncio]
 
 Needs only the standard library, a C compiler and kimictl (run from the checkout); prints one
 table, and with --json writes every cell (the device machine's scaling run reads that file).
@@ -82,13 +82,22 @@ def truth(log: Path) -> dict[str, float]:
 
 
 def kimictl_client(
-    url: str, c: int, tokens: int, n: int, workers: int, out: Path, root: Path = ROOT
+    url: str,
+    c: int,
+    tokens: int,
+    n: int,
+    workers: int,
+    out: Path,
+    root: Path = ROOT,
+    loop: str | None = None,
 ) -> dict:
     cmd = [
         sys.executable, "-m", "kimictl", "bench", "--target", url, "--model", "m",
         "--input-len", "8", "--output-len", str(tokens), "--concurrency", str(c),
         "--num-prompts", str(n), "--workers", str(workers), "--no-metrics", "-o", str(out),
     ]  # fmt: skip
+    if loop is not None:
+        cmd += ["--loop", loop]
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
@@ -105,6 +114,7 @@ def kimictl_client(
         "lag_p99": k["client_lag_ms_p99"],
         "cpu_us_tok": k["client_cpu_us_per_token"],
         "zero_gaps_pct": k["client_batched_gaps_pct"],
+        "loop": k.get("client_loop"),
     }
 
 
@@ -151,7 +161,9 @@ def cell(
             got = vllm_client(url, c, args.tokens, n, out)
         else:
             root = args.before if client.startswith("before") else ROOT
-            got = kimictl_client(url, c, args.tokens, n, int(client.split("=")[1]), out, root)
+            w = int(client.split("=")[1])
+            loop = None if client.startswith("before") else args.loop
+            got = kimictl_client(url, c, args.tokens, n, w, out, root, loop)
     finally:
         for h in hogs:
             h.kill()
@@ -176,6 +188,8 @@ def main() -> None:
     ap.add_argument("--hog", action="store_true", help="also 64 x 1.2 ms beside two busy processes")
     ap.add_argument("--no-vllm", action="store_true", help="kimictl only")
     ap.add_argument("--json", type=Path, help="write every cell here")
+    ap.add_argument("--loop", choices=("auto", "uvloop", "asyncio"),
+                    help="this checkout's `kimictl bench --loop` (default: bench's)")  # fmt: skip
     ap.add_argument(
         "--before",
         type=Path,
@@ -231,7 +245,8 @@ def _row(r: dict) -> None:
         f"{q.get('itl_p90', 0):5.2f} TPOT {q.get('tpot_p50', 0):5.3f} "
         f"tok/s {q.get('tok_s', 0):5.3f}"
         f" | truth {t['tok_s']:7.0f} tok/s, emitter late p99 {t['emitter_late_ms_p99']:5.2f} ms"
-        f" | {g['verdict']}, lag p99 {lag} ms, {cpu} us/tok, load {r['load']:.1f}",
+        f" | {g['verdict']}, lag p99 {lag} ms, {cpu} us/tok, load {r['load']:.1f}"
+        f"{', ' + g['loop'] if g.get('loop') else ''}",
         flush=True,
     )
 
