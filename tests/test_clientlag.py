@@ -40,13 +40,20 @@ from kimictl.runtime.load.summary import summarize_run
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
 
 
-async def test_probe_measures_how_long_the_loop_was_blocked() -> None:
+async def blocked_probe() -> LagProbe:
+    """A probe over a loop that can run nothing for 250 ms in the middle of 450."""
     probe = LagProbe(time.perf_counter())
     probe.start()
     await asyncio.sleep(0.1)
-    time.sleep(0.25)  # the loop can run nothing for 250 ms
+    time.sleep(0.25)
     await asyncio.sleep(0.1)
     await probe.stop()
+    return probe
+
+
+async def test_probe_measures_how_long_the_loop_was_blocked() -> None:
+    probe = await blocked_probe()
+    assert probe.trace.loop == "asyncio"  # pytest-asyncio's loop
     lags = [ms for _, ms in probe.samples]
     assert len(lags) >= 3
     assert max(lags) >= 200  # the ticker woke at least ~250 ms - TICK_S late

@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
+from test_clientlag import blocked_probe
 from test_clientlag import emitter_process as emitter_process
 
 from kimictl.core.errors import InputError
 from kimictl.core.loops import loop_factory, run, running_loop, sleep_until
-from kimictl.runtime.load.clientlag import LagProbe
 from kimictl.runtime.load.loadgen import LoadPoint, LoadSettings, LoadTarget, run_load
 from kimictl.runtime.load.summary import summarize_run
 from kimictl.runtime.load.workloads import RandomWorkload, parse_length
@@ -42,16 +42,7 @@ def test_a_run_reads_every_chunk_on_either_loop_and_records_which_ran(
 
 
 def test_the_lag_probe_still_measures_a_blocked_uvloop() -> None:
-    async def body() -> LagProbe:
-        probe = LagProbe(time.perf_counter())
-        probe.start()
-        await asyncio.sleep(0.1)
-        time.sleep(0.25)  # the loop can run nothing for 250 ms
-        await asyncio.sleep(0.1)
-        await probe.stop()
-        return probe
-
-    probe = run(body(), "uvloop")
+    probe = run(blocked_probe(), "uvloop")
     lags = [ms for _, ms in probe.samples]
     assert probe.trace.loop == "uvloop" and len(lags) >= 3
     assert max(lags) >= 200 and sorted(lags)[len(lags) // 2] < max(lags) / 2
