@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -530,8 +531,13 @@ def _bind_socket_files(record: RunRecord) -> list[Path]:
     made = []
     for place in _socket_places(record):
         place.mkdir(parents=True, exist_ok=True)
+        # bound at a short path and moved in: a run folder under pytest's tmp can be longer
+        # than a socket address allows
+        short = Path(tempfile.mkdtemp(dir="/tmp")) / "s"
         with socket.socket(socket.AF_UNIX) as sock:
-            sock.bind(str(place / "left.sock"))
+            sock.bind(str(short))
+        os.replace(short, place / "left.sock")
+        short.parent.rmdir()
         made.append(place / "left.sock")
     return made
 
