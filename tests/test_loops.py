@@ -5,6 +5,7 @@ in its own process (test_clientlag's fixture): each run here starts its own loop
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +71,20 @@ def test_arrivals_never_leave_before_they_are_due(loop: str) -> None:
     assert min(waited) >= 0 and stopped < 1.0
     if loop == "uvloop":  # its own timers end early (whole ms): why arrivals use sleep_until
         assert min(plain) < 0
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_run_leaves_the_process_signal_handlers_as_it_found_them(loop: str) -> None:
+    # bench sets SIGINT/SIGTERM handlers on its loop; the demo and tune go on after it, and a
+    # handler bound to a closed loop would swallow the user's SIGTERM
+    async def body() -> None:
+        running = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            running.add_signal_handler(sig, lambda: None)  # and never removed
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run(body(), loop)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_auto_takes_uvloop_when_importable_and_asyncio_when_not() -> None:

@@ -13,6 +13,9 @@ per token on each loop: docs/results.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
@@ -57,8 +60,29 @@ def run(main: Coroutine[Any, Any, T], loop: str = EventLoop.auto) -> T:
     except InputError:
         main.close()  # never started: no "never awaited" warning
         raise
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
+    saved = _python_handlers()
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main)
+    finally:
+        # asyncio's close removes the loop's signal handlers; uvloop's leaves them installed,
+        # bound to the closed loop, so a later SIGTERM to this process would go nowhere
+        for sig, handler in saved.items():
+            if signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
+def _python_handlers() -> dict[int, Any]:
+    """Each signal's handler as Python sees it (main thread only: elsewhere none can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers: dict[int, Any] = {}
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            handler = signal.getsignal(sig)
+            if handler is not None:  # None: not installed from Python, cannot be put back
+                handlers[sig] = handler
+    return handlers
 
 
 def running_loop() -> str:
