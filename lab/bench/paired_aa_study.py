@@ -19,8 +19,12 @@ engine bound to its own core, `--cores`, each sending its spans to one receiver 
 `--million`: only the checking pass over a million-row trace, time and peak Python memory
 (tracemalloc); no server.
 
+`--whole-server` keeps each server's processes on its engine's core (taskset), as docs/bench.md
+tells an operator to; `--first` seeds a later chunk's traces apart from an earlier one's.
+
     PYTHONPATH=. flock /tmp/kimictl-vllm.lock nice python lab/bench/paired_aa_study.py \
-        --aa-runs 25 --runs 20 --rows 16 --rate 4 --stop 0.5 --out lab/data/paired_study.json
+        --aa-runs 14 --runs 20 --rows 64 --rate 4 --stop 0.5 --apart 2 --whole-server \
+        --first 100 --out lab/data/paired_whole_c1.json
 """
 
 from __future__ import annotations
@@ -60,14 +64,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(run_dir: Path, traces_port: int, core: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    run_dir: Path, traces_port: int, core: str, whole: bool = False
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One traced server; its engine's OMP thread bound to `core`, and with `whole` all of its
+    processes (API server, engine core, worker) kept on that core (taskset)."""
     port = free_port()
     endpoint = kimictl_endpoint(traces_port)
     env = cpu_runtime.server_env(run_dir) | tracing_env(endpoint, host="127.0.0.1", port=port)
     env["VLLM_CPU_OMP_THREADS_BIND"] = core  # each engine its own core (auto puts both on 0)
+    if core == "nobind":  # one unbound thread: the kernel places both engines alike
+        env["OMP_NUM_THREADS"] = "1"
     argv = cpu_runtime.server_argv(
         tinymodel.build(0, None), port=port, extra=["--otlp-traces-endpoint", endpoint]
     )
+    if whole and core != "nobind":
+        argv = ["taskset", "-c", core, *argv]
     log = (run_dir / "vllm.log").open("wb")
     proc = subprocess.Popen(
         argv,
@@ -300,17 +312,35 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--aa-runs", type=int, default=25)
     ap.add_argument("--runs", type=int, default=20, help="replays with B slowed")
+    ap.add_argument("--first", type=int, default=0, help="first trace seed (a study in chunks)")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--stop", type=float, default=0.5, help="share of each period B is stopped")
     ap.add_argument("--period-ms", type=float, default=100.0)
     ap.add_argument("--apart", type=int, default=4, help="rounds of the slowdown measured apart")
+    ap.add_argument(
+        "--apart-also",
+        type=float,
+        nargs="*",
+        default=[],
+        help="more stop shares whose slowdown is measured apart (an earlier chunk's)",
+    )
     ap.add_argument("--max-lag-ms", type=float, default=250.0)
-    ap.add_argument("--cores", default="0,1", help="the engines' cores (vLLM's OMP binding)")
+    ap.add_argument(
+        "--cores",
+        default="0,1",
+        help="the engines' cores (vLLM's OMP binding), or nobind: one unbound thread each",
+    )
+    ap.add_argument(
+        "--whole-server",
+        action="store_true",
+        help="keep each server's processes (API server, engine core, worker) on its engine's core",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--million", action="store_true", help="only check a million-row trace")
     ap.add_argument("--no-command", action="store_true", help="skip the command's own run")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: save what was measured
     tmp = Path(tempfile.mkdtemp(prefix="paired-study-"))
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -331,7 +361,8 @@ def main() -> int:
     try:
         for name in ("a", "b"):
             (tmp / name).mkdir()
-            procs.append(start(tmp / name, traces_port, args.cores.split(",")[len(procs)]))
+            cores = args.cores.split(",") if args.cores != "nobind" else ["nobind"] * 2
+            procs.append(start(tmp / name, traces_port, cores[len(procs)], args.whole_server))
         for proc, url in procs:
             wait_ready(url, proc)
         urls = [url for _, url in procs]
@@ -351,7 +382,7 @@ def main() -> int:
             cycle = slow() if phase == "b_slower" else None
             runs = []
             try:
-                for i in range(n):
+                for i in range(args.first, args.first + n):
                     trace = write_trace(tmp / f"{phase}-{i}.jsonl", args.rows, args.rate, i)
                     r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
                     runs.append(r)
@@ -364,8 +395,16 @@ def main() -> int:
                 "called": tally(runs, ("B better", "B worse") if aa else ("B worse",)),
             }
             save()
-        result["apart"] = apart(tmp, urls, receiver.store, args.apart, slow, args.rows, args.rate)
-        print("apart:", {k: v for k, v in result["apart"].items() if k != "per_row"}, flush=True)
+        for stop in [args.stop, *args.apart_also] if args.apart > 0 else []:
+
+            def slowed(stop: float = stop) -> DutyCycle:
+                return DutyCycle(procs[1][0].pid, stop, args.period_ms / 1000.0)
+
+            got = apart(tmp, urls, receiver.store, args.apart, slowed, args.rows, args.rate)
+            result["apart" if stop == args.stop else f"apart_stop_{stop}"] = got
+            shown = {k: v for k, v in got.items() if k != "per_row"}
+            print(f"apart, stop {stop}:", shown, flush=True)
+            save()
     finally:
         if receiver is not None:
             receiver.close()
