@@ -387,13 +387,11 @@ def main() -> int:
                     r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
                     runs.append(r)
                     print(phase, i, {k: v for k, v in r.items() if k != "logs"}, flush=True)
+                    called = tally(runs, ("B better", "B worse") if aa else ("B worse",))
+                    result[phase] = {"runs": runs, "called": called}  # a cut run keeps these
             finally:
                 if cycle is not None:
                     cycle.close()
-            result[phase] = {
-                "runs": runs,
-                "called": tally(runs, ("B better", "B worse") if aa else ("B worse",)),
-            }
             save()
         for stop in [args.stop, *args.apart_also] if args.apart > 0 else []:
 
