@@ -696,3 +696,26 @@ def test_gpu_cells_show_missing_readings_as_dash_not_zero() -> None:
     doc = {"endpoints": {}, "gpus": GpuTelemetry(0.0, (busy, blind)).to_json()}
     assert _line(doc) == "GPU0 55% 2/140G 161W 1980MHz 33C | GPU1 - - - - -"
     assert _line({"endpoints": {}, "gpus": GpuTelemetry(0.0, (), "no GPU").to_json()}) == ""
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_ends_a_headless_capture_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A capture run in the background (where SIGINT is ignored) or under systemd is stopped with
+    SIGTERM: the monitor ends its rounds, closes the capture and says so, exit 0."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        traces_port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "kimictl", "monitor", "srv=http://127.0.0.1:9", "--no-tui"]
+    argv += ["--interval", "1", "--traces-port", str(traces_port)]
+    argv += ["--capture", str(tmp_path / "capture.jsonl")]
+    monitor = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert monitor.stdout is not None
+        assert monitor.stdout.readline()  # its first round: the receiver and capture are up
+        monitor.terminate()
+        _, err = monitor.communicate(timeout=30)
+    finally:
+        if monitor.poll() is None:
+            monitor.kill()
+    assert monitor.returncode == 0, err[-2000:]
+    assert "capture: 0 rows" in err

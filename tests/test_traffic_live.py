@@ -95,7 +95,7 @@ def test_capture_holds_the_clients_requests_and_replays_paired(
         assert bench.returncode == 0, bench.stderr[-3000:]
         time.sleep(2.5)  # the exporter's 0.5 s batches
     finally:
-        monitor.send_signal(signal.SIGINT)
+        monitor.send_signal(signal.SIGTERM)  # as systemd or kill would stop a capture
         _, err = monitor.communicate(timeout=60)
     assert "capture:" in err, err[-2000:]
     rows = [json.loads(line) for line in capture.read_text().splitlines()]

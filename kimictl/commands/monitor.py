@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -260,6 +263,21 @@ def _capture_said(text: str) -> None:
     err_console.print(text)
 
 
+@contextlib.contextmanager
+def _sigterm_ends_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM (kill, systemd, a supervisor; and how a background job is stopped, since it
+    ignores SIGINT) ends the headless monitor as Ctrl-C does: rounds and capture files closed."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _headless(session: MonitorSession) -> None:
     """--once: one snapshot after one window (a table, or --json); --no-tui: a line (or a JSON
     line) per round until --duration or Ctrl-C. Each round goes to --record too."""
@@ -282,19 +300,20 @@ def _headless(session: MonitorSession) -> None:
                 typer.echo(_line(doc))
 
     try:
-        doc = asyncio.run(
-            watch(
-                session.pollers,
-                interval=request.interval,
-                window_s=request.window_s,
-                duration_s=session.run_for,
-                on_tick=on_tick,
-                gpu_sampler=sample_gpus,
-                full_window=request.once,
-                traces_status=session.traces_status,
-                judge=session.judge_look,
+        with _sigterm_ends_like_ctrl_c():
+            doc = asyncio.run(
+                watch(
+                    session.pollers,
+                    interval=request.interval,
+                    window_s=request.window_s,
+                    duration_s=session.run_for,
+                    on_tick=on_tick,
+                    gpu_sampler=sample_gpus,
+                    full_window=request.once,
+                    traces_status=session.traces_status,
+                    judge=session.judge_look,
+                )
             )
-        )
     except KeyboardInterrupt:
         return
     if request.once:
