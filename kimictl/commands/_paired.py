@@ -73,11 +73,9 @@ def run_paired_cli(
     plot: Path | None,
 ) -> None:
     """Check the inputs, run the replay, write the report files, print the verdict."""
-    import asyncio
-    import signal
     from dataclasses import replace
 
-    from kimictl.core.loops import run
+    from kimictl.core.loops import run, stop_on_signals
     from kimictl.core.outputs import check_new_file
     from kimictl.deployment.traces import DEFAULT_TRACES_PORT
     from kimictl.runtime.load.bench import resolve_models
@@ -114,13 +112,7 @@ def run_paired_cli(
     )
 
     async def main() -> PairedOutcome:
-        stop = asyncio.Event()
-        running = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                running.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
+        stop = stop_on_signals()
         resolved = await resolve_models(cfg.targets)
         paired = replace(cfg, targets=(resolved[0], resolved[1]))
         return await run_paired(paired, stop=stop, scan=scan)

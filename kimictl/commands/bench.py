@@ -335,23 +335,15 @@ def _failed_hint(outcome: BenchOutcome, target: str, *, key_sent: bool) -> str:
 
 
 def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
-    import asyncio
-    import signal
 
     from kimictl.commands._render import bench_progress
-    from kimictl.core.loops import run
+    from kimictl.core.loops import run, stop_on_signals
     from kimictl.runtime.load.bench import resolve_models, run_bench
 
     progress, on_point, on_record = bench_progress(cfg.num_prompts, cfg.repeat, quiet=quiet)
 
     async def main() -> BenchOutcome:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGINT, stop.set)
-            loop.add_signal_handler(signal.SIGTERM, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+        stop = stop_on_signals()
         targets = await resolve_models(cfg.targets)
         from dataclasses import replace
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from kimictl.core.errors import InputError
 
-__all__ = ["EventLoop", "loop_factory", "run", "running_loop", "sleep_until"]
+__all__ = ["EventLoop", "loop_factory", "run", "running_loop", "sleep_until", "stop_on_signals"]
 
 T = TypeVar("T")
 
@@ -83,6 +83,17 @@ def _python_handlers() -> dict[int, Any]:
             if handler is not None:  # None: not installed from Python, cannot be put back
                 handlers[sig] = handler
     return handlers
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets, on the running loop (where it can take signal
+    handlers: a Unix process's main thread; elsewhere the event is only set by its owner)."""
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            running.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def running_loop() -> str:
