@@ -123,3 +123,40 @@ def test_bench_loop_uvloop_without_uvloop_is_a_clear_input_error() -> None:
     assert out.returncode == 2, out.stderr
     assert "error: --loop uvloop: uvloop is not installed" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_watched_worker_connection_sends_more_than_its_socket_buffer(loop: str) -> None:
+    """uvloop makes a polled descriptor non-blocking; a worker's records then met a full socket
+    buffer with EAGAIN (256 streams x 1.2 ms, 2 workers, on 16 cores). A watched connection
+    must still send a message larger than the buffer while the other end reads it slowly."""
+    import socket
+    import threading
+    from multiprocessing.connection import Connection
+
+    from kimictl.runtime.load.workers import _watch
+
+    mine, theirs = socket.socketpair()
+    here, there = Connection(mine.detach()), Connection(theirs.detach())
+    got: list[bytes] = []
+
+    def slow_reader() -> None:
+        time.sleep(0.3)  # the message has filled the buffer by now
+        got.append(there.recv())
+
+    payload = b"x" * (8 << 20)
+
+    async def main() -> None:
+        _watch(asyncio.get_running_loop(), here, lambda: None)
+        reader = threading.Thread(target=slow_reader)
+        reader.start()
+        here.send(payload)
+        reader.join()
+        asyncio.get_running_loop().remove_reader(here.fileno())
+
+    try:
+        run(main(), loop)
+    finally:
+        here.close()
+        there.close()
+    assert got == [payload]
