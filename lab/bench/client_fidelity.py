@@ -100,7 +100,10 @@ def kimictl_client(
         cmd += ["--loop", loop]
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
+    # `-m` puts the working folder first on sys.path: run in `root`, or its kimictl is not the one
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, check=False, timeout=600, cwd=root
+    )
     if not out.exists():
         raise RuntimeError(f"kimictl bench failed: {proc.stderr[-1500:]}")
     run = json.loads(out.read_text())["runs"][0]
