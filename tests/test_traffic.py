@@ -4,6 +4,7 @@ no server. The capture is fed the spans the OTLP decoder makes of a real protobu
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tracemalloc
@@ -208,8 +209,9 @@ def test_paired_refuses_a_present_output_and_one_target(tmp_path: Path) -> None:
     assert (tmp_path / "r.json").read_text() == "{}"
 
 
-def _judged(tpot_b: float, **cfg: Any) -> Any:
-    """_judge on 40 rows whose spans say A decodes at 20 ms/token and B at `tpot_b`."""
+def _judged(tpot_b: float, ran: tuple[float, float] = (1e9, 1e9 + 60), **cfg: Any) -> Any:
+    """_judge on 40 rows whose spans say A decodes at 20 ms/token and B at `tpot_b`, replayed
+    over `ran` (unix s)."""
     from kimictl.runtime.load.paired import ArmResult, PairedConfig, PairedRow, _judge
     from kimictl.runtime.load.records import LoadTarget
     from kimictl.runtime.observe.otlp import TracedRequest
@@ -226,7 +228,7 @@ def _judged(tpot_b: float, **cfg: Any) -> Any:
         LoadTarget("b", "http://127.0.0.1:2", "m"),
     )
     config = PairedConfig(trace=Path("t.jsonl"), targets=targets, traces_port=1, **cfg)
-    return _judge(config, rows, [], None)
+    return _judge(config, rows, [], None, ran)
 
 
 def test_a_decision_without_an_aa_calibration_says_it_is_uncalibrated() -> None:
@@ -234,9 +236,84 @@ def test_a_decision_without_an_aa_calibration_says_it_is_uncalibrated() -> None:
     from kimictl.runtime.verdict.paired import aa_calibration
 
     faster = _judged(0.01)
-    assert faster.verdict.decision == "B better" and UNCALIBRATED in faster.notes
+    assert faster.verdict.decision == "B better" and UNCALIBRATED in faster.calibration_notes
     # judged with an A/A calibration, or an A/A run itself: no such note
     calibration = aa_calibration([0.01, -0.02, 0.0], [1e-4] * 3)
     judged = _judged(0.01, calibration=calibration)
-    assert UNCALIBRATED not in judged.notes and judged.verdict.calibration == calibration
-    assert UNCALIBRATED not in _judged(0.02).notes  # no difference: nothing to caveat
+    assert UNCALIBRATED not in judged.calibration_notes
+    assert judged.verdict.calibration == calibration
+    assert UNCALIBRATED not in _judged(0.02).calibration_notes  # no difference: no caveat
+    assert _judged(0.01, aa=True).calibration_notes == []
+
+
+def _saved(path: Path, tpot_b: float, start: float, **cfg: Any) -> Path:
+    """A replay's JSON report (as `bench --paired -o` writes it), replayed from `start` for 60 s."""
+    import orjson
+
+    path.write_bytes(orjson.dumps(_judged(tpot_b, (start, start + 60), **cfg).to_json()))
+    return path
+
+
+def test_a_saved_replay_judged_again_is_the_same_and_takes_a_later_calibration(
+    tmp_path: Path,
+) -> None:
+    from kimictl.runtime.load.paired import judge_again
+    from kimictl.runtime.verdict.paired import aa_calibration
+
+    doc = json.loads(_saved(tmp_path / "ab.json", 0.0195, 1e9).read_text())
+    again, report = judge_again(doc, floor=0.05, calibration=None)
+    assert again.to_json() == doc["verdict"]  # the report holds all the verdict reads
+    assert report["per_row"] == doc["per_row"] and report["rows"] == 40
+    # a wider floor turns the same rows into another decision
+    assert judge_again(doc, floor=0.0, calibration=None)[0].decision == "B better"
+    assert doc["verdict"]["decision"] == "no practical difference"
+    # where the A/A passes ran against the replay (1e9 .. 1e9 + 60)
+    cal = aa_calibration([0.01, -0.01, 0.0, 0.005], [1e-4] * 4)
+    around = [(1e9 - 200, 1e9 - 140), (1e9 - 100, 1e9 - 40), (1e9 + 70, 1e9 + 130)]
+    _, bracketed = judge_again(doc, floor=0.05, calibration=cal, aa_times=around)
+    assert bracketed["calibration_notes"] == [
+        "A/A calibration brackets this replay: 2 passes before it, 1 after"
+    ]
+    assert bracketed["verdict"]["calibration"]["passes"] == 4
+    _, before = judge_again(doc, floor=0.05, calibration=cal, aa_times=around[:2])
+    assert before["calibration_notes"][0].startswith("all 2 A/A passes ran before this replay")
+    _, unknown = judge_again(doc, floor=0.05, calibration=cal, aa_times=[(math.nan, math.nan)])
+    assert unknown["calibration_notes"] == []  # reports that do not say when they ran
+    for bad, needle in (({"kimictl_bench": 1}, "not the JSON report"),
+                        (doc | {"verdict": None, "withheld": "late"}, "no verdict"),
+                        ({k: v for k, v in doc.items() if k != "per_row"}, "per_row")):  # fmt: skip
+        with pytest.raises(ValueError, match=needle):
+            judge_again(bad, floor=0.05, calibration=None)
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kimictl", "bench", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_bench_judge_brackets_a_saved_ab_with_aa_passes_made_after_it(tmp_path: Path) -> None:
+    ab = _saved(tmp_path / "ab.json", 0.01, 1e9)
+    passes = [str(_saved(tmp_path / f"aa{i}.json", 0.02 * (1 + i / 100), t, aa=True))
+              for i, t in enumerate((1e9 - 300, 1e9 - 150, 1e9 + 100))]  # fmt: skip
+    reports = [x for p in passes for x in ("--aa-report", p)]
+    out = tmp_path / "judged.json"
+    done = _bench("--paired", "--judge", str(ab), *reports, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "brackets this replay: 2 passes before it, 1 after" in done.stdout
+    assert "B better" in done.stdout and "net of 3 A/A passes" in done.stdout
+    doc = json.loads(out.read_text())
+    assert doc["verdict"]["calibration"]["passes"] == 3 and doc["rows"] == 40
+    kept = ab.read_bytes()
+    for args, needle in (
+        (["--judge", str(ab)], "give it with --paired"),
+        (["--paired", "--judge", str(ab), "--target", "http://127.0.0.1:9"], "no --target"),
+        (["--paired", "--judge", str(tmp_path / "none.json")], "cannot read"),
+        (["--paired", "--judge", passes[0], "-o", str(ab)], "already exists"),
+        (["--paired", "--judge", str(ab), *["--aa-report", str(ab)] * 3], "is not the JSON"),
+    ):
+        bad = _bench(*args)
+        assert bad.returncode == 2 and needle in bad.stderr, (args, bad.stderr)
+        assert "Traceback" not in bad.stderr
+    assert ab.read_bytes() == kept

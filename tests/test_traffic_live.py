@@ -134,5 +134,9 @@ def test_capture_holds_the_clients_requests_and_replays_paired(
     with (tmp_path / "rows.csv").open() as fh:
         firsts = [r["first"] for r in csv.DictReader(fh)]
     assert firsts[:4] == ["a", "b", "a", "b"]
+    # the real report holds what its verdict reads: judged again, nothing sent, the same verdict
+    again = kimictl("bench", "--paired", "--judge", str(report), "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["verdict"] == doc["verdict"]
     if os.environ.get("KIMICTL_TRAFFIC_REPORT"):  # docs/bench.md quotes a run
         Path(os.environ["KIMICTL_TRAFFIC_REPORT"]).write_text(replay.stdout)

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from kimictl.runtime.load.paired import PairedOutcome
     from kimictl.runtime.load.records import LoadTarget
     from kimictl.runtime.serving.runs import Target
-    from kimictl.runtime.verdict.paired import AaCalibration
+    from kimictl.runtime.verdict.paired import AaCalibration, Verdict
 
-__all__ = ["load_targets", "run_paired_cli"]
+__all__ = ["judge_paired_cli", "load_targets", "run_paired_cli"]
 
 
 def load_targets(targets: Sequence[Target], model: str | None, key: str | None) -> list[LoadTarget]:
@@ -28,16 +28,23 @@ def load_targets(targets: Sequence[Target], model: str | None, key: str | None) 
     return [LoadTarget(t.name, t.url, model or t.model or "", key) for t in targets]
 
 
-def _aa_calibration(paths: Sequence[Path]) -> AaCalibration:
-    """The A/A calibration of several A/A passes' JSON reports (`bench --paired --aa -o`)."""
+def _aa_calibration(
+    paths: Sequence[Path],
+) -> tuple[AaCalibration, tuple[tuple[float, float], ...]]:
+    """The A/A calibration of several A/A passes' JSON reports (`bench --paired --aa -o`), and
+    when each pass ran (nan where a report does not say)."""
     from kimictl.core.outputs import read_json_input
     from kimictl.runtime.verdict.paired import MIN_AA_PASSES, aa_calibration
 
-    def parse(doc: Any) -> tuple[float, float]:
+    def parse(doc: Any) -> tuple[float, float, tuple[float, float]]:
         verdict = doc["verdict"]
         if not verdict["aa"]:
             raise ValueError("not an A/A run")
-        return float(verdict["raw_log"]), float(verdict["boot_var"])
+        ran = doc.get("ran") or {}
+        when = [
+            math.nan if ran.get(k) is None else float(ran[k]) for k in ("start_unix", "end_unix")
+        ]
+        return float(verdict["raw_log"]), float(verdict["boot_var"]), (when[0], when[1])
 
     if len(paths) < MIN_AA_PASSES:
         raise InputError(
@@ -47,9 +54,10 @@ def _aa_calibration(paths: Sequence[Path]) -> AaCalibration:
     what = "the JSON report of `kimictl bench --paired --aa`"
     passes = [read_json_input(p, what, parse) for p in paths]
     try:
-        return aa_calibration([m for m, _ in passes], [v for _, v in passes])
+        calibration = aa_calibration([m for m, _, _ in passes], [v for _, v, _ in passes])
     except ValueError as error:
         raise InputError(f"--aa-report: {error}.") from None
+    return calibration, tuple(t for _, _, t in passes)
 
 
 def run_paired_cli(
@@ -94,7 +102,7 @@ def run_paired_cli(
                                ("--plot", plot, ".png")):  # fmt: skip
         if path is not None:
             check_new_file(path, flag=flag, suffix=suffix)
-    calibration = _aa_calibration(aa_report) if aa_report else None
+    calibration, aa_times = _aa_calibration(aa_report) if aa_report else (None, ())
     scan = scan_trace(trace)  # a bad trace is refused before any server is asked anything
     cfg = PairedConfig(
         trace=trace,
@@ -107,6 +115,7 @@ def run_paired_cli(
         floor=floor,
         aa=aa,
         calibration=calibration,
+        aa_times=aa_times,
         max_lag_ms=max_lag_ms,
         seed=seed,
     )
@@ -125,6 +134,57 @@ def run_paired_cli(
         raise typer.Exit(130)
     if outcome.verdict is None:
         raise CheckFailed(f"no verdict: {outcome.withheld}")
+
+
+def judge_paired_cli(
+    *,
+    report: Path,
+    alone: bool,
+    floor: float,
+    aa_report: list[Path] | None,
+    json_out: bool,
+    output: Path | None,
+) -> None:
+    """`bench --paired --judge REPORT`: a saved replay judged again from its per-row figures,
+    with --floor and --aa-report (A/A passes made before and after it); nothing is sent."""
+    import orjson
+
+    from kimictl.commands._output import err_console
+    from kimictl.core.outputs import check_new_file, read_json_input, save_or_keep
+    from kimictl.runtime.load.paired import judge_again
+
+    if not alone:  # `alone`: given with --paired, and without targets or a trace to send
+        raise InputError(
+            "--judge REPORT judges a saved `bench --paired` report again: give it with --paired "
+            "and no --target or --trace."
+        )
+    if not 0 <= floor < 1:
+        raise InputError(f"--floor {floor:g} must be a fraction in [0, 1), e.g. 0.05 for 5%.")
+    if output is not None:
+        check_new_file(output, flag="--output", suffix=".json")
+    calibration, aa_times = _aa_calibration(aa_report) if aa_report else (None, ())
+    doc = read_json_input(report, "the JSON report of `kimictl bench --paired`", lambda d: d)
+    try:
+        verdict, judged = judge_again(doc, floor=floor, calibration=calibration, aa_times=aa_times)
+    except ValueError as error:
+        raise InputError(f"--judge {report}: {error}.") from None
+    data = orjson.dumps(judged, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    if json_out:
+        typer.echo(data.decode())
+    else:
+        from kimictl.commands._output import console
+
+        arms = judged["arms"]
+        console.print(
+            f"judged again, nothing sent: {report} ({judged['rows']} rows, A={arms['A']}, "
+            f"B={arms['B']})",
+            highlight=False,
+            markup=False,
+        )
+        _render_verdict(verdict, judged["calibration_notes"])
+    if output is not None:
+        written = save_or_keep(output, data + b"\n", flag="--output")
+        err_console.print(f"wrote {written}", highlight=False, markup=False)
 
 
 def _write(
@@ -187,9 +247,15 @@ def _render(outcome: PairedOutcome) -> None:
         )
     for note in outcome.notes:
         console.print(f"[yellow]note[/]: {note}")
-    v = outcome.verdict
-    if v is None:
-        return
+    if outcome.verdict is not None:
+        _render_verdict(outcome.verdict, outcome.calibration_notes)
+
+
+def _render_verdict(v: Verdict, calibration_notes: Sequence[str]) -> None:
+    from kimictl.commands._output import console
+
+    for note in calibration_notes:
+        console.print(f"[yellow]note[/]: {note}")
     for name, e in v.figures.items():
         console.print(f"  {name} B/A {e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]")
     style = {"B better": "green", "B worse": "red"}.get(v.decision, "bold")

@@ -141,6 +141,15 @@ AaReportOpt = Annotated[
         "judged net of their offset, their spread between passes added to its interval."
     ),
 ]
+JudgeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--judge",
+        metavar="REPORT",
+        help="--paired: judge a saved replay (its -o JSON) again, nothing sent: with --aa-report "
+        "passes made before and after it, or another --floor.",
+    ),
+]
 FloorOpt = Annotated[
     float,
     typer.Option(
@@ -212,6 +221,7 @@ def bench(
     paired: PairedOpt = False,
     aa: AaOpt = False,
     aa_report: AaReportOpt = None,
+    judge: JudgeOpt = None,
     floor: FloorOpt = 0.05,
     max_lag_ms: MaxLagOpt = 100.0,
     force: ForceOpt = False,
@@ -221,6 +231,18 @@ def bench(
     from kimictl.runtime.load.request import BenchRequest
 
     _reject_stray(stray)
+    if judge is not None:
+        from kimictl.commands._paired import judge_paired_cli
+
+        judge_paired_cli(
+            report=judge,
+            alone=paired and not target and trace is None,
+            floor=floor,
+            aa_report=aa_report,
+            json_out=json_out,
+            output=output,
+        )
+        return
     if paired:
         from kimictl.commands._paired import load_targets, run_paired_cli
 

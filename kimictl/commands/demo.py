@@ -152,7 +152,7 @@ def _print_paired(result: DemoResult) -> None:
         f"{j[f'{a}_joined']}/{j['rows']} and {j[f'{b}_joined']}/{j['rows']}",
         highlight=False,
     )
-    for note in paired.notes:
+    for note in [*paired.notes, *paired.calibration_notes]:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     v = paired.verdict
     text = f"no verdict: {paired.withheld}" if v is None else v.sentence()

@@ -6,10 +6,12 @@ per replay, the per-row log ratios from the spans) and judges
 each replay with the product's own functions (runtime.verdict.paired: paired_verdict,
 aa_calibration), floor 5%:
 
-- `--passes K` preceding: A/A replay i (i >= K) judged with the calibration of A/A replays
-  i-K..i-1 (false alarms); each B-slower replay with the calibration of the last K A/A replays
-  (detections), both within its own study file (the same two servers). What an operator does:
-  K passes, then the A/B.
+- `--passes K` preceding: each replay (A/A: false alarms; B-slower: detections) judged with the
+  calibration of the K A/A replays that ran just before it in its own study file (the same two
+  servers). What an operator does: K passes, then the A/B.
+- `--bracket P,Q`: the same with the P nearest A/A replays before it and the Q nearest after it
+  (`bench --paired --judge` with passes made on both sides); a chained study (`--chain`) has
+  A/A passes on both sides of every B-slower one.
 - leave-one-out: A/A replay i judged with all the other A/A replays (of every file given); each
   B-slower replay with all of them (the most this study's A/A can give).
 - uncalibrated: the row bootstrap alone (what one replay without `--aa-report` says).
@@ -17,7 +19,7 @@ aa_calibration), floor 5%:
   apart from the product's figures.
 
     PYTHONPATH=. python lab/bench/paired_aa_calibrated.py lab/data/paired_whole_c1.json \
-        lab/data/paired_whole_c2.json --passes 5
+        lab/data/paired_whole_c2.json --passes 5 --bracket 2,2
 """
 
 from __future__ import annotations
@@ -74,77 +76,89 @@ def rate(decisions: list[str], hit: tuple[str, ...]) -> dict[str, Any]:
     return {"hits": k, "n": n, "rate": k / max(1, n), "wilson95": [lo, hi]}
 
 
+def passes_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A study file's judged replays in the order they ran (`seq`; a file without it ran all its
+    A/A passes first), each with its kind ("aa" or "b_slower")."""
+    out = []
+    for phase in ("aa", "b_slower"):
+        out += [r | {"kind": phase} for r in doc.get(phase, {}).get("runs", [])]
+    if any("seq" not in r for r in out):
+        out = [r | {"seq": i} for i, r in enumerate(out)]
+    return sorted((r for r in out if r["decision"] is not None), key=lambda r: r["seq"])
+
+
+def around(seq: list[dict[str, Any]], at: int, before: int, after: int) -> list[int] | None:
+    """The places of the `before` nearest A/A passes ahead of place `at` and the `after` nearest
+    behind it (never itself), or None when the file has too few on either side."""
+    ahead = [i for i in range(at) if seq[i]["kind"] == "aa"][::-1][:before]
+    behind = [i for i in range(at + 1, len(seq)) if seq[i]["kind"] == "aa"][:after]
+    return ahead + behind if len(ahead) == before and len(behind) == after else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("study", type=Path, nargs="+")
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument(
+        "--bracket",
+        default="2,2",
+        help="BEFORE,AFTER: also judge each replay with the nearest A/A passes on both sides",
+    )
     args = ap.parse_args()
-    docs = [json.loads(p.read_text()) for p in args.study]
     k = args.passes
-
-    def judged(doc: dict[str, Any], phase: str) -> list[dict[str, Any]]:
-        return [r for r in doc.get(phase, {}).get("runs", []) if r["decision"] is not None]
-
-    aa_runs = [r for d in docs for r in judged(d, "aa")]
-    slow_runs = [r for d in docs for r in judged(d, "b_slower")]
-    aa = [verdict(r, i) for i, r in enumerate(aa_runs)]
-    slow = [verdict(r, 100 + i) for i, r in enumerate(slow_runs)]
+    before, after = (int(x) for x in args.bracket.split(","))
+    files = [passes_of(json.loads(p.read_text())) for p in args.study]
     either, worse = (BETTER, WORSE), (WORSE,)
+    seed = 0
+    # per file: (pass, its verdict alone), the same seeds whatever is judged with them
+    judged = []
+    for runs in files:
+        judged.append([(r, verdict(r, seed := seed + 1)) for r in runs])
+    aa = [v for f in judged for r, v in f if r["kind"] == "aa"]
+    slow = [v for f in judged for r, v in f if r["kind"] == "b_slower"]
     out: dict[str, Any] = {"aa_replays": len(aa), "slow_replays": len(slow), "passes": k}
     out["uncalibrated"] = {
         "aa_false": rate([v.decision for v in aa], either),
         "slow_detected": rate([v.decision for v in slow], worse),
     }
-    # preceding passes: within each study file (the same two servers, as an operator's session)
-    pre_aa: list[str] = []
-    pre_slow: list[Verdict] = []
-    alt_aa: list[str] = []
-    alt_slow: list[str] = []
-    lasts = []
-    i0 = j0 = 0
-    for d in docs:
-        n_aa, d_slow = len(judged(d, "aa")), judged(d, "b_slower")
-        own = aa[i0 : i0 + n_aa]
-        pre_aa += [
-            verdict(aa_runs[i0 + i], i0 + i, calibration(own[i - k : i])).decision
-            for i in range(k, n_aa)
-        ]
-        alt_aa += [scaled(own[i], own[i - k : i]) for i in range(k, n_aa)]
-        if d_slow and n_aa >= k:
-            last = calibration(own[-k:])
-            lasts.append(last.to_json())
-            pre_slow += [verdict(r, 100 + j0 + j, last) for j, r in enumerate(d_slow)]
-            alt_slow += [scaled(v, own[-k:]) for v in slow[j0 : j0 + len(d_slow)]]
-        i0, j0 = i0 + n_aa, j0 + len(d_slow)
-    out[f"preceding_{k}"] = {
-        "aa_false": rate(pre_aa, either),
-        "slow_detected": rate([v.decision for v in pre_slow], worse),
-        "slow_ratio_net": sorted(round(v.ratio, 3) for v in pre_slow),
-        "calibration_of_last": lasts,
+
+    def with_calibration(b: int, a: int, rule: Any) -> dict[str, Any]:
+        got: dict[str, list[str]] = {"aa": [], "b_slower": []}
+        for f in judged:
+            for at, (r, v) in enumerate(f):
+                idx = around([x for x, _ in f], at, b, a)
+                if idx is not None:
+                    got[r["kind"]].append(rule(r, v, [f[i][1] for i in idx], 1000 + at))
+        return {"aa_false": rate(got["aa"], either), "slow_detected": rate(got["b_slower"], worse)}
+
+    def product(r: dict[str, Any], v: Verdict, cal: list[Verdict], s: int) -> str:
+        return verdict(r, s, calibration(cal)).decision
+
+    def candidate(r: dict[str, Any], v: Verdict, cal: list[Verdict], s: int) -> str:
+        return scaled(v, cal)
+
+    # what an operator does: K passes, then the A/B; or passes on both sides of it
+    out[f"preceding_{k}"] = with_calibration(k, 0, product)
+    out[f"bracket_{before}_{after}"] = with_calibration(before, after, product)
+    out["scaled_not_the_product"] = {
+        f"preceding_{k}": with_calibration(k, 0, candidate),
+        f"bracket_{before}_{after}": with_calibration(before, after, candidate),
     }
-    loo_aa = [
-        verdict(r, i, calibration(aa[:i] + aa[i + 1 :])).decision for i, r in enumerate(aa_runs)
-    ]
     every = calibration(aa)
-    loo_slow = [verdict(r, 100 + i, every) for i, r in enumerate(slow_runs)]
+    aa_runs = [r for f in judged for r, _ in f if r["kind"] == "aa"]
+    slow_runs = [r for f in judged for r, _ in f if r["kind"] != "aa"]
+    loo = [calibration(aa[:i] + aa[i + 1 :]) for i in range(len(aa))]
+    loo_aa = [verdict(r, 2000 + i, loo[i]).decision for i, r in enumerate(aa_runs)]
+    loo_slow = [verdict(r, 3000 + i, every).decision for i, r in enumerate(slow_runs)]
     out["leave_one_out"] = {
         "aa_false": rate(loo_aa, either),
-        "slow_detected": rate([v.decision for v in loo_slow], worse),
+        "slow_detected": rate(loo_slow, worse),
         "calibration_all": every.to_json(),
-    }
-    out["scaled_not_the_product"] = {
-        f"preceding_{k}": {
-            "aa_false": rate(alt_aa, either),
-            "slow_detected": rate(alt_slow, worse),
-        },
-        "leave_one_out": {
-            "aa_false": rate([scaled(v, aa[:i] + aa[i + 1 :]) for i, v in enumerate(aa)], either),
-            "slow_detected": rate([scaled(v, aa) for v in slow], worse),
-        },
     }
     out["aa_pass_log_sd"] = math.sqrt(every.spread)  # sd of a pass's mean log ratio B/A
     out["aa_raw_ratios"] = sorted(round(math.exp(v.raw_log), 3) for v in aa)
     out["slow_raw_ratios"] = sorted(round(math.exp(v.raw_log), 3) for v in slow)
+    docs = [json.loads(p.read_text()) for p in args.study]
     aparts = [(name, a) for d in docs for name, a in d.items() if name.startswith("apart")]
     if aparts:
         out["apart"] = [

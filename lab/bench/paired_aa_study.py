@@ -21,10 +21,16 @@ engine bound to its own core, `--cores`, each sending its spans to one receiver 
 
 `--whole-server` keeps each server's processes on its engine's core (taskset), as docs/bench.md
 tells an operator to; `--first` seeds a later chunk's traces apart from an earlier one's.
+`--chain K` runs phases 1 and 2 as one sequence whose every K-th pass is B-slowed, so each
+replay has A/A passes on both sides (`paired_aa_calibrated.py --bracket`); each pass keeps its
+place (`seq`).
 
     PYTHONPATH=. flock /tmp/kimictl-vllm.lock nice python lab/bench/paired_aa_study.py \
         --aa-runs 14 --runs 20 --rows 64 --rate 4 --stop 0.5 --apart 2 --whole-server \
         --first 100 --out lab/data/paired_whole_c1.json
+    PYTHONPATH=. flock /tmp/kimictl-vllm.lock nice python lab/bench/paired_aa_study.py \
+        --aa-runs 26 --runs 10 --chain 3 --rows 64 --rate 4 --stop 0.3 --apart 1 \
+        --whole-server --no-command --first 300 --out lab/data/paired_chain_c1.json
 """
 
 from __future__ import annotations
@@ -308,6 +314,21 @@ def apart(
     }
 
 
+def plan(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The passes in order, (phase, trace seed): all A/A passes then all B-slowed ones, or with
+    `--chain K` one sequence whose every K-th pass is B-slowed, so each has A/A passes on both
+    sides (a bracketed calibration, `paired_aa_calibrated.py --bracket`)."""
+    aa = [("aa", args.first + i) for i in range(args.aa_runs)]
+    slow = [("b_slower", args.first + i) for i in range(args.runs)]
+    if not args.chain:
+        return aa + slow
+    out: list[tuple[str, int]] = []
+    while aa or slow:
+        take_slow = slow and (not aa or len(out) % args.chain == args.chain - 1)
+        out.append(slow.pop(0) if take_slow else aa.pop(0))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--aa-runs", type=int, default=25)
@@ -335,6 +356,9 @@ def main() -> int:
         "--whole-server",
         action="store_true",
         help="keep each server's processes (API server, engine core, worker) on its engine's core",
+    )
+    ap.add_argument(
+        "--chain", type=int, default=0, help="one sequence, every K-th pass B-slowed (K >= 2)"
     )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--million", action="store_true", help="only check a million-row trace")
@@ -378,21 +402,21 @@ def main() -> int:
             save()
         receiver = OtlpReceiver(port=traces_port).start()
 
-        for phase, aa, n in (("aa", True, args.aa_runs), ("b_slower", False, args.runs)):
-            cycle = slow() if phase == "b_slower" else None
-            runs = []
+        for seq, (phase, i) in enumerate(plan(args)):
+            aa = phase == "aa"
+            cycle = None if aa else slow()
             try:
-                for i in range(args.first, args.first + n):
-                    trace = write_trace(tmp / f"{phase}-{i}.jsonl", args.rows, args.rate, i)
-                    r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
-                    runs.append(r)
-                    print(phase, i, {k: v for k, v in r.items() if k != "logs"}, flush=True)
-                    called = tally(runs, ("B better", "B worse") if aa else ("B worse",))
-                    result[phase] = {"runs": runs, "called": called}  # a cut run keeps these
+                trace = write_trace(tmp / f"{phase}-{i}.jsonl", args.rows, args.rate, i)
+                r = asyncio.run(replay(trace, urls, receiver.store, i, aa, args.max_lag_ms))
             finally:
                 if cycle is not None:
                     cycle.close()
-            save()
+            r["seq"] = seq  # its place in the study's order (bracketing A/A passes around it)
+            runs = result.setdefault(phase, {"runs": []})["runs"]
+            runs.append(r)
+            print(phase, i, {k: v for k, v in r.items() if k != "logs"}, flush=True)
+            result[phase]["called"] = tally(runs, ("B better", "B worse") if aa else ("B worse",))
+            save()  # a cut run keeps what it measured
         for stop in [args.stop, *args.apart_also] if args.apart > 0 else []:
 
             def slowed(stop: float = stop) -> DutyCycle:

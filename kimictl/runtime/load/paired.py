@@ -61,6 +61,11 @@ __all__ = [
     "PairedConfig",
     "PairedOutcome",
     "PairedRow",
+    "PerRow",
+    "bracket_note",
+    "calibration_notes",
+    "judge_again",
+    "judge_rows",
     "run_paired",
     "span_key",
     "write_ratio_plot",
@@ -95,6 +100,7 @@ class PairedConfig:
     floor: float = DEFAULT_FLOOR
     aa: bool = False
     calibration: AaCalibration | None = None  # judged net of these A/A passes (--aa-report)
+    aa_times: tuple[tuple[float, float], ...] = ()  # when each of those passes ran (unix s)
     max_lag_ms: float = MAX_LAG_MS
     seed: int = 0
 
@@ -135,6 +141,9 @@ class PairedOutcome:
     withheld: str | None  # why there is no verdict
     notes: list[str]
     stop_reason: str | None = None
+    seed: int = 0
+    ran: tuple[float, float] = (math.nan, math.nan)  # when the replay began and ended (unix s)
+    calibration_notes: list[str] = field(default_factory=list)  # on the A/A calibration used
 
     def to_json(self) -> dict[str, Any]:
         a, b = self.arms
@@ -142,13 +151,17 @@ class PairedOutcome:
             "kimictl_paired_replay": 1,
             "arms": {"A": a, "B": b},
             "rows": len(self.rows),
+            "seed": self.seed,
+            "ran": {"start_unix": self.ran[0], "end_unix": self.ran[1]},
             "stop_reason": self.stop_reason,
             "fidelity": self.fidelity,
             "span_joins": self.joins,
             "verdict": None if self.verdict is None else self.verdict.to_json(),
             "withheld": self.withheld,
             "notes": self.notes,
+            "calibration_notes": self.calibration_notes,
             "per_arm": {arm: _arm_summary(self.rows, arm) for arm in self.arms},
+            "per_row": _per_row(self.rows, a, b).to_json(),
         }
 
 
@@ -301,6 +314,7 @@ async def run_paired(
     tasks: set[asyncio.Task[None]] = set()
     stop_reason = None
     done = 0
+    started = time.time()
     try:
         t_run = time.perf_counter()
         for row in iter_trace(cfg.trace, limit=total):
@@ -360,7 +374,7 @@ async def run_paired(
             f"no span of this replay arrived on 127.0.0.1:{cfg.traces_port}: are both servers "
             "started with --otlp-traces-endpoint pointing there ([metrics] traces)?"
         )
-    return _judge(cfg, rows, notes, stop_reason)
+    return _judge(cfg, rows, notes, stop_reason, (started, time.time()))
 
 
 # A row bootstrap sees only the noise inside one replay; twin servers differ from replay to replay
@@ -369,13 +383,18 @@ async def run_paired(
 UNCALIBRATED = (
     "one replay judged without an A/A calibration: twin servers differ between replays by more "
     "than a row bootstrap sees (on a 2-core test box, 13 of 25 A/A replays were called better or "
-    "worse this way); run `bench --paired --aa -o aaN.json` through the same path "
-    f"{MIN_AA_PASSES} or more times and pass each with --aa-report"
+    "worse this way); make A/A passes (`bench --paired --aa -o aaN.json`) through the same path "
+    f"before and after this replay, {MIN_AA_PASSES} or more, and judge it with them: "
+    "`bench --paired --judge THIS.json --aa-report aa1.json ...`"
 )
 
 
 def _judge(
-    cfg: PairedConfig, rows: list[PairedRow], notes: list[str], stop_reason: str | None
+    cfg: PairedConfig,
+    rows: list[PairedRow],
+    notes: list[str],
+    stop_reason: str | None,
+    ran: tuple[float, float] = (math.nan, math.nan),
 ) -> PairedOutcome:
     a, b = (t.name for t in cfg.targets)
     lags = [x.lag_ms for r in rows for x in r.arms.values() if not math.isnan(x.sent_s)]
@@ -407,53 +426,167 @@ def _judge(
         )
     elif not any(joined.values()):
         withheld = "no request joined its server span: the verdict reads the spans."
-    verdict = None if withheld else _verdict(cfg, rows, a, b)
-    if (
-        verdict is not None
-        and not cfg.aa
-        and cfg.calibration is None
-        and verdict.decision in (BETTER, WORSE)
-    ):
-        notes.append(UNCALIBRATED)
-    return PairedOutcome((a, b), rows, fidelity, joins, verdict, withheld, notes, stop_reason)
+    verdict = None
+    if not withheld:
+        verdict = judge_rows(
+            _per_row(rows, a, b),
+            floor=cfg.floor,
+            aa=cfg.aa,
+            seed=cfg.seed,
+            calibration=cfg.calibration,
+        )
+    said = [] if verdict is None else calibration_notes(verdict, ran, cfg.aa_times)
+    return PairedOutcome(
+        (a, b), rows, fidelity, joins, verdict, withheld, notes, stop_reason, cfg.seed, ran, said
+    )
 
 
-def _verdict(cfg: PairedConfig, rows: list[PairedRow], a: str, b: str) -> Verdict:
+def calibration_notes(
+    v: Verdict, ran: tuple[float, float], aa_times: Sequence[tuple[float, float]]
+) -> list[str]:
+    """What a decision on an A/B says about its A/A calibration: that it has none, or where
+    its passes ran (measured: docs/results.md, paired A/A rows)."""
+    if v.aa:
+        return []
+    if v.calibration is None:
+        return [UNCALIBRATED] if v.decision in (BETTER, WORSE) else []
+    note = bracket_note(ran, aa_times)
+    return [] if note is None else [note]
+
+
+def judge_again(
+    doc: Any,
+    *,
+    floor: float,
+    calibration: AaCalibration | None,
+    aa_times: Sequence[tuple[float, float]] = (),
+) -> tuple[Verdict, dict[str, Any]]:
+    """A saved replay's report (`bench --paired -o`) judged again from its per-row figures,
+    with this floor and calibration (e.g. A/A passes made before and after it); nothing is
+    sent. The new verdict, and the report with it and its calibration notes in place of the old
+    ones. ValueError names what the report lacks."""
+    if not isinstance(doc, dict) or doc.get("kimictl_paired_replay") != 1:
+        raise ValueError("it is not the JSON report of `kimictl bench --paired`")
+    if doc.get("verdict") is None:
+        raise ValueError(f"its replay has no verdict to judge again ({doc.get('withheld')})")
+    rows = PerRow.from_json(doc.get("per_row"))
+    ran = doc.get("ran") or {}
+    when = tuple(
+        math.nan if ran.get(k) is None else float(ran[k]) for k in ("start_unix", "end_unix")
+    )
+    v = judge_rows(
+        rows,
+        floor=floor,
+        aa=bool(doc["verdict"].get("aa")),
+        seed=int(doc.get("seed", 0)),
+        calibration=calibration,
+    )
+    said = calibration_notes(v, (when[0], when[1]), aa_times)
+    return v, doc | {"verdict": v.to_json(), "calibration_notes": said}
+
+
+def bracket_note(ran: tuple[float, float], passes: Sequence[tuple[float, float]]) -> str | None:
+    """Where the A/A passes ran against the judged replay (`ran`, unix s): a calibration whose
+    passes all lie on one side of it cannot see a drift between them and it; passes on both
+    sides (a bracket) can. None when the times are unknown (reports without them)."""
+    known = [p for p in passes if all(math.isfinite(t) for t in p)]
+    if not known or not all(math.isfinite(t) for t in ran):
+        return None
+    before = sum(1 for _, end in known if end <= ran[0])
+    after = sum(1 for start, _ in known if start >= ran[1])
+    if before and after:
+        return f"A/A calibration brackets this replay: {before} passes before it, {after} after"
+    side = "before" if before else "after" if after else "during"
+    return (
+        f"all {len(known)} A/A passes ran {side} this replay: a drift of the two instances "
+        f"since then is not in the calibration (docs/bench.md); make passes on its other side "
+        "and judge again: `bench --paired --judge THIS.json --aa-report ...`"
+    )
+
+
+@dataclass(frozen=True)
+class PerRow:
+    """What the verdict reads of each row, per role (A, B): the span's interactivity (1 / TPOT)
+    and TTFT (s), nan where the span is missing; the session where the trace had one. Kept in
+    the report so that `judge_rows` gives the same verdict again later, or with a calibration
+    made after the replay."""
+
+    session: list[str | None]
+    inter: tuple[list[float], list[float]]
+    ttft: tuple[list[float], list[float]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "A": {"interactivity": self.inter[0], "ttft_s": self.ttft[0]},
+            "B": {"interactivity": self.inter[1], "ttft_s": self.ttft[1]},
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PerRow:
+        """From a report's `per_row` (orjson wrote nan as null); ValueError if malformed."""
+
+        def col(v: Any) -> list[float]:
+            return [math.nan if x is None else float(x) for x in v]
+
+        try:
+            n = len(doc["session"])
+            got = cls(
+                [None if s is None else str(s) for s in doc["session"]],
+                (col(doc["A"]["interactivity"]), col(doc["B"]["interactivity"])),
+                (col(doc["A"]["ttft_s"]), col(doc["B"]["ttft_s"])),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("its per_row figures are missing or malformed") from None
+        if any(len(c) != n for c in (*got.inter, *got.ttft)):
+            raise ValueError("its per_row columns differ in length")
+        return got
+
+
+def _per_row(rows: Sequence[PairedRow], a: str, b: str) -> PerRow:
     def fig(r: PairedRow, arm: str, what: str) -> float:
         span = r.arms[arm].span
         if span is None:
             return math.nan
         if what == "inter":
-            tpot = span.tpot_s
-            return 1.0 / tpot if tpot else math.nan
+            return 1.0 / span.tpot_s if span.tpot_s else math.nan
         return span.ttft_s if span.ttft_s else math.nan
 
-    sessions = any(r.session for r in rows)
-    clusters = [r.session or f"row-{r.index}" for r in rows] if sessions else None
-    inter_a = [fig(r, a, "inter") for r in rows]
-    inter_b = [fig(r, b, "inter") for r in rows]
-    ttft_a = [fig(r, a, "ttft") for r in rows]
-    ttft_b = [fig(r, b, "ttft") for r in rows]
+    return PerRow(
+        [r.session for r in rows],
+        ([fig(r, a, "inter") for r in rows], [fig(r, b, "inter") for r in rows]),
+        ([fig(r, a, "ttft") for r in rows], [fig(r, b, "ttft") for r in rows]),
+    )
+
+
+def judge_rows(
+    rows: PerRow, *, floor: float, aa: bool, seed: int, calibration: AaCalibration | None
+) -> Verdict:
+    """The verdict on per-row figures: interactivity's paired log ratios, beside B/A of its
+    p10/p50/p90 and of TTFT p50/p90, resampled by row or by session where the trace had any."""
+    sessions = any(rows.session)
+    clusters = [s or f"row-{i}" for i, s in enumerate(rows.session)] if sessions else None
+    (inter_a, inter_b), (ttft_a, ttft_b) = rows.inter, rows.ttft
     figures: dict[str, BootstrapEstimate] = {}
     for p in (10, 50, 90):
         figures[f"interactivity_p{p}"] = quantile_ratio(
-            inter_a, inter_b, p, clusters=clusters, seed=cfg.seed
+            inter_a, inter_b, p, clusters=clusters, seed=seed
         )
     for p in (50, 90):
-        figures[f"ttft_p{p}"] = quantile_ratio(ttft_a, ttft_b, p, clusters=clusters, seed=cfg.seed)
+        figures[f"ttft_p{p}"] = quantile_ratio(ttft_a, ttft_b, p, clusters=clusters, seed=seed)
     logs = [
         math.log(y / x) if x > 0 and y > 0 else math.nan
         for x, y in zip(inter_a, inter_b, strict=True)
     ]
     return paired_verdict(
         logs,
-        floor=cfg.floor,
+        floor=floor,
         clusters=clusters,
         metric="interactivity (per-request, spans)",
-        aa=cfg.aa,
-        seed=cfg.seed,
+        aa=aa,
+        seed=seed,
         figures=figures,
-        calibration=cfg.calibration,
+        calibration=calibration,
     )
 
 
