@@ -254,26 +254,35 @@ def million_rows(tmp: Path) -> dict[str, Any]:
 
 def command_run(tmp: Path, urls: list[str], traces_port: int, slow: Any) -> str:
     """`kimictl bench --paired` as an operator runs it (docs/bench.md quotes it): 3 A/A passes,
-    then the A/B (B duty-cycled) judged net of them with --aa-report."""
-    base = [sys.executable, "-m", "kimictl", "bench", "--paired", "--target", f"a={urls[0]}",
-            "--target", f"b={urls[1]}", "--traces-port", str(traces_port)]  # fmt: skip
+    the A/B (B duty-cycled) judged net of them with --aa-report, 2 A/A passes after it, then the
+    A/B judged again with all 5 (`--judge`, a bracket)."""
+    base = [sys.executable, "-m", "kimictl", "bench", "--paired"]
+    arms = ["--target", f"a={urls[0]}", "--target", f"b={urls[1]}",
+            "--traces-port", str(traces_port)]  # fmt: skip
     shown = []
     reports: list[str] = []
-    for i in range(4):
-        trace = write_trace(tmp / f"command-{i}.jsonl", 24, 4.0, 90 + i)
-        extra = ["--aa"] if i < 3 else [x for r in reports for x in ("--aa-report", r)]
-        out = tmp / f"aa{i + 1}.json" if i < 3 else tmp / "ab.json"
-        cycle = slow() if i == 3 else None
-        try:
-            argv = [*base, "--trace", str(trace), *extra, "-o", str(out)]
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        finally:
-            if cycle is not None:
-                cycle.close()
-        reports.append(str(out))
+
+    def kimictl(argv: list[str]) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         shown.append(
             f"$ {' '.join(argv[3:])}  (exit {done.returncode})\n{done.stdout}{done.stderr}"
         )
+
+    for i in range(6):
+        trace = write_trace(tmp / f"command-{i}.jsonl", 24, 4.0, 90 + i)
+        ab = i == 3
+        extra = [x for r in reports for x in ("--aa-report", r)] if ab else ["--aa"]
+        out = tmp / ("ab.json" if ab else f"aa{len(reports) + 1}.json")
+        cycle = slow() if ab else None
+        try:
+            kimictl([*base, *arms, "--trace", str(trace), *extra, "-o", str(out)])
+        finally:
+            if cycle is not None:
+                cycle.close()
+        if not ab:
+            reports.append(str(out))
+    judge = [x for r in reports for x in ("--aa-report", r)]
+    kimictl([*base, "--judge", str(tmp / "ab.json"), *judge, "-o", str(tmp / "ab-judged.json")])
     return "\n".join(shown)
 
 
