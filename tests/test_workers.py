@@ -85,8 +85,8 @@ def test_merge_joins_windows_turns_and_numbers_records_in_send_order() -> None:
 def test_default_workers_follow_streams_cores_and_load(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
     monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))
-    pts = (LoadPoint(concurrency=64), LoadPoint(concurrency=256))
-    assert loadgen.default_workers(pts) == 4  # one per 64 streams
+    pts = (LoadPoint(concurrency=64), LoadPoint(concurrency=128))
+    assert loadgen.default_workers(pts) == 4  # one per 32 streams
     assert loadgen.default_workers((LoadPoint(concurrency=1024),)) == 8  # half of 16 cores
     assert loadgen.default_workers((LoadPoint(rate=5.0),)) == 1  # uncapped open loop
     monkeypatch.setattr(os, "getloadavg", lambda: (14.0, 1.0, 1.0))

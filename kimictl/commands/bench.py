@@ -111,7 +111,7 @@ WorkersOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
-        help="Client worker processes, one event loop each (default: one per 64 streams, up to "
+        help="Client worker processes, one event loop each (default: one per 32 streams, up to "
         "half the idle cores).",
     ),
 ]

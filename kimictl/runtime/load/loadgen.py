@@ -406,8 +406,9 @@ def _gap(point: LoadPoint, rng: random.Random) -> float:
     return rng.gammavariate(k, 1.0 / (rate * k))
 
 
-# Streams one worker's loop reads true at fast-path rates (64 x 1.2 ms; docs/bench.md).
-STREAMS_PER_WORKER = 64
+# Streams per worker at fast-path rates: one loop reads 64 x 1.2 ms true on 16 cores, but with
+# no margin (at 256 streams, 4 workers lagged in one run of two; 8 read true; docs/bench.md).
+STREAMS_PER_WORKER = 32
 
 
 def default_workers(points: Sequence[LoadPoint]) -> int:
