@@ -11,14 +11,14 @@ import typer
 from kimictl.core.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from kimictl.runtime.load.paired import PairedOutcome
     from kimictl.runtime.load.records import LoadTarget
     from kimictl.runtime.serving.runs import Target
     from kimictl.runtime.verdict.paired import AaCalibration, Verdict
 
-__all__ = ["judge_paired_cli", "load_targets", "run_paired_cli"]
+__all__ = ["judge_paired_cli", "load_targets", "paired_command", "run_paired_cli"]
 
 
 def load_targets(targets: Sequence[Target], model: str | None, key: str | None) -> list[LoadTarget]:
@@ -26,6 +26,41 @@ def load_targets(targets: Sequence[Target], model: str | None, key: str | None) 
     from kimictl.runtime.load.records import LoadTarget
 
     return [LoadTarget(t.name, t.url, model or t.model or "", key) for t in targets]
+
+
+def paired_command(options: dict[str, Any], targets: Callable[[], list[LoadTarget]]) -> None:
+    """`bench --paired` (a replay to two targets, resolved by `targets`) or `bench --paired
+    --judge REPORT` (a saved replay judged again), from bench's options by name."""
+    o = options
+    if o["judge"] is not None:
+        judge_paired_cli(
+            report=o["judge"],
+            alone=o["paired"] and not o["target"] and o["trace"] is None,
+            floor=o["floor"],
+            aa_report=o["aa_report"],
+            json_out=o["json_out"],
+            output=o["output"],
+        )
+        return
+    run_paired_cli(
+        targets=targets(),
+        trace=o["trace"],
+        traces_port=o["traces_port"],
+        speed=o["replay_speed"],
+        limit=o["num_prompts"],
+        timeout=o["timeout"],
+        chat=o["endpoint"].value == "chat",
+        floor=o["floor"],
+        aa=o["aa"],
+        aa_report=o["aa_report"],
+        max_lag_ms=o["max_lag_ms"],
+        seed=o["seed"],
+        loop=o["loop"],
+        json_out=o["json_out"],
+        output=o["output"],
+        csv_out=o["csv_out"],
+        plot=o["plot"],
+    )
 
 
 def _aa_calibration(

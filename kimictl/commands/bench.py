@@ -231,40 +231,11 @@ def bench(
     from kimictl.runtime.load.request import BenchRequest
 
     _reject_stray(stray)
-    if judge is not None:
-        from kimictl.commands._paired import judge_paired_cli
+    if paired or judge is not None:
+        from kimictl.commands._paired import load_targets, paired_command
 
-        judge_paired_cli(
-            report=judge,
-            alone=paired and not target and trace is None,
-            floor=floor,
-            aa_report=aa_report,
-            json_out=json_out,
-            output=output,
-        )
-        return
-    if paired:
-        from kimictl.commands._paired import load_targets, run_paired_cli
-
-        run_paired_cli(
-            targets=load_targets(_targets(target or [], ab=ab), model, read_api_key(api_key_file)),
-            trace=trace,
-            traces_port=traces_port,
-            speed=replay_speed,
-            limit=num_prompts,
-            timeout=timeout,
-            chat=endpoint == Endpoint.chat,
-            floor=floor,
-            aa=aa,
-            aa_report=aa_report,
-            max_lag_ms=max_lag_ms,
-            seed=seed,
-            loop=loop,
-            json_out=json_out,
-            output=output,
-            csv_out=csv_out,
-            plot=plot,
-        )
+        key = read_api_key(api_key_file)
+        paired_command(options, lambda: load_targets(_targets(target or [], ab=ab), model, key))
         return
     request = BenchRequest.from_options(
         options, scrape_metrics=not no_metrics, api_key=read_api_key(api_key_file)
