@@ -69,17 +69,14 @@ def _aa_calibration(
     """The A/A calibration of several A/A passes' JSON reports (`bench --paired --aa -o`), and
     when each pass ran (nan where a report does not say)."""
     from kimictl.core.outputs import read_json_input
+    from kimictl.runtime.load.paired import report_ran
     from kimictl.runtime.verdict.paired import MIN_AA_PASSES, aa_calibration
 
     def parse(doc: Any) -> tuple[float, float, tuple[float, float]]:
         verdict = doc["verdict"]
         if not verdict["aa"]:
             raise ValueError("not an A/A run")
-        ran = doc.get("ran") or {}
-        when = [
-            math.nan if ran.get(k) is None else float(ran[k]) for k in ("start_unix", "end_unix")
-        ]
-        return float(verdict["raw_log"]), float(verdict["boot_var"]), (when[0], when[1])
+        return float(verdict["raw_log"]), float(verdict["boot_var"]), report_ran(doc)
 
     if len(paths) < MIN_AA_PASSES:
         raise InputError(

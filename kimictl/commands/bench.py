@@ -328,7 +328,6 @@ def _failed_hint(outcome: BenchOutcome, target: str, *, key_sent: bool) -> str:
 
 
 def _run(cfg: BenchConfig, *, quiet: bool) -> BenchOutcome:
-
     from kimictl.commands._render import bench_progress
     from kimictl.core.loops import run, stop_on_signals
     from kimictl.runtime.load.bench import resolve_models, run_bench

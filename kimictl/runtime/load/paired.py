@@ -66,6 +66,7 @@ __all__ = [
     "calibration_notes",
     "judge_again",
     "judge_rows",
+    "report_ran",
     "run_paired",
     "span_key",
     "write_ratio_plot",
@@ -470,10 +471,6 @@ def judge_again(
     if doc.get("verdict") is None:
         raise ValueError(f"its replay has no verdict to judge again ({doc.get('withheld')})")
     rows = PerRow.from_json(doc.get("per_row"))
-    ran = doc.get("ran") or {}
-    when = tuple(
-        math.nan if ran.get(k) is None else float(ran[k]) for k in ("start_unix", "end_unix")
-    )
     v = judge_rows(
         rows,
         floor=floor,
@@ -481,8 +478,15 @@ def judge_again(
         seed=int(doc.get("seed", 0)),
         calibration=calibration,
     )
-    said = calibration_notes(v, (when[0], when[1]), aa_times)
+    said = calibration_notes(v, report_ran(doc), aa_times)
     return v, doc | {"verdict": v.to_json(), "calibration_notes": said}
+
+
+def report_ran(doc: dict[str, Any]) -> tuple[float, float]:
+    """When a paired report's replay began and ended (unix s; nan where it does not say)."""
+    ran = doc.get("ran") or {}
+    start, end = (ran.get(k) for k in ("start_unix", "end_unix"))
+    return (math.nan if start is None else float(start), math.nan if end is None else float(end))
 
 
 def bracket_note(ran: tuple[float, float], passes: Sequence[tuple[float, float]]) -> str | None:
